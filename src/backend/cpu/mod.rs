@@ -1,0 +1,365 @@
+//! The CPU backend, on tract: FP32 as the model is; FP16 simulated by rounding weights and
+//! every float activation through f16; INT8 by lowering the Q/DQ model to integer ops
+//! (QLinearConv / ConvInteger / MatMulInteger) that tract runs on i8 x i8 -> i32 kernels.
+
+mod lower;
+
+use std::collections::HashMap;
+
+use tract_onnx::pb;
+use tract_onnx::prelude::*;
+use tract_onnx::tract_hir::infer::Factoid;
+
+use super::{
+    Backend, BackendError, BackendKind, BuildInput, BuildSpec, Engine, EngineInfo, FloatNode,
+    Output, Precision,
+};
+use crate::model::{Model, proto};
+
+pub use lower::{Lowered, lower_qdq};
+
+pub struct CpuBackend;
+
+type Plan = std::sync::Arc<TypedSimplePlan>;
+
+/// A model loaded into tract and optimized, with the outputs it was asked for.
+pub struct TractModel {
+    plan: Plan,
+    input_shape: [usize; 4],
+    pub activations_bytes: u64,
+}
+
+impl TractModel {
+    /// Parses, types and optimizes `p`. `outputs`: tensor names to expose after the model's
+    /// first output (for calibration); empty for a plain engine.
+    pub fn new(
+        p: &pb::ModelProto,
+        input_shape: [usize; 4],
+        outputs: &[String],
+    ) -> TractResult<TractModel> {
+        let onnx = tract_onnx::onnx();
+        let parsed = onnx.parse(p, None)?;
+        let mut m = parsed.model;
+        if !outputs.is_empty() {
+            let mut outlets = vec![m.output_outlets()?[0]];
+            for t in outputs {
+                let o = parsed
+                    .outlets_by_name
+                    .get(t)
+                    .ok_or_else(|| anyhow::anyhow!("no tensor named `{t}`"))?;
+                outlets.push(*o);
+            }
+            m.select_output_outlets(&outlets)?;
+        }
+        m.set_input_fact(0, f32::fact(input_shape).into())?;
+        let typed = m.into_optimized()?;
+        let activations_bytes = peak_activation_bytes(&typed).unwrap_or(0);
+        let plan = typed.into_runnable()?;
+        Ok(TractModel {
+            plan,
+            input_shape,
+            activations_bytes,
+        })
+    }
+
+    pub fn run_all(&self, input: &[f32]) -> TractResult<TVec<TValue>> {
+        let t = Tensor::from_shape(&self.input_shape, input)?;
+        self.plan.run(tvec!(t.into()))
+    }
+}
+
+/// The most bytes of intermediate tensors alive at once, walking tract's execution order.
+fn peak_activation_bytes(m: &TypedModel) -> TractResult<u64> {
+    let order = m.eval_order()?;
+    let pos: HashMap<usize, usize> = order.iter().enumerate().map(|(i, &n)| (n, i)).collect();
+    let outputs: Vec<OutletId> = m.output_outlets()?.to_vec();
+    let mut frees: Vec<Vec<u64>> = vec![vec![]; order.len() + 1];
+    let mut peak = 0u64;
+    let mut live = 0u64;
+    for (i, &n) in order.iter().enumerate() {
+        let node = m.node(n);
+        if node.op_is::<tract_onnx::tract_core::ops::konst::Const>()
+            || node.inputs.is_empty() && !m.input_outlets()?.iter().any(|o| o.node == n)
+        {
+            continue;
+        }
+        for (slot, o) in node.outputs.iter().enumerate() {
+            let bytes = o
+                .fact
+                .shape
+                .as_concrete()
+                .map(|s| s.iter().product::<usize>() as u64)
+                .unwrap_or(0)
+                * o.fact.datum_type.size_of() as u64;
+            let last = o
+                .successors
+                .iter()
+                .filter_map(|s| pos.get(&s.node))
+                .max()
+                .copied();
+            let outlet = OutletId::new(n, slot);
+            let end = if outputs.contains(&outlet) {
+                order.len()
+            } else {
+                last.unwrap_or(i)
+            };
+            live += bytes;
+            frees[end].push(bytes);
+        }
+        peak = peak.max(live);
+        for b in std::mem::take(&mut frees[i]) {
+            live -= b;
+        }
+    }
+    Ok(peak)
+}
+
+fn to_output(v: &TValue) -> Result<Output, BackendError> {
+    let v = v
+        .cast_to::<f32>()
+        .map_err(|e| BackendError::Run(format!("{e:#}")))?;
+    let view = v
+        .to_plain_array_view::<f32>()
+        .map_err(|e| BackendError::Run(format!("{e:#}")))?;
+    Ok(Output {
+        shape: view.shape().to_vec(),
+        data: view.iter().copied().collect(),
+    })
+}
+
+/// Sum of the bytes of the initializers the engine is built from.
+fn initializer_bytes(p: &pb::ModelProto) -> u64 {
+    p.graph
+        .iter()
+        .flat_map(|g| g.initializer.iter())
+        .map(|t| {
+            let (n, b) = proto::tensor_numel_and_elem_bytes(t);
+            n * b
+        })
+        .sum()
+}
+
+pub struct CpuEngine {
+    model: TractModel,
+    info: EngineInfo,
+    batch: usize,
+}
+
+impl Engine for CpuEngine {
+    fn info(&self) -> &EngineInfo {
+        &self.info
+    }
+    fn batch(&self) -> usize {
+        self.batch
+    }
+    fn run(&mut self, input: &[f32]) -> Result<Output, BackendError> {
+        let out = self
+            .model
+            .run_all(input)
+            .map_err(|e| BackendError::Run(format!("{e:#}")))?;
+        to_output(&out[0])
+    }
+}
+
+/// Rounds every float initializer through f16 and puts a Cast(f16) -> Cast(f32) pair after
+/// every float activation, so FP16 storage of weights and activations is simulated exactly.
+pub fn fp16_simulation(model: &Model, spec: BuildSpec) -> TractResult<pb::ModelProto> {
+    let mut p = model.with_fixed_input(spec.batch, spec.hw);
+    let float_tensors = float_activation_names(&p, model.input_shape(spec.batch, spec.hw))?;
+    let g = p
+        .graph
+        .as_mut()
+        .ok_or_else(|| anyhow::anyhow!("no graph"))?;
+    for t in g.initializer.iter_mut() {
+        if t.data_type == pb::tensor_proto::DataType::Float as i32
+            && let Some(f) = proto::tensor_f32(t)
+        {
+            let rounded: Vec<f32> = f
+                .data
+                .iter()
+                .map(|&v| half::f16::from_f32(v).to_f32())
+                .collect();
+            *t = proto::f32_tensor(&t.name, &f.dims, &rounded);
+        }
+    }
+    let graph_outputs: std::collections::HashSet<String> =
+        g.output.iter().map(|o| o.name.clone()).collect();
+    let mut nodes = Vec::with_capacity(g.node.len() * 3);
+    let mut renamed: HashMap<String, String> = HashMap::new();
+    // Casts `t` through f16 right where it is produced; later readers get the rounded copy.
+    let round_through_f16 =
+        |t: &str, nodes: &mut Vec<pb::NodeProto>, renamed: &mut HashMap<String, String>| {
+            if !float_tensors.contains(t) || graph_outputs.contains(t) {
+                return;
+            }
+            let (h, back) = (format!("{t}_as_f16"), format!("{t}_through_f16"));
+            let to = |d: pb::tensor_proto::DataType| vec![proto::int_attr("to", d as i64)];
+            nodes.push(proto::node(
+                "Cast",
+                &format!("{t}_to_f16"),
+                &[t],
+                &[&h],
+                to(pb::tensor_proto::DataType::Float16),
+            ));
+            nodes.push(proto::node(
+                "Cast",
+                &format!("{t}_from_f16"),
+                &[&h],
+                &[&back],
+                to(pb::tensor_proto::DataType::Float),
+            ));
+            renamed.insert(t.to_string(), back);
+        };
+    round_through_f16(&g.input[0].name.clone(), &mut nodes, &mut renamed);
+    for mut n in std::mem::take(&mut g.node) {
+        for i in n.input.iter_mut() {
+            if let Some(r) = renamed.get(i) {
+                *i = r.clone();
+            }
+        }
+        let outs = n.output.clone();
+        nodes.push(n);
+        for t in outs.iter().filter(|t| !t.is_empty()) {
+            round_through_f16(t, &mut nodes, &mut renamed);
+        }
+    }
+    g.node = nodes;
+    Ok(p)
+}
+
+/// Names of tensors tract types as f32 (so casts through f16 make sense for them).
+fn float_activation_names(
+    p: &pb::ModelProto,
+    input_shape: [usize; 4],
+) -> TractResult<std::collections::HashSet<String>> {
+    let onnx = tract_onnx::onnx();
+    let parsed = onnx.parse(p, None)?;
+    let mut m = parsed.model;
+    m.set_input_fact(0, f32::fact(input_shape).into())?;
+    m.analyse(false)?;
+    let mut out = std::collections::HashSet::new();
+    for (name, outlet) in parsed.outlets_by_name {
+        if m.node(outlet.node)
+            .op_is::<tract_onnx::tract_hir::ops::konst::Const>()
+        {
+            continue;
+        }
+        if let Ok(f) = m.outlet_fact(outlet)
+            && f.datum_type.concretize() == Some(DatumType::F32)
+        {
+            out.insert(name);
+        }
+    }
+    Ok(out)
+}
+
+impl Backend for CpuBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cpu
+    }
+
+    fn check(&self) -> Result<String, String> {
+        Ok(format!(
+            "CPU ({} threads available; tract runs on one)",
+            std::thread::available_parallelism()
+                .map(|n| n.get())
+                .unwrap_or(1)
+        ))
+    }
+
+    fn build(
+        &self,
+        input: BuildInput<'_>,
+        spec: BuildSpec,
+    ) -> Result<Box<dyn Engine>, BackendError> {
+        let precision = input.precision();
+        let model = input.model();
+        let build_err = |e: TractError| BackendError::Build {
+            precision,
+            reason: format!("{e:#}"),
+        };
+        let shape = model.input_shape(spec.batch, spec.hw);
+        let mut info = EngineInfo {
+            backend: "cpu".into(),
+            device: self.check().unwrap_or_default(),
+            ..Default::default()
+        };
+        let p = match input {
+            BuildInput::Float {
+                precision: Precision::Fp16,
+                ..
+            } => {
+                info.simulated = true;
+                fp16_simulation(model, spec).map_err(build_err)?
+            }
+            BuildInput::Float { .. } => model.with_fixed_input(spec.batch, spec.hw),
+            BuildInput::Int8 { qdq, .. } => {
+                let fixed = Model {
+                    proto: qdq.proto.clone(),
+                    ..model.clone()
+                }
+                .with_fixed_input(spec.batch, spec.hw);
+                let lowered = lower_qdq(&fixed).map_err(|e| BackendError::Build {
+                    precision,
+                    reason: e,
+                })?;
+                info.int8_nodes = lowered.int8_nodes.len();
+                info.float_nodes = lowered.float_nodes;
+                lowered.proto
+            }
+        };
+        info.weights_bytes = initializer_bytes(&p);
+        let tm = TractModel::new(&p, shape, &[]).map_err(build_err)?;
+        info.activations_bytes = tm.activations_bytes;
+        Ok(Box::new(CpuEngine {
+            model: tm,
+            info,
+            batch: spec.batch,
+        }))
+    }
+}
+
+/// FP32 runner that also returns named intermediate tensors: the calibration probe.
+pub struct Probe {
+    model: TractModel,
+    pub tensors: Vec<String>,
+}
+
+impl Probe {
+    pub fn new(model: &Model, hw: [usize; 2], tensors: &[String]) -> Result<Probe, BackendError> {
+        let p = model.with_fixed_input(1, hw);
+        let tm = TractModel::new(&p, model.input_shape(1, hw), tensors).map_err(|e| {
+            BackendError::Build {
+                precision: Precision::Fp32,
+                reason: format!("{e:#}"),
+            }
+        })?;
+        Ok(Probe {
+            model: tm,
+            tensors: tensors.to_vec(),
+        })
+    }
+
+    /// The model output and then each requested tensor, flattened.
+    pub fn run(&self, input: &[f32]) -> Result<(Output, Vec<Vec<f32>>), BackendError> {
+        let outs = self
+            .model
+            .run_all(input)
+            .map_err(|e| BackendError::Run(format!("{e:#}")))?;
+        let first = to_output(&outs[0])?;
+        let rest = outs[1..]
+            .iter()
+            .map(|v| to_output(v).map(|o| o.data))
+            .collect::<Result<_, _>>()?;
+        Ok((first, rest))
+    }
+}
+
+/// Float nodes of a lowered model that the report lists.
+pub fn float_node(node: &pb::NodeProto, reason: &str) -> FloatNode {
+    FloatNode {
+        node: node.name.clone(),
+        op: node.op_type.clone(),
+        reason: reason.into(),
+    }
+}

@@ -1,0 +1,193 @@
+//! `Backend` (can this machine build engines? build one) and `Engine` (run a batch,
+//! synchronize, say what it holds), shaped like tract's `Runtime`. FP32/FP16 engines are
+//! built from the model graph; INT8 engines from the Q/DQ model, as TensorRT does.
+
+pub mod cpu;
+pub mod cuda;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::Model;
+use crate::quant::QdqModel;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    Fp32,
+    Fp16,
+    Int8,
+}
+
+impl Precision {
+    pub const ALL: [Precision; 3] = [Precision::Fp32, Precision::Fp16, Precision::Int8];
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::Fp32 => "fp32",
+            Precision::Fp16 => "fp16",
+            Precision::Int8 => "int8",
+        }
+    }
+}
+
+impl std::fmt::Display for Precision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Precision {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Precision::ALL
+            .into_iter()
+            .find(|p| p.name().eq_ignore_ascii_case(s.trim()))
+            .ok_or_else(|| format!("unknown precision `{s}` (expected fp32, fp16 or int8)"))
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum BackendKind {
+    /// tract, on this machine's CPU. Runs everywhere.
+    #[default]
+    Cpu,
+    /// cuDNN + cuBLASLt + NVRTC through cudarc, loaded at run time.
+    Cuda,
+}
+
+impl BackendKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            BackendKind::Cpu => "cpu",
+            BackendKind::Cuda => "cuda",
+        }
+    }
+}
+
+impl std::str::FromStr for BackendKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "cpu" => Ok(BackendKind::Cpu),
+            "cuda" | "gpu" => Ok(BackendKind::Cuda),
+            _ => Err(format!("unknown backend `{s}` (expected cpu or cuda)")),
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    #[error("backend `{backend}` cannot run here: {why}")]
+    Unavailable { backend: &'static str, why: String },
+    #[error("building the {precision} engine: {reason}")]
+    Build {
+        precision: Precision,
+        reason: String,
+    },
+    #[error("running the engine: {0}")]
+    Run(String),
+}
+
+/// What an engine is built from.
+pub enum BuildInput<'a> {
+    /// FP32 or FP16 from the (prepared) model.
+    Float {
+        model: &'a Model,
+        precision: Precision,
+    },
+    /// INT8 from the Q/DQ model.
+    Int8 { model: &'a Model, qdq: &'a QdqModel },
+}
+
+impl BuildInput<'_> {
+    pub fn precision(&self) -> Precision {
+        match self {
+            BuildInput::Float { precision, .. } => *precision,
+            BuildInput::Int8 { .. } => Precision::Int8,
+        }
+    }
+    pub fn model(&self) -> &Model {
+        match self {
+            BuildInput::Float { model, .. } | BuildInput::Int8 { model, .. } => model,
+        }
+    }
+}
+
+/// Batch size and input height/width the engine is built for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BuildSpec {
+    pub batch: usize,
+    pub hw: [usize; 2],
+}
+
+/// A node that runs in floating point in an INT8 engine, and why.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct FloatNode {
+    pub node: String,
+    pub op: String,
+    pub reason: String,
+}
+
+/// Time one layer (or fused group) took, from the engine's own profiling.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LayerTime {
+    pub layer: String,
+    pub kernel: String,
+    pub time_ms: f64,
+}
+
+/// What a built engine is and holds.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EngineInfo {
+    pub backend: String,
+    pub device: String,
+    /// True where a precision is emulated (FP16 on the CPU backend).
+    pub simulated: bool,
+    pub int8_nodes: usize,
+    pub float_nodes: Vec<FloatNode>,
+    pub weights_bytes: u64,
+    pub activations_bytes: u64,
+    pub workspace_bytes: u64,
+    /// Device memory taken by the engine as the driver reports it (GPU backends).
+    pub device_mem_bytes: Option<u64>,
+    pub layer_times: Vec<LayerTime>,
+}
+
+/// The first model output of a batch.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Output {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+pub trait Engine: Send {
+    fn info(&self) -> &EngineInfo;
+    fn batch(&self) -> usize;
+    /// Runs one batch. `input` holds `batch x C x H x W` values in the model's layout.
+    fn run(&mut self, input: &[f32]) -> Result<Output, BackendError>;
+    /// Runs one batch and returns how long the work took on the device, in ms, without
+    /// copying the output back: the benchmark's clock. CPU engines time `run`.
+    fn timed_run(&mut self, input: &[f32]) -> Result<f64, BackendError> {
+        let t = std::time::Instant::now();
+        self.run(input)?;
+        Ok(t.elapsed().as_secs_f64() * 1e3)
+    }
+}
+
+pub trait Backend {
+    fn kind(&self) -> BackendKind;
+    /// A description of the device when the backend can run here, else why it cannot.
+    fn check(&self) -> Result<String, String>;
+    fn build(
+        &self,
+        input: BuildInput<'_>,
+        spec: BuildSpec,
+    ) -> Result<Box<dyn Engine>, BackendError>;
+}
+
+pub fn backend(kind: BackendKind) -> Box<dyn Backend> {
+    match kind {
+        BackendKind::Cpu => Box::new(cpu::CpuBackend),
+        BackendKind::Cuda => Box::new(cuda::CudaBackend::default()),
+    }
+}

@@ -1,0 +1,121 @@
+//! Timing and memory: warm-up, then timed runs until both a minimum count and a minimum time
+//! are reached; median / p90 / p99 latency and throughput; the process's resident memory.
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::{BackendError, Engine};
+
+/// How long to measure. Saved in the experiment.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BenchSpec {
+    pub warmup_runs: usize,
+    pub min_runs: usize,
+    pub min_time_ms: f64,
+    /// Extra batch size for throughput (batch 1 is always measured).
+    pub batch: usize,
+}
+
+impl Default for BenchSpec {
+    fn default() -> Self {
+        BenchSpec {
+            warmup_runs: 3,
+            min_runs: 10,
+            min_time_ms: 1000.0,
+            batch: 8,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Latency {
+    pub median: f64,
+    pub p90: f64,
+    pub p99: f64,
+    pub runs: usize,
+}
+
+/// Percentile of sorted samples (nearest rank).
+pub fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
+    sorted[rank.clamp(1, sorted.len()) - 1]
+}
+
+pub fn latency_from(mut samples_ms: Vec<f64>) -> Latency {
+    samples_ms.sort_by(f64::total_cmp);
+    let n = samples_ms.len();
+    let median = if n == 0 {
+        0.0
+    } else if n % 2 == 1 {
+        samples_ms[n / 2]
+    } else {
+        (samples_ms[n / 2 - 1] + samples_ms[n / 2]) / 2.0
+    };
+    Latency {
+        median,
+        p90: percentile(&samples_ms, 90.0),
+        p99: percentile(&samples_ms, 99.0),
+        runs: n,
+    }
+}
+
+/// Times `engine` on `input` (one batch). `keep_going` is polled between runs (cancel).
+pub fn measure(
+    engine: &mut dyn Engine,
+    input: &[f32],
+    spec: &BenchSpec,
+    keep_going: &dyn Fn() -> bool,
+) -> Result<Latency, BackendError> {
+    for _ in 0..spec.warmup_runs {
+        engine.timed_run(input)?;
+    }
+    let mut samples = vec![];
+    let start = std::time::Instant::now();
+    while (samples.len() < spec.min_runs || start.elapsed().as_secs_f64() * 1e3 < spec.min_time_ms)
+        && keep_going()
+    {
+        samples.push(engine.timed_run(input)?);
+        // Never spin forever on a very fast engine.
+        if samples.len() >= 100_000 {
+            break;
+        }
+    }
+    Ok(latency_from(samples))
+}
+
+/// Resident memory now and the peak since the last reset, in bytes (Linux; 0 elsewhere).
+pub fn rss_bytes() -> (u64, u64) {
+    let Ok(s) = std::fs::read_to_string("/proc/self/status") else {
+        return (0, 0);
+    };
+    let field = |name: &str| {
+        s.lines()
+            .find(|l| l.starts_with(name))
+            .and_then(|l| l.split_whitespace().nth(1))
+            .and_then(|v| v.parse::<u64>().ok())
+            .map(|kb| kb * 1024)
+            .unwrap_or(0)
+    };
+    (field("VmRSS:"), field("VmHWM:"))
+}
+
+/// Resets the peak-RSS mark so the next engine's peak is its own (Linux `clear_refs` 5).
+pub fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percentiles_by_nearest_rank() {
+        let l = latency_from((1..=100).map(|v| v as f64).collect());
+        assert_eq!(l.median, 50.5);
+        assert_eq!(l.p90, 90.0);
+        assert_eq!(l.p99, 99.0);
+    }
+}

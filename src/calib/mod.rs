@@ -1,0 +1,160 @@
+//! Calibration statistics: one FP32 pass collects a growing |x| histogram per quantized
+//! tensor; every method's ranges are then computed from the same statistics, so switching
+//! method needs no new pass. Statistics are cached on disk by (model, images, preprocessing).
+
+mod histogram;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+pub use histogram::{Histogram, Method};
+
+/// Statistics of one calibration pass.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Stats {
+    /// What the statistics were collected from (see [`cache_key`]).
+    pub key: String,
+    pub images: usize,
+    pub tensors: BTreeMap<String, Histogram>,
+}
+
+/// amax per activation tensor, by one method.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Ranges {
+    pub method: Method,
+    pub percentile: f64,
+    pub amax: BTreeMap<String, f32>,
+}
+
+impl Stats {
+    pub fn new(key: String, tensors: &[String]) -> Stats {
+        Stats {
+            key,
+            images: 0,
+            tensors: tensors
+                .iter()
+                .map(|t| (t.clone(), Histogram::default()))
+                .collect(),
+        }
+    }
+
+    /// Adds one image's activations, in the order of `names`.
+    pub fn add(&mut self, names: &[String], values: &[Vec<f32>]) {
+        for (n, v) in names.iter().zip(values) {
+            if let Some(h) = self.tensors.get_mut(n) {
+                h.add(v);
+            }
+        }
+        self.images += 1;
+    }
+
+    /// Ranges by `method`, the tensors split over the machine's cores (entropy and MSE are
+    /// quadratic in the bin count).
+    pub fn ranges(&self, method: Method, percentile: f64) -> Ranges {
+        let items: Vec<(&String, &Histogram)> = self.tensors.iter().collect();
+        let threads = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .min(8);
+        let chunk = items.len().div_ceil(threads).max(1);
+        let amax = std::thread::scope(|s| {
+            let handles: Vec<_> = items
+                .chunks(chunk)
+                .map(|c| {
+                    s.spawn(move || {
+                        c.iter()
+                            .map(|(n, h)| ((*n).clone(), h.amax_for(method, percentile)))
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap_or_default())
+                .collect()
+        });
+        Ranges {
+            method,
+            percentile,
+            amax,
+        }
+    }
+}
+
+/// A key naming a calibration pass: model, tensors, image files (path, size, mtime),
+/// preprocessing and input size. Any change gives a new key and so a new pass.
+pub fn cache_key(
+    model_fingerprint: &str,
+    tensors: &[String],
+    images: &[PathBuf],
+    preprocess: &str,
+) -> String {
+    let mut h = blake3::Hasher::new();
+    h.update(model_fingerprint.as_bytes());
+    for t in tensors {
+        h.update(t.as_bytes());
+        h.update(b"\0");
+    }
+    for p in images {
+        h.update(p.to_string_lossy().as_bytes());
+        if let Ok(m) = std::fs::metadata(p) {
+            h.update(&m.len().to_le_bytes());
+            if let Ok(t) = m.modified().and_then(|t| {
+                t.duration_since(std::time::UNIX_EPOCH)
+                    .map_err(std::io::Error::other)
+            }) {
+                h.update(&t.as_nanos().to_le_bytes());
+            }
+        }
+    }
+    h.update(preprocess.as_bytes());
+    h.finalize().to_hex()[..24].to_string()
+}
+
+/// Where statistics are kept between runs.
+#[derive(Clone, Debug)]
+pub struct StatsCache {
+    pub dir: PathBuf,
+}
+
+impl StatsCache {
+    /// `$QUANTSCOPE_CACHE`, else `$XDG_CACHE_HOME/quantscope`, else `~/.cache/quantscope`.
+    pub fn default_dir() -> PathBuf {
+        if let Some(d) = std::env::var_os("QUANTSCOPE_CACHE") {
+            return PathBuf::from(d);
+        }
+        let base = std::env::var_os("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+            .unwrap_or_else(std::env::temp_dir);
+        base.join("quantscope")
+    }
+
+    fn path(&self, key: &str) -> PathBuf {
+        self.dir.join("stats").join(format!("{key}.json"))
+    }
+
+    /// Cached statistics for `key`; a missing or unreadable cache is just a miss.
+    pub fn load(&self, key: &str) -> Option<Stats> {
+        let bytes = std::fs::read(self.path(key)).ok()?;
+        serde_json::from_slice::<Stats>(&bytes)
+            .ok()
+            .filter(|s| s.key == key)
+    }
+
+    pub fn store(&self, stats: &Stats) -> std::io::Result<PathBuf> {
+        let p = self.path(&stats.key);
+        if let Some(d) = p.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        let tmp = p.with_extension("tmp");
+        std::fs::write(
+            &tmp,
+            serde_json::to_vec(stats).map_err(std::io::Error::other)?,
+        )?;
+        std::fs::rename(&tmp, &p)?;
+        Ok(p)
+    }
+}

@@ -1,0 +1,440 @@
+//! The command line: `inspect`, `run`, `eval` and `gui`. Progress goes to stderr as a bar;
+//! results go to stdout and the report files.
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+use anyhow::{Context, Result};
+use clap::{Args, Parser, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+
+use crate::backend::{BackendKind, Precision};
+use crate::calib::Method;
+use crate::data::{ChannelOrder, Normalize, ResizeMode, Selection};
+use crate::experiment::{Experiment, TaskChoice};
+use crate::model::Model;
+use crate::pipeline::{self, CancelToken, Sink};
+use crate::report::{Report, Row};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "quantscope",
+    version,
+    about = "Calibrate, quantize and compare FP32 / FP16 / INT8 engines for ONNX vision models",
+    long_about = "quantscope calibrates an ONNX image model (max, percentile, MSE or entropy), writes a \
+TensorRT-ready Q/DQ ONNX model and calibration cache, builds FP32, FP16 and INT8 engines on the CPU \
+(tract) or an NVIDIA GPU (cuda), and compares their accuracy or mIoU, agreement with FP32, SQNR, \
+latency and memory.\n\nWith no command it opens the desktop workbench on the bundled segmentation sample."
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Print a model's inputs, outputs, op census, parameters and detected task.
+    Inspect {
+        model: PathBuf,
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run an experiment file (.ron), as saved by the app or `eval --save-experiment`.
+    Run {
+        experiment: PathBuf,
+        #[command(flatten)]
+        out: OutputArgs,
+    },
+    /// Calibrate, build and compare engines, with everything given as flags.
+    Eval(Box<EvalArgs>),
+    /// Open the desktop workbench on an experiment (.ron) or a model (.onnx).
+    Gui { path: Option<PathBuf> },
+}
+
+#[derive(Args, Debug, Default)]
+pub struct OutputArgs {
+    /// Write the JSON report here.
+    #[arg(long, value_name = "OUT.json")]
+    pub report: Option<PathBuf>,
+    /// Write a Markdown table here.
+    #[arg(long, value_name = "OUT.md")]
+    pub md: Option<PathBuf>,
+    /// Write a CSV table here.
+    #[arg(long, value_name = "OUT.csv")]
+    pub csv: Option<PathBuf>,
+    /// Write each method's Q/DQ ONNX model and TensorRT calibration cache to this folder.
+    #[arg(long, value_name = "DIR")]
+    pub export_qdq: Option<PathBuf>,
+    /// Write mask overlays (image, FP32, each INT8 engine, disagreement) to this folder.
+    #[arg(long, value_name = "DIR")]
+    pub save_masks: Option<PathBuf>,
+    /// How many images get mask overlays.
+    #[arg(long, default_value_t = 8)]
+    pub mask_count: usize,
+    /// Cap the number of evaluation images.
+    #[arg(long)]
+    pub eval_count: Option<usize>,
+    /// Backend: cpu (tract, everywhere) or cuda (NVIDIA GPU).
+    #[arg(long)]
+    pub backend: Option<BackendKind>,
+}
+
+fn parse_triplet(s: &str) -> Result<[f32; 3], String> {
+    let v: Vec<f32> = s
+        .split(',')
+        .map(|x| x.trim().parse::<f32>().map_err(|e| format!("`{x}`: {e}")))
+        .collect::<Result<_, _>>()?;
+    match v.as_slice() {
+        [a] => Ok([*a; 3]),
+        [a, b, c] => Ok([*a, *b, *c]),
+        _ => Err("expected one value or three comma-separated values".into()),
+    }
+}
+
+fn parse_hw(s: &str) -> Result<[usize; 2], String> {
+    let v: Vec<usize> = s
+        .split([',', 'x'])
+        .map(|x| x.trim().parse::<usize>().map_err(|e| format!("`{x}`: {e}")))
+        .collect::<Result<_, _>>()?;
+    match v.as_slice() {
+        [a] => Ok([*a, *a]),
+        [h, w] => Ok([*h, *w]),
+        _ => Err("expected H,W".into()),
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct EvalArgs {
+    /// The ONNX model.
+    #[arg(long)]
+    pub model: PathBuf,
+    /// Folder of calibration images (searched recursively).
+    #[arg(long, value_name = "DIR")]
+    pub calib: Option<PathBuf>,
+    /// Evaluation set: ImageFolder (<class>/<image>) or images/ + masks/.
+    #[arg(long, value_name = "DIR")]
+    pub data: Option<PathBuf>,
+    #[arg(long, value_enum, default_value = "auto")]
+    pub task: TaskArg,
+    /// Calibration methods, comma separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "max,percentile,mse,entropy"
+    )]
+    pub methods: Vec<Method>,
+    /// p for the percentile method.
+    #[arg(long, default_value_t = 99.99)]
+    pub percentile: f64,
+    /// Precisions, comma separated.
+    #[arg(long, value_delimiter = ',', default_value = "fp32,fp16,int8")]
+    pub precisions: Vec<Precision>,
+    /// Use the first N calibration images (sorted by path).
+    #[arg(long)]
+    pub calib_count: Option<usize>,
+    /// Use every k-th calibration image instead.
+    #[arg(long, conflicts_with = "calib_count")]
+    pub calib_every: Option<usize>,
+    /// Leave calibration images out of the evaluation.
+    #[arg(long)]
+    pub eval_skip_calib: bool,
+    /// stretch: resize to the input size; crop: resize the short side, cut the centre.
+    #[arg(long, value_enum, default_value = "stretch")]
+    pub resize: ResizeArg,
+    /// Input height,width when the model's is dynamic.
+    #[arg(long, value_parser = parse_hw)]
+    pub size: Option<[usize; 2]>,
+    /// Per-channel mean for (x/255 - mean)/std.
+    #[arg(long, value_parser = parse_triplet, requires = "std")]
+    pub mean: Option<[f32; 3]>,
+    #[arg(long, value_parser = parse_triplet, requires = "mean")]
+    pub std: Option<[f32; 3]>,
+    /// x*scale + offset on raw 0..255 values (--scale 1 --offset 0 keeps raw pixels).
+    #[arg(long, conflicts_with_all = ["mean", "std"])]
+    pub scale: Option<f32>,
+    #[arg(long, requires = "scale")]
+    pub offset: Option<f32>,
+    /// Feed channels as BGR.
+    #[arg(long)]
+    pub bgr: bool,
+    /// Node names or op types to keep in float in the INT8 engines.
+    #[arg(long, value_delimiter = ',')]
+    pub exclude: Vec<String>,
+    /// Timed runs: at least this many ...
+    #[arg(long, default_value_t = 10)]
+    pub min_runs: usize,
+    /// ... and at least this long (ms).
+    #[arg(long, default_value_t = 1000.0)]
+    pub min_time_ms: f64,
+    /// Batch size for the throughput measurement (1 = skip).
+    #[arg(long, default_value_t = 8)]
+    pub batch: usize,
+    /// Also save the equivalent experiment file.
+    #[arg(long, value_name = "FILE.ron")]
+    pub save_experiment: Option<PathBuf>,
+    #[command(flatten)]
+    pub out: OutputArgs,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default)]
+pub enum TaskArg {
+    #[default]
+    Auto,
+    Classification,
+    Segmentation,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default)]
+pub enum ResizeArg {
+    #[default]
+    Stretch,
+    Crop,
+}
+
+impl EvalArgs {
+    pub fn to_experiment(&self) -> Experiment {
+        let mut e = Experiment {
+            name: self
+                .model
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or("experiment")
+                .into(),
+            model: self.model.clone(),
+            methods: self.methods.clone(),
+            percentile: self.percentile,
+            precisions: self.precisions.clone(),
+            exclude: self.exclude.clone(),
+            ..Default::default()
+        };
+        e.calibration.dir = self.calib.clone();
+        e.calibration.select = match (self.calib_count, self.calib_every) {
+            (Some(n), _) => Selection::First(n),
+            (None, Some(k)) => Selection::EveryNth(k),
+            _ => Selection::All,
+        };
+        e.evaluation.dir = self.data.clone();
+        e.evaluation.task = match self.task {
+            TaskArg::Auto => TaskChoice::Auto,
+            TaskArg::Classification => TaskChoice::Classification,
+            TaskArg::Segmentation => TaskChoice::Segmentation,
+        };
+        e.evaluation.skip_calibration_images = self.eval_skip_calib;
+        e.preprocess.resize = match self.resize {
+            ResizeArg::Stretch => ResizeMode::Stretch,
+            ResizeArg::Crop => ResizeMode::Crop,
+        };
+        e.preprocess.size = self.size;
+        e.preprocess.channel_order = if self.bgr {
+            ChannelOrder::Bgr
+        } else {
+            ChannelOrder::Rgb
+        };
+        if let (Some(mean), Some(std)) = (self.mean, self.std) {
+            e.preprocess.normalize = Normalize::MeanStd { mean, std };
+        }
+        if let Some(scale) = self.scale {
+            e.preprocess.normalize = Normalize::ScaleOffset {
+                scale,
+                offset: self.offset.unwrap_or(0.0),
+            };
+        }
+        e.bench.min_runs = self.min_runs;
+        e.bench.min_time_ms = self.min_time_ms;
+        e.bench.batch = self.batch;
+        self.out.apply(&mut e);
+        e
+    }
+}
+
+impl OutputArgs {
+    pub fn apply(&self, e: &mut Experiment) {
+        let o = &mut e.output;
+        for (flag, field) in [
+            (&self.report, &mut o.report_json),
+            (&self.md, &mut o.markdown),
+            (&self.csv, &mut o.csv),
+            (&self.export_qdq, &mut o.qdq_dir),
+            (&self.save_masks, &mut o.masks_dir),
+        ] {
+            if flag.is_some() {
+                field.clone_from(flag);
+            }
+        }
+        if self.save_masks.is_some() {
+            o.mask_count = self.mask_count;
+        }
+        if self.eval_count.is_some() {
+            e.evaluation.count = self.eval_count;
+        }
+        if let Some(b) = self.backend {
+            e.backend = b;
+        }
+    }
+}
+
+/// Progress bar on stderr, log lines above it.
+pub struct CliSink {
+    bar: ProgressBar,
+    stage: Mutex<String>,
+}
+
+impl CliSink {
+    pub fn new() -> Self {
+        let bar = ProgressBar::new(1);
+        bar.set_style(
+            ProgressStyle::with_template("{msg:32} [{bar:30}] {pos}/{len} ({eta} left)")
+                .unwrap_or_else(|_| ProgressStyle::default_bar())
+                .progress_chars("=> "),
+        );
+        CliSink {
+            bar,
+            stage: Mutex::new(String::new()),
+        }
+    }
+}
+
+impl Default for CliSink {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Sink for CliSink {
+    fn progress(&self, stage: &str, done: usize, total: usize) {
+        if let Ok(mut s) = self.stage.lock()
+            && *s != stage
+        {
+            *s = stage.to_string();
+            self.bar.reset();
+            self.bar.set_message(stage.to_string());
+        }
+        self.bar.set_length(total.max(1) as u64);
+        self.bar.set_position(done as u64);
+    }
+    fn log(&self, line: &str) {
+        self.bar.suspend(|| eprintln!("{line}"));
+    }
+    fn row(&self, row: &Row) {
+        let m = row
+            .metric()
+            .map(|v| format!("{:.2} %", v * 100.0))
+            .unwrap_or_else(|| "–".into());
+        let l = row
+            .latency_ms
+            .map(|l| format!("{:.2} ms", l.median))
+            .unwrap_or_else(|| "–".into());
+        match &row.error {
+            Some(e) => self.log(&format!("{:<16} error: {e}", row.label())),
+            None => self.log(&format!(
+                "{:<16} metric {m:>9}  latency {l:>10}",
+                row.label()
+            )),
+        }
+    }
+}
+
+fn run_experiment(exp: &Experiment) -> Result<Report> {
+    let sink = CliSink::new();
+    let cancel = CancelToken::default();
+    let out = pipeline::run(exp, &sink, &cancel)
+        .with_context(|| format!("running `{}`", exp.model.display()))?;
+    sink.bar.finish_and_clear();
+    println!("{}", out.report.to_markdown());
+    Ok(out.report)
+}
+
+fn inspect(path: &PathBuf, json: bool) -> Result<()> {
+    let model = Model::load(path)?;
+    let info = &model.info;
+    if json {
+        println!("{}", serde_json::to_string_pretty(info)?);
+        return Ok(());
+    }
+    let shape = |s: &[Option<i64>]| {
+        s.iter()
+            .map(|d| d.map(|v| v.to_string()).unwrap_or_else(|| "?".into()))
+            .collect::<Vec<_>>()
+            .join("x")
+    };
+    println!("model    {}", info.file.display());
+    println!(
+        "opset    {}   producer {}",
+        info.opset,
+        if info.producer.is_empty() {
+            "-"
+        } else {
+            &info.producer
+        }
+    );
+    for i in &info.inputs {
+        println!(
+            "input    {} {} {} (layout {:?})",
+            i.name,
+            shape(&i.shape),
+            i.dtype,
+            info.layout
+        );
+    }
+    for o in &info.outputs {
+        println!("output   {} {} {}", o.name, shape(&o.shape), o.dtype);
+    }
+    println!(
+        "task     {}",
+        info.task
+            .map(|t| format!("{t:?}").to_lowercase())
+            .unwrap_or_else(|| "unknown (output is neither [N, C] nor [N, C, H, W])".into())
+    );
+    println!(
+        "params   {} ({:.2} MiB)",
+        info.params,
+        info.param_bytes as f64 / 1048576.0
+    );
+    println!(
+        "nodes    {} ({} BatchNormalization folded into Conv)",
+        info.nodes, info.batch_norms_folded
+    );
+    if info.prequantized {
+        println!("note     the model already holds Q/DQ pairs: INT8 uses them as they are");
+    }
+    println!("ops:");
+    for (op, n) in &info.op_census {
+        println!("  {op:<24} {n}");
+    }
+    if !info.unsupported.is_empty() {
+        println!("unsupported:");
+        for u in &info.unsupported {
+            println!("  {} (node `{}`)", u.op, u.node);
+        }
+    }
+    Ok(())
+}
+
+/// The default experiment the app opens with: the bundled segmentation sample.
+pub fn default_experiment_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sample_models/fashion_scenes_deeplab.ron")
+}
+
+pub fn main() -> Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        None => crate::ui::run(Some(default_experiment_path())),
+        Some(Command::Gui { path }) => {
+            crate::ui::run(path.or_else(|| Some(default_experiment_path())))
+        }
+        Some(Command::Inspect { model, json }) => inspect(&model, json),
+        Some(Command::Run { experiment, out }) => {
+            let mut e = Experiment::load(&experiment)?;
+            out.apply(&mut e);
+            run_experiment(&e).map(|_| ())
+        }
+        Some(Command::Eval(args)) => {
+            let e = args.to_experiment();
+            if let Some(p) = &args.save_experiment {
+                e.save(p)?;
+            }
+            run_experiment(&e).map(|_| ())
+        }
+    }
+}

@@ -1,0 +1,211 @@
+//! `Experiment`: what to run, saved as human-readable RON. The CLI and the GUI both describe
+//! their work as one and hand it to the same pipeline. Unknown fields are tolerated and
+//! missing ones take defaults, so older and newer files open.
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::{BackendKind, Precision};
+use crate::bench::BenchSpec;
+use crate::calib::Method;
+use crate::data::{Preprocess, Selection};
+use crate::model::Task;
+
+pub const EXPERIMENT_VERSION: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ExperimentError {
+    #[error("{path}: cannot read: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: not a valid experiment: {reason}")]
+    Parse { path: PathBuf, reason: String },
+    #[error("{path}: cannot write: {reason}")]
+    Write { path: PathBuf, reason: String },
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskChoice {
+    /// From the model's output shape (and the evaluation folder's layout).
+    #[default]
+    Auto,
+    Classification,
+    Segmentation,
+}
+
+impl TaskChoice {
+    pub fn fixed(self) -> Option<Task> {
+        match self {
+            TaskChoice::Auto => None,
+            TaskChoice::Classification => Some(Task::Classification),
+            TaskChoice::Segmentation => Some(Task::Segmentation),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default)]
+pub struct CalibSpec {
+    /// Folder of calibration images, searched recursively.
+    pub dir: Option<PathBuf>,
+    pub select: Selection,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
+#[serde(default)]
+pub struct EvalSpec {
+    /// ImageFolder (`<class>/<image>`) or `images/` + `masks/` folder.
+    pub dir: Option<PathBuf>,
+    pub task: TaskChoice,
+    /// Evaluate on at most this many images (balanced over classes for ImageFolder).
+    pub count: Option<usize>,
+    /// Leave out images that are also calibration images.
+    pub skip_calibration_images: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct OutputSpec {
+    pub report_json: Option<PathBuf>,
+    pub markdown: Option<PathBuf>,
+    pub csv: Option<PathBuf>,
+    /// Writes `<model>_int8_<method>.onnx` and `.cache` (TensorRT calibration cache) here.
+    pub qdq_dir: Option<PathBuf>,
+    /// Writes mask overlays of the first `mask_count` images here.
+    pub masks_dir: Option<PathBuf>,
+    pub mask_count: usize,
+}
+
+impl Default for OutputSpec {
+    fn default() -> Self {
+        OutputSpec {
+            report_json: None,
+            markdown: None,
+            csv: None,
+            qdq_dir: None,
+            masks_dir: None,
+            mask_count: 8,
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Experiment {
+    pub version: u32,
+    pub name: String,
+    pub model: PathBuf,
+    pub calibration: CalibSpec,
+    pub evaluation: EvalSpec,
+    pub preprocess: Preprocess,
+    pub methods: Vec<Method>,
+    /// p for the percentile method.
+    pub percentile: f64,
+    pub precisions: Vec<Precision>,
+    pub backend: BackendKind,
+    pub bench: BenchSpec,
+    /// Node names or op types kept in float in the INT8 engines.
+    pub exclude: Vec<String>,
+    pub output: OutputSpec,
+}
+
+impl Default for Experiment {
+    fn default() -> Self {
+        Experiment {
+            version: EXPERIMENT_VERSION,
+            name: String::new(),
+            model: PathBuf::new(),
+            calibration: CalibSpec::default(),
+            evaluation: EvalSpec::default(),
+            preprocess: Preprocess::default(),
+            methods: Method::ALL.to_vec(),
+            percentile: 99.99,
+            precisions: vec![Precision::Fp32, Precision::Fp16, Precision::Int8],
+            backend: BackendKind::Cpu,
+            bench: BenchSpec::default(),
+            exclude: vec![],
+            output: OutputSpec::default(),
+        }
+    }
+}
+
+fn resolve(base: &Path, p: &mut PathBuf) {
+    if !p.as_os_str().is_empty() && p.is_relative() {
+        *p = base.join(&*p);
+    }
+}
+
+impl Experiment {
+    /// Reads a `.ron` file; relative paths in it are taken relative to the file's folder.
+    pub fn load(path: &Path) -> Result<Experiment, ExperimentError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ExperimentError::Read {
+            path: path.into(),
+            source,
+        })?;
+        let mut e = Self::from_ron(&text).map_err(|reason| ExperimentError::Parse {
+            path: path.into(),
+            reason,
+        })?;
+        let base = path.parent().unwrap_or(Path::new("."));
+        e.resolve_paths(base);
+        Ok(e)
+    }
+
+    pub fn from_ron(text: &str) -> Result<Experiment, String> {
+        ron::from_str(text).map_err(|e| e.to_string())
+    }
+
+    pub fn to_ron(&self) -> String {
+        let cfg = ron::ser::PrettyConfig::new().struct_names(true);
+        ron::ser::to_string_pretty(self, cfg).unwrap_or_default()
+    }
+
+    pub fn save(&self, path: &Path) -> Result<(), ExperimentError> {
+        std::fs::write(path, self.to_ron()).map_err(|e| ExperimentError::Write {
+            path: path.into(),
+            reason: e.to_string(),
+        })
+    }
+
+    pub fn resolve_paths(&mut self, base: &Path) {
+        resolve(base, &mut self.model);
+        for p in [
+            &mut self.calibration.dir,
+            &mut self.evaluation.dir,
+            &mut self.output.report_json,
+            &mut self.output.markdown,
+            &mut self.output.csv,
+            &mut self.output.qdq_dir,
+            &mut self.output.masks_dir,
+        ]
+        .into_iter()
+        .flatten()
+        {
+            resolve(base, p);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ron_round_trip_and_unknown_fields() {
+        let mut e = Experiment {
+            name: "x".into(),
+            ..Default::default()
+        };
+        e.model = "m.onnx".into();
+        let text = e.to_ron();
+        assert_eq!(Experiment::from_ron(&text).ok(), Some(e));
+        let older = "(version: 1, model: \"a.onnx\", some_future_field: 3)";
+        let parsed = Experiment::from_ron(older).expect("unknown fields are tolerated");
+        assert_eq!(parsed.model, PathBuf::from("a.onnx"));
+        assert_eq!(parsed.percentile, 99.99);
+    }
+}

@@ -1,0 +1,33 @@
+//! quantscope: calibrate, quantize and compare FP32 / FP16 / INT8 engines for ONNX vision
+//! models. Data flows one way through typed stages:
+//!
+//! ```text
+//! model (ONNX -> Model) -> calib (Stats -> Ranges) -> quant (QuantPlan -> QdqModel)
+//!        \-> backend (Backend::build -> Engine) -> eval / bench -> report (Report)
+//! ```
+//!
+//! | module | owns |
+//! |---|---|
+//! | [`model`] | reading ONNX, graph preparation (BN folding), op census, task detection |
+//! | [`data`] | image folders, evaluation layouts, preprocessing |
+//! | [`calib`] | histograms and the four amax methods, the statistics cache |
+//! | [`quant`] | Q/DQ placement (TensorRT rules), Q/DQ ONNX and calibration cache |
+//! | [`backend`] | `Backend` / `Engine`; `cpu` (tract) and `cuda` |
+//! | [`eval`], [`bench`], [`report`] | metrics, timing and memory, output formats |
+//! | [`experiment`], [`pipeline`], [`worker`] | what to run, running it, running it off the UI thread |
+//! | [`ui`] | the desktop workbench |
+//! | [`cli`] | the command line |
+
+pub mod backend;
+pub mod bench;
+pub mod calib;
+pub mod cli;
+pub mod data;
+pub mod eval;
+pub mod experiment;
+pub mod model;
+pub mod pipeline;
+pub mod quant;
+pub mod report;
+pub mod ui;
+pub mod worker;

@@ -1,0 +1,595 @@
+//! Reading ONNX models: decoding, preparing the graph the rest of the pipeline works on
+//! (external data inlined, weights-as-inputs made initializers, BatchNorm folded into Conv,
+//! every node named), and describing it (`ModelInfo`: inputs, outputs, op census, task).
+//! Nothing here runs the model.
+
+pub mod graph;
+pub mod proto;
+#[doc(hidden)]
+pub mod testing;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::{Path, PathBuf};
+
+use prost::Message;
+use serde::{Deserialize, Serialize};
+use tract_onnx::pb::{self, tensor_proto::DataType};
+
+pub use graph::Graph;
+use proto::{F32Tensor, tensor_f32};
+
+/// Why a model could not be loaded. Every variant names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("{path}: cannot read the file: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{path}: not an ONNX model, or truncated ({reason})")]
+    NotOnnx { path: PathBuf, reason: String },
+    #[error("{path}: opset {opset} is outside the supported range 7..=21")]
+    Opset { path: PathBuf, opset: i64 },
+    #[error("{path}: external data for initializer `{tensor}`: {reason}")]
+    ExternalData {
+        path: PathBuf,
+        tensor: String,
+        reason: String,
+    },
+    #[error("{path}: {reason}")]
+    Inputs { path: PathBuf, reason: String },
+    #[error("{path}: unsupported operator(s): {list}")]
+    Unsupported { path: PathBuf, list: String },
+    #[error("{path}: {reason}")]
+    Shape { path: PathBuf, reason: String },
+}
+
+/// What the model is for, detected from its output shape.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Task {
+    /// `[N, C]` output: class scores.
+    #[default]
+    Classification,
+    /// `[N, C, H, W]` output: per-pixel class scores.
+    Segmentation,
+}
+
+/// Memory layout of the image input.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum Layout {
+    #[default]
+    Nchw,
+    Nhwc,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TensorInfo {
+    pub name: String,
+    /// `None` for a dynamic dimension.
+    pub shape: Vec<Option<i64>>,
+    pub dtype: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct UnsupportedOp {
+    pub node: String,
+    pub op: String,
+}
+
+/// Everything `inspect` prints and the Model panel shows.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ModelInfo {
+    pub file: PathBuf,
+    pub opset: i64,
+    pub producer: String,
+    pub inputs: Vec<TensorInfo>,
+    pub outputs: Vec<TensorInfo>,
+    pub op_census: BTreeMap<String, usize>,
+    pub nodes: usize,
+    pub params: u64,
+    pub param_bytes: u64,
+    pub task: Option<Task>,
+    pub layout: Layout,
+    /// Channels, height, width of the image input (0 where dynamic).
+    pub input_chw: [usize; 3],
+    pub batch_norms_folded: usize,
+    /// True when the file already holds QuantizeLinear/DequantizeLinear pairs (e.g. from QAT).
+    pub prequantized: bool,
+    pub unsupported: Vec<UnsupportedOp>,
+}
+
+/// A loaded, prepared model: the graph every later stage reads.
+#[derive(Clone, Debug)]
+pub struct Model {
+    pub path: PathBuf,
+    pub proto: pb::ModelProto,
+    pub info: ModelInfo,
+}
+
+/// Ops that are part of the default ONNX domain and that tract knows.
+fn tract_knows(op: &str) -> bool {
+    thread_local! {
+        static KNOWN: HashSet<String> = tract_onnx::onnx().op_register.0.keys().cloned().collect();
+    }
+    KNOWN.with(|k| k.contains(op))
+}
+
+impl Model {
+    /// Reads and prepares `path`. The image input's spatial size may stay dynamic here; the
+    /// experiment fixes it when an engine is built.
+    pub fn load(path: &Path) -> Result<Model, ModelError> {
+        let bytes = std::fs::read(path).map_err(|source| ModelError::Io {
+            path: path.into(),
+            source,
+        })?;
+        Self::from_bytes(path, &bytes)
+    }
+
+    pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Model, ModelError> {
+        let not_onnx = |reason: String| ModelError::NotOnnx {
+            path: path.into(),
+            reason,
+        };
+        let mut proto = pb::ModelProto::decode(bytes).map_err(|e| not_onnx(e.to_string()))?;
+        let graph = proto
+            .graph
+            .as_ref()
+            .ok_or_else(|| not_onnx("no graph in the file".into()))?;
+        if graph.node.is_empty() {
+            return Err(not_onnx("the graph has no nodes".into()));
+        }
+        let opset = proto
+            .opset_import
+            .iter()
+            .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
+            .map(|o| o.version)
+            .unwrap_or(0);
+        if !(7..=21).contains(&opset) {
+            return Err(ModelError::Opset {
+                path: path.into(),
+                opset,
+            });
+        }
+        let dir = path.parent().unwrap_or(Path::new("."));
+        let graph = proto.graph.as_mut().expect("checked above");
+        inline_external_data(graph, dir).map_err(|(tensor, reason)| ModelError::ExternalData {
+            path: path.into(),
+            tensor,
+            reason,
+        })?;
+        constants_to_initializers(graph);
+        let init_names: HashSet<String> =
+            graph.initializer.iter().map(|t| t.name.clone()).collect();
+        graph.input.retain(|i| !init_names.contains(&i.name));
+        name_nodes(graph);
+        let folded = fold_batch_norms(graph);
+        let info = describe(path, &proto, opset, folded)?;
+        Ok(Model {
+            path: path.into(),
+            proto,
+            info,
+        })
+    }
+
+    pub fn graph(&self) -> &pb::GraphProto {
+        self.proto
+            .graph
+            .as_ref()
+            .expect("a loaded model has a graph")
+    }
+
+    pub fn input_name(&self) -> &str {
+        &self.info.inputs[0].name
+    }
+
+    pub fn output_name(&self) -> &str {
+        &self.info.outputs[0].name
+    }
+
+    /// Fails with a message naming the nodes when the model uses ops no backend can run.
+    pub fn check_supported(&self) -> Result<(), ModelError> {
+        if self.info.unsupported.is_empty() {
+            return Ok(());
+        }
+        let list = self
+            .info
+            .unsupported
+            .iter()
+            .map(|u| format!("{} (node `{}`)", u.op, u.node))
+            .collect::<Vec<_>>()
+            .join(", ");
+        Err(ModelError::Unsupported {
+            path: self.path.clone(),
+            list,
+        })
+    }
+
+    /// The spatial size the image input needs: the model's own if fixed, else `requested`.
+    /// Errors when a fixed model size disagrees with a requested one.
+    pub fn input_hw(&self, requested: Option<[usize; 2]>) -> Result<[usize; 2], ModelError> {
+        let [_, h, w] = self.info.input_chw;
+        match (h > 0 && w > 0, requested) {
+            (true, Some(r)) if r != [h, w] => Err(ModelError::Shape {
+                path: self.path.clone(),
+                reason: format!(
+                    "input `{}` is fixed at {h}x{w} but the experiment asks for {}x{}",
+                    self.input_name(),
+                    r[0],
+                    r[1]
+                ),
+            }),
+            (true, _) => Ok([h, w]),
+            (false, Some(r)) => Ok(r),
+            (false, None) => Err(ModelError::Shape {
+                path: self.path.clone(),
+                reason: format!(
+                    "input `{}` has a dynamic height/width: set the input size (--size H,W)",
+                    self.input_name()
+                ),
+            }),
+        }
+    }
+
+    /// The prepared graph with its input fixed to `[batch, C, H, W]` (or NHWC), as ONNX bytes.
+    pub fn with_fixed_input(&self, batch: usize, hw: [usize; 2]) -> pb::ModelProto {
+        let mut p = self.proto.clone();
+        let shape = self.input_shape(batch, hw);
+        let g = p.graph.as_mut().expect("a loaded model has a graph");
+        let name = g.input[0].name.clone();
+        g.input[0] = proto::float_value_info(&name, Some(&shape));
+        // Output shapes in the file may carry stale symbolic dims; tract infers them.
+        for o in g.output.iter_mut() {
+            let n = o.name.clone();
+            *o = proto::float_value_info(&n, None);
+        }
+        g.value_info.clear();
+        p
+    }
+
+    pub fn input_shape(&self, batch: usize, hw: [usize; 2]) -> [usize; 4] {
+        let c = self.info.input_chw[0].max(1);
+        match self.info.layout {
+            Layout::Nchw => [batch, c, hw[0], hw[1]],
+            Layout::Nhwc => [batch, hw[0], hw[1], c],
+        }
+    }
+
+    /// Float initializer by name (weights, biases).
+    pub fn initializer(&self, name: &str) -> Option<F32Tensor> {
+        self.graph()
+            .initializer
+            .iter()
+            .find(|t| t.name == name)
+            .and_then(tensor_f32)
+    }
+
+    /// A hash of the prepared graph, used to key caches.
+    pub fn fingerprint(&self) -> String {
+        blake3::hash(&self.proto.encode_to_vec()).to_hex()[..16].to_string()
+    }
+}
+
+fn inline_external_data(graph: &mut pb::GraphProto, dir: &Path) -> Result<(), (String, String)> {
+    for t in graph.initializer.iter_mut() {
+        if t.data_location != Some(pb::tensor_proto::DataLocation::External as i32) {
+            continue;
+        }
+        let get = |k: &str| {
+            t.external_data
+                .iter()
+                .find(|e| e.key == k)
+                .map(|e| e.value.clone())
+        };
+        let location =
+            get("location").ok_or_else(|| (t.name.clone(), "no `location` entry".to_string()))?;
+        let offset: usize = get("offset").and_then(|v| v.parse().ok()).unwrap_or(0);
+        let file = dir.join(&location);
+        let data = std::fs::read(&file)
+            .map_err(|e| (t.name.clone(), format!("{}: {e}", file.display())))?;
+        let (numel, elem) = proto::tensor_numel_and_elem_bytes(t);
+        let length: usize = get("length")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or((numel * elem) as usize);
+        if offset + length > data.len() {
+            return Err((
+                t.name.clone(),
+                format!(
+                    "{} holds {} bytes, needs {} at offset {offset}",
+                    file.display(),
+                    data.len(),
+                    length
+                ),
+            ));
+        }
+        t.raw_data = data[offset..offset + length].to_vec();
+        t.external_data.clear();
+        t.data_location = None;
+    }
+    Ok(())
+}
+
+/// `Constant` nodes holding a tensor become initializers, so weights stored that way are seen.
+fn constants_to_initializers(graph: &mut pb::GraphProto) {
+    let mut keep = Vec::with_capacity(graph.node.len());
+    for n in std::mem::take(&mut graph.node) {
+        if n.op_type == "Constant"
+            && n.output.len() == 1
+            && let Some(mut t) = proto::attr(&n, "value").and_then(|a| a.t.clone())
+        {
+            t.name = n.output[0].clone();
+            graph.initializer.push(t);
+            continue;
+        }
+        keep.push(n);
+    }
+    graph.node = keep;
+}
+
+/// Gives every node a unique, non-empty name: exclusions and reports refer to nodes by name.
+fn name_nodes(graph: &mut pb::GraphProto) {
+    let mut seen = HashSet::new();
+    for (i, n) in graph.node.iter_mut().enumerate() {
+        if n.name.is_empty() || seen.contains(&n.name) {
+            let base = n
+                .output
+                .first()
+                .filter(|s| !s.is_empty())
+                .cloned()
+                .unwrap_or_else(|| format!("{}_{i}", n.op_type));
+            let mut name = base.clone();
+            let mut k = 1;
+            while seen.contains(&name) {
+                name = format!("{base}_{k}");
+                k += 1;
+            }
+            n.name = name;
+        }
+        seen.insert(n.name.clone());
+    }
+}
+
+/// Folds `Conv -> BatchNormalization` (the conv feeding only that BN) into the conv's weights
+/// and bias, as TensorRT does before choosing kernels. Returns how many were folded.
+pub fn fold_batch_norms(graph: &mut pb::GraphProto) -> usize {
+    let mut folded = 0;
+    loop {
+        let g = Graph::new(graph);
+        let Some((conv_i, bn_i)) = graph.node.iter().enumerate().find_map(|(bi, bn)| {
+            if bn.op_type != "BatchNormalization"
+                || bn.output.iter().filter(|o| !o.is_empty()).count() != 1
+            {
+                return None;
+            }
+            let ci = g.producer(&bn.input[0])?;
+            let conv = &graph.node[ci];
+            (conv.op_type == "Conv"
+                && g.consumers(&conv.output[0]).len() == 1
+                && !g.is_graph_output(&conv.output[0])
+                && bn.input[1..].iter().all(|n| g.initializer(n).is_some())
+                && g.initializer(&conv.input[1]).is_some())
+            .then_some((ci, bi))
+        }) else {
+            break;
+        };
+        let init = |name: &str| {
+            graph
+                .initializer
+                .iter()
+                .find(|t| t.name == name)
+                .and_then(tensor_f32)
+        };
+        let bn = graph.node[bn_i].clone();
+        let conv = graph.node[conv_i].clone();
+        let (Some(scale), Some(shift), Some(mean), Some(var), Some(w)) = (
+            init(&bn.input[1]),
+            init(&bn.input[2]),
+            init(&bn.input[3]),
+            init(&bn.input[4]),
+            init(&conv.input[1]),
+        ) else {
+            break;
+        };
+        let eps = proto::attr_f(&bn, "epsilon").unwrap_or(1e-5);
+        let m = w.dims[0];
+        if scale.len() != m || shift.len() != m || mean.len() != m || var.len() != m {
+            break;
+        }
+        let per = w.len() / m.max(1);
+        let bias = conv
+            .input
+            .get(2)
+            .filter(|s| !s.is_empty())
+            .and_then(|b| init(b))
+            .map(|b| b.data)
+            .unwrap_or(vec![0.0; m]);
+        let mut new_w = w.data.clone();
+        let mut new_b = vec![0.0f32; m];
+        for c in 0..m {
+            let k = scale.data[c] / (var.data[c] + eps).sqrt();
+            for v in &mut new_w[c * per..(c + 1) * per] {
+                *v *= k;
+            }
+            new_b[c] = (bias[c] - mean.data[c]) * k + shift.data[c];
+        }
+        let w_name = format!("{}_bnfolded_w", conv.name);
+        let b_name = format!("{}_bnfolded_b", conv.name);
+        graph
+            .initializer
+            .push(proto::f32_tensor(&w_name, &w.dims, &new_w));
+        graph
+            .initializer
+            .push(proto::f32_tensor(&b_name, &[m], &new_b));
+        let c = &mut graph.node[conv_i];
+        c.input.resize(3, String::new());
+        c.input[1] = w_name;
+        c.input[2] = b_name;
+        c.output[0] = bn.output[0].clone();
+        graph.node.remove(bn_i);
+        folded += 1;
+    }
+    if folded > 0 {
+        drop_unused_initializers(graph);
+    }
+    folded
+}
+
+/// Removes initializers no node reads (left behind by folding and rewriting).
+pub fn drop_unused_initializers(graph: &mut pb::GraphProto) {
+    let used: HashSet<&str> = graph
+        .node
+        .iter()
+        .flat_map(|n| n.input.iter().map(|s| s.as_str()))
+        .chain(graph.output.iter().map(|o| o.name.as_str()))
+        .collect();
+    let used: HashSet<String> = used.into_iter().map(String::from).collect();
+    graph.initializer.retain(|t| used.contains(&t.name));
+}
+
+fn tensor_info(v: &pb::ValueInfoProto) -> TensorInfo {
+    TensorInfo {
+        name: v.name.clone(),
+        shape: proto::value_info_shape(v).unwrap_or_default(),
+        dtype: proto::value_info_elem_type(v)
+            .map(proto::data_type_name)
+            .unwrap_or("float32")
+            .to_string(),
+    }
+}
+
+fn describe(
+    path: &Path,
+    p: &pb::ModelProto,
+    opset: i64,
+    folded: usize,
+) -> Result<ModelInfo, ModelError> {
+    let g = p.graph.as_ref().expect("checked by the caller");
+    let inputs: Vec<TensorInfo> = g.input.iter().map(tensor_info).collect();
+    let outputs: Vec<TensorInfo> = g.output.iter().map(tensor_info).collect();
+    let inputs_err = |reason: String| ModelError::Inputs {
+        path: path.into(),
+        reason,
+    };
+    if inputs.is_empty() {
+        return Err(inputs_err(
+            "the graph has no input that is not an initializer".into(),
+        ));
+    }
+    if inputs.len() > 1 {
+        let names = inputs
+            .iter()
+            .map(|i| format!("`{}`", i.name))
+            .collect::<Vec<_>>()
+            .join(", ");
+        return Err(inputs_err(format!(
+            "more than one image input ({names}); quantscope takes one"
+        )));
+    }
+    if outputs.is_empty() {
+        return Err(inputs_err("the graph has no output".into()));
+    }
+    let input = &inputs[0];
+    if !input.shape.is_empty() && input.shape.len() != 4 {
+        return Err(ModelError::Shape {
+            path: path.into(),
+            reason: format!(
+                "input `{}` has rank {}; an image input is rank 4 (NCHW or NHWC)",
+                input.name,
+                input.shape.len()
+            ),
+        });
+    }
+    let d = |i: usize| input.shape.get(i).copied().flatten().unwrap_or(0) as usize;
+    let layout = if matches!(d(1), 1 | 3) || !matches!(d(3), 1 | 3) {
+        Layout::Nchw
+    } else {
+        Layout::Nhwc
+    };
+    let input_chw = match layout {
+        Layout::Nchw => [d(1), d(2), d(3)],
+        Layout::Nhwc => [d(3), d(1), d(2)],
+    };
+    let mut op_census = BTreeMap::new();
+    let mut unsupported = vec![];
+    for n in &g.node {
+        *op_census.entry(n.op_type.clone()).or_insert(0) += 1;
+        let default_domain = n.domain.is_empty() || n.domain == "ai.onnx";
+        if !default_domain || !tract_knows(&n.op_type) {
+            let op = if default_domain {
+                n.op_type.clone()
+            } else {
+                format!("{}::{}", n.domain, n.op_type)
+            };
+            unsupported.push(UnsupportedOp {
+                node: n.name.clone(),
+                op,
+            });
+        }
+    }
+    let (mut params, mut param_bytes) = (0u64, 0u64);
+    for t in &g.initializer {
+        let (n, b) = proto::tensor_numel_and_elem_bytes(t);
+        if n > 1 {
+            params += n;
+            param_bytes += n * b;
+        }
+    }
+    let task = outputs[0].shape.len().checked_sub(0).and_then(|r| match r {
+        2 => Some(Task::Classification),
+        4 => Some(Task::Segmentation),
+        _ => None,
+    });
+    let prequantized =
+        op_census.contains_key("QuantizeLinear") || op_census.contains_key("DequantizeLinear");
+    Ok(ModelInfo {
+        file: path.into(),
+        opset,
+        producer: format!("{} {}", p.producer_name, p.producer_version)
+            .trim()
+            .to_string(),
+        inputs,
+        outputs,
+        nodes: g.node.len(),
+        op_census,
+        params,
+        param_bytes,
+        task,
+        layout,
+        input_chw,
+        batch_norms_folded: folded,
+        prequantized,
+        unsupported,
+    })
+}
+
+/// Maps each tensor name to the shape tract infers for it with the input fixed, so that
+/// tasks without shapes in the file (and activation sizes) can be known.
+pub fn infer_shapes(model: &Model, hw: [usize; 2]) -> anyhow::Result<HashMap<String, Vec<usize>>> {
+    use tract_onnx::prelude::*;
+    use tract_onnx::tract_hir::infer::Factoid;
+    let p = model.with_fixed_input(1, hw);
+    let onnx = tract_onnx::onnx();
+    let parsed = onnx.parse(&p, model.path.parent().and_then(|d| d.to_str()))?;
+    let mut m = parsed.model;
+    m.analyse(false)?;
+    let mut out = HashMap::new();
+    for (name, outlet) in parsed.outlets_by_name {
+        if let Ok(f) = m.outlet_fact(outlet)
+            && let Some(s) = f.shape.concretize()
+        {
+            let dims: Option<Vec<usize>> = s
+                .iter()
+                .map(|d| d.to_i64().ok().map(|v| v as usize))
+                .collect();
+            if let Some(d) = dims {
+                out.insert(name, d);
+            }
+        }
+    }
+    Ok(out)
+}
+
+pub(crate) fn dtype_is_float(t: i32) -> bool {
+    t == DataType::Float as i32 || t == DataType::Float16 as i32 || t == DataType::Double as i32
+}

@@ -1,0 +1,154 @@
+//! Builds small ONNX graphs in code, for tests (placement on residual blocks, branches and
+//! graph outputs; engine parity) without shipping model files.
+
+use prost::Message;
+use tract_onnx::pb;
+
+use super::proto;
+
+/// Deterministic pseudo-random values in [-1, 1) (xorshift), so tests need no rand crate.
+pub fn values(n: usize, seed: u64) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s << 13;
+            s ^= s >> 7;
+            s ^= s << 17;
+            ((s >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        })
+        .collect()
+}
+
+/// A graph under construction: NCHW float input `x`.
+pub struct GraphBuilder {
+    pub graph: pb::GraphProto,
+    seed: u64,
+}
+
+impl GraphBuilder {
+    pub fn new(input_shape: &[usize]) -> Self {
+        let graph = pb::GraphProto {
+            name: "test".into(),
+            input: vec![proto::float_value_info("x", Some(input_shape))],
+            ..Default::default()
+        };
+        GraphBuilder { graph, seed: 1 }
+    }
+
+    fn init(&mut self, name: &str, dims: &[usize], scale: f32) -> String {
+        self.seed += 1;
+        let n = dims.iter().product();
+        let v: Vec<f32> = values(n, self.seed).iter().map(|v| v * scale).collect();
+        self.graph
+            .initializer
+            .push(proto::f32_tensor(name, dims, &v));
+        name.to_string()
+    }
+
+    /// A 3x3 (or 1x1) conv with bias, padding kept "same".
+    pub fn conv(&mut self, name: &str, input: &str, cin: usize, cout: usize, k: usize) -> String {
+        let w = self.init(
+            &format!("{name}.w"),
+            &[cout, cin, k, k],
+            1.0 / (cin * k * k) as f32 * 3.0,
+        );
+        let b = self.init(&format!("{name}.b"), &[cout], 0.1);
+        let p = (k / 2) as i64;
+        let out = format!("{name}.out");
+        self.graph.node.push(proto::node(
+            "Conv",
+            name,
+            &[input, &w, &b],
+            &[&out],
+            vec![
+                proto::ints_attr("kernel_shape", &[k as i64, k as i64]),
+                proto::ints_attr("pads", &[p, p, p, p]),
+            ],
+        ));
+        out
+    }
+
+    pub fn op(&mut self, op: &str, name: &str, inputs: &[&str]) -> String {
+        let out = format!("{name}.out");
+        self.graph
+            .node
+            .push(proto::node(op, name, inputs, &[&out], vec![]));
+        out
+    }
+
+    /// Conv -> BatchNormalization, to exercise folding.
+    pub fn conv_bn(&mut self, name: &str, input: &str, cin: usize, cout: usize) -> String {
+        let c = self.conv(name, input, cin, cout, 3);
+        let s = self.init(&format!("{name}.bn.s"), &[cout], 0.5);
+        let b = self.init(&format!("{name}.bn.b"), &[cout], 0.5);
+        let m = self.init(&format!("{name}.bn.m"), &[cout], 0.5);
+        let v: Vec<f32> = values(cout, 99).iter().map(|x| x.abs() + 0.5).collect();
+        self.graph
+            .initializer
+            .push(proto::f32_tensor(&format!("{name}.bn.v"), &[cout], &v));
+        let out = format!("{name}.bn.out");
+        self.graph.node.push(proto::node(
+            "BatchNormalization",
+            &format!("{name}.bn"),
+            &[&c, &s, &b, &m, &format!("{name}.bn.v")],
+            &[&out],
+            vec![],
+        ));
+        out
+    }
+
+    /// Global average pool -> flatten -> Gemm to `classes`.
+    pub fn head(&mut self, input: &str, cin: usize, classes: usize) -> String {
+        let p = self.op("GlobalAveragePool", "pool", &[input]);
+        let f = self.op("Flatten", "flatten", &[&p]);
+        let w = self.init("fc.w", &[classes, cin], 0.5);
+        let b = self.init("fc.b", &[classes], 0.1);
+        let out = "fc.out".to_string();
+        self.graph.node.push(proto::node(
+            "Gemm",
+            "fc",
+            &[&f, &w, &b],
+            &[&out],
+            vec![proto::int_attr("transB", 1)],
+        ));
+        out
+    }
+
+    pub fn output(&mut self, name: &str) {
+        self.graph.output.push(proto::float_value_info(name, None));
+    }
+
+    pub fn to_bytes(&self, opset: i64) -> Vec<u8> {
+        pb::ModelProto {
+            ir_version: 8,
+            opset_import: vec![pb::OperatorSetIdProto {
+                domain: String::new(),
+                version: opset,
+            }],
+            producer_name: "quantscope-tests".into(),
+            graph: Some(self.graph.clone()),
+            ..Default::default()
+        }
+        .encode_to_vec()
+    }
+
+    pub fn model(&self) -> super::Model {
+        super::Model::from_bytes(std::path::Path::new("test.onnx"), &self.to_bytes(13))
+            .expect("test graph loads")
+    }
+}
+
+/// A small residual classifier: conv-bn-relu, a residual block, a strided conv, a head.
+pub fn residual_classifier(classes: usize) -> GraphBuilder {
+    let mut b = GraphBuilder::new(&[1, 3, 16, 16]);
+    let c1 = b.conv_bn("stem", "x", 3, 8);
+    let r1 = b.op("Relu", "stem.relu", &[&c1]);
+    let c2 = b.conv("block.conv1", &r1, 8, 8, 3);
+    let r2 = b.op("Relu", "block.relu1", &[&c2]);
+    let c3 = b.conv("block.conv2", &r2, 8, 8, 3);
+    let add = b.op("Add", "block.add", &[&c3, &r1]);
+    let r3 = b.op("Relu", "block.relu2", &[&add]);
+    let y = b.head(&r3, 8, classes);
+    b.output(&y);
+    b
+}

@@ -1,0 +1,371 @@
+//! Q/DQ placement by TensorRT's explicit-quantization rules, writing the Q/DQ ONNX model and
+//! the TensorRT calibration cache. Depends on no backend: backends read the Q/DQ model.
+
+mod opset;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+
+use prost::Message;
+use serde::{Deserialize, Serialize};
+use tract_onnx::pb;
+
+use crate::calib::{Method, Ranges};
+use crate::model::{Graph, Model, proto};
+
+/// Ops whose inputs are quantized (activation per tensor, weight per output channel).
+pub const QUANTIZABLE: [&str; 4] = ["Conv", "ConvTranspose", "Gemm", "MatMul"];
+
+#[derive(Debug, thiserror::Error)]
+pub enum QuantError {
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: std::path::PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    Opset(String),
+}
+
+/// An activation tensor to quantize and the (node, input slot) pairs that read it quantized.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ActQuant {
+    pub tensor: String,
+    pub uses: Vec<(usize, usize)>,
+}
+
+/// A weight initializer quantized per channel along `axis`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WeightQuant {
+    pub tensor: String,
+    pub axis: usize,
+    pub uses: Vec<(usize, usize)>,
+}
+
+/// Where Q/DQ pairs go in a model. Computed once per (model, exclusions).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct QuantPlan {
+    pub activations: Vec<ActQuant>,
+    pub weights: Vec<WeightQuant>,
+    /// Names of the Conv/Gemm/MatMul nodes whose inputs are quantized.
+    pub quantized_nodes: Vec<String>,
+    /// Quantizable nodes left in float, with the reason.
+    pub float_nodes: Vec<(String, String)>,
+}
+
+impl QuantPlan {
+    /// The activation tensors that need calibration statistics.
+    pub fn tensors(&self) -> Vec<String> {
+        self.activations.iter().map(|a| a.tensor.clone()).collect()
+    }
+}
+
+fn is_excluded(node: &pb::NodeProto, exclude: &[String]) -> bool {
+    exclude
+        .iter()
+        .any(|e| e == &node.name || e == &node.op_type)
+}
+
+/// Places Q/DQ by TensorRT's rules: both inputs of Conv, ConvTranspose, Gemm, MatMul; the
+/// residual input of an Add fed by a Conv (so conv + add can fuse); never a graph output
+/// (Q/DQ sit on consumer edges only); bias stays float; excluded nodes stay float.
+pub fn plan(model: &Model, exclude: &[String]) -> QuantPlan {
+    let gp = model.graph();
+    let g = Graph::new(gp);
+    let mut acts: BTreeMap<String, Vec<(usize, usize)>> = BTreeMap::new();
+    let mut weights: BTreeMap<String, (usize, Vec<(usize, usize)>)> = BTreeMap::new();
+    let mut out = QuantPlan::default();
+    if model.info.prequantized {
+        return out;
+    }
+    let is_float_init = |name: &str| {
+        g.initializer(name)
+            .is_some_and(|t| crate::model::dtype_is_float(t.data_type))
+    };
+    for (i, n) in gp.node.iter().enumerate() {
+        let quantizable = QUANTIZABLE.contains(&n.op_type.as_str());
+        let residual_add = n.op_type == "Add"
+            && n.input.len() == 2
+            && n.input.iter().all(|t| g.initializer(t).is_none())
+            && n.input.iter().any(|t| g.producer_op(t) == Some("Conv"));
+        if !(quantizable || residual_add) {
+            continue;
+        }
+        if is_excluded(n, exclude) {
+            if quantizable {
+                out.float_nodes
+                    .push((n.name.clone(), "excluded by the experiment".into()));
+            }
+            continue;
+        }
+        if residual_add {
+            let slot = if g.producer_op(&n.input[0]) == Some("Conv") {
+                1
+            } else {
+                0
+            };
+            acts.entry(n.input[slot].clone())
+                .or_default()
+                .push((i, slot));
+            continue;
+        }
+        if n.input.len() < 2 {
+            out.float_nodes
+                .push((n.name.clone(), "fewer than two inputs".into()));
+            continue;
+        }
+        for slot in 0..2 {
+            let t = &n.input[slot];
+            if slot == 1 && is_float_init(t) {
+                let axis = weight_axis(n, g.initializer(t).map(|t| t.dims.len()).unwrap_or(0));
+                weights
+                    .entry(t.clone())
+                    .or_insert((axis, vec![]))
+                    .1
+                    .push((i, slot));
+            } else if g.initializer(t).is_none() {
+                acts.entry(t.clone()).or_default().push((i, slot));
+            } else {
+                // A constant data input (rare): quantize it per tensor like an activation.
+                acts.entry(t.clone()).or_default().push((i, slot));
+            }
+        }
+        out.quantized_nodes.push(n.name.clone());
+    }
+    out.activations = acts
+        .into_iter()
+        .map(|(tensor, uses)| ActQuant { tensor, uses })
+        .collect();
+    out.weights = weights
+        .into_iter()
+        .map(|(tensor, (axis, uses))| WeightQuant { tensor, axis, uses })
+        .collect();
+    out
+}
+
+/// The output-channel axis of a weight: 0 for Conv, 1 for ConvTranspose, N's axis for Gemm.
+fn weight_axis(n: &pb::NodeProto, rank: usize) -> usize {
+    match n.op_type.as_str() {
+        "ConvTranspose" => 1,
+        "Gemm" => {
+            if proto::attr_i(n, "transB").unwrap_or(0) == 1 {
+                0
+            } else {
+                1
+            }
+        }
+        "MatMul" => rank.saturating_sub(1),
+        _ => 0,
+    }
+}
+
+/// Symmetric int8 per-channel quantization of a weight: scale = amax / 127, round half to
+/// even, clamp to [-127, 127]. Returns (values, scales).
+pub fn quantize_weight(w: &proto::F32Tensor, axis: usize) -> (Vec<i8>, Vec<f32>) {
+    let channels = w.dims.get(axis).copied().unwrap_or(1).max(1);
+    let inner: usize = w.dims.iter().skip(axis + 1).product();
+    let channel_of = |i: usize| (i / inner.max(1)) % channels;
+    let mut amax = vec![0f32; channels];
+    for (i, v) in w.data.iter().enumerate() {
+        let c = channel_of(i);
+        amax[c] = amax[c].max(v.abs());
+    }
+    let scales: Vec<f32> = amax
+        .iter()
+        .map(|&a| if a > 0.0 { a / 127.0 } else { 1.0 })
+        .collect();
+    let q = w
+        .data
+        .iter()
+        .enumerate()
+        .map(|(i, v)| {
+            (v / scales[channel_of(i)])
+                .round_ties_even()
+                .clamp(-127.0, 127.0) as i8
+        })
+        .collect();
+    (q, scales)
+}
+
+/// Activation scale from amax (a dead, all-zero tensor gets scale 1: any scale maps 0 to 0).
+pub fn act_scale(amax: f32) -> f32 {
+    if amax > 0.0 && amax.is_finite() {
+        amax / 127.0
+    } else {
+        1.0
+    }
+}
+
+/// A model with Q/DQ pairs, ready for ONNX Runtime, TensorRT or a backend.
+#[derive(Clone, Debug)]
+pub struct QdqModel {
+    pub proto: pb::ModelProto,
+    /// Activation tensor -> scale.
+    pub scales: BTreeMap<String, f32>,
+    pub method: Option<Method>,
+    pub plan: QuantPlan,
+}
+
+impl QdqModel {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        self.proto.encode_to_vec()
+    }
+
+    pub fn save(&self, path: &Path) -> Result<(), QuantError> {
+        std::fs::write(path, self.to_bytes()).map_err(|source| QuantError::Write {
+            path: path.into(),
+            source,
+        })
+    }
+
+    /// TensorRT calibration cache: a header line, then `tensor: <hex of the f32 scale>`.
+    pub fn calibration_cache(&self) -> String {
+        // 8601 = TensorRT 8.6.1, the oldest version whose Q/DQ and cache readers we target.
+        let mut s = String::from("TRT-8601-EntropyCalibration2\n");
+        for (name, scale) in &self.scales {
+            s.push_str(&format!("{name}: {:08x}\n", scale.to_bits()));
+        }
+        s
+    }
+
+    pub fn save_calibration_cache(&self, path: &Path) -> Result<(), QuantError> {
+        std::fs::write(path, self.calibration_cache()).map_err(|source| QuantError::Write {
+            path: path.into(),
+            source,
+        })
+    }
+}
+
+/// Writes Q/DQ into the model per `plan`, with activation scales from `ranges`.
+/// A model that already has Q/DQ (QAT) is returned as it is.
+pub fn build_qdq(
+    model: &Model,
+    plan: &QuantPlan,
+    ranges: Option<&Ranges>,
+) -> Result<QdqModel, QuantError> {
+    let mut p = model.proto.clone();
+    if model.info.prequantized {
+        return Ok(QdqModel {
+            proto: p,
+            scales: BTreeMap::new(),
+            method: None,
+            plan: plan.clone(),
+        });
+    }
+    opset::ensure_opset13(&mut p).map_err(QuantError::Opset)?;
+    let g = p.graph.as_mut().expect("a loaded model has a graph");
+    let nodes = std::mem::take(&mut g.node);
+    let mut rename: HashMap<(usize, usize), String> = HashMap::new();
+    let mut before: BTreeMap<usize, Vec<pb::NodeProto>> = BTreeMap::new();
+    let mut scales = BTreeMap::new();
+    let zp_name = "qs_zero_point_i8";
+    g.initializer.push(proto::i8_tensor(zp_name, &[], &[0]));
+
+    for a in &plan.activations {
+        let amax = ranges
+            .and_then(|r| r.amax.get(&a.tensor).copied())
+            .unwrap_or(0.0);
+        let scale = act_scale(amax);
+        scales.insert(a.tensor.clone(), scale);
+        let s_name = format!("{}_scale", a.tensor);
+        let (q, dq) = (
+            format!("{}_quantized", a.tensor),
+            format!("{}_dequantized", a.tensor),
+        );
+        g.initializer
+            .push(proto::f32_tensor(&s_name, &[], &[scale]));
+        let first = a.uses.iter().map(|u| u.0).min().unwrap_or(0);
+        let at = before.entry(first).or_default();
+        at.push(proto::node(
+            "QuantizeLinear",
+            &format!("{}_Q", a.tensor),
+            &[&a.tensor, &s_name, zp_name],
+            &[&q],
+            vec![],
+        ));
+        at.push(proto::node(
+            "DequantizeLinear",
+            &format!("{}_DQ", a.tensor),
+            &[&q, &s_name, zp_name],
+            &[&dq],
+            vec![],
+        ));
+        for &u in &a.uses {
+            rename.insert(u, dq.clone());
+        }
+    }
+    for wq in &plan.weights {
+        let Some(w) = g
+            .initializer
+            .iter()
+            .find(|t| t.name == wq.tensor)
+            .and_then(proto::tensor_f32)
+        else {
+            continue;
+        };
+        let (q, s) = quantize_weight(&w, wq.axis);
+        let (q_name, s_name, z_name, dq) = (
+            format!("{}_int8", wq.tensor),
+            format!("{}_wscale", wq.tensor),
+            format!("{}_wzero", wq.tensor),
+            format!("{}_dequantized", wq.tensor),
+        );
+        g.initializer.push(proto::i8_tensor(&q_name, &w.dims, &q));
+        g.initializer
+            .push(proto::f32_tensor(&s_name, &[s.len()], &s));
+        g.initializer
+            .push(proto::i8_tensor(&z_name, &[s.len()], &vec![0; s.len()]));
+        let first = wq.uses.iter().map(|u| u.0).min().unwrap_or(0);
+        before.entry(first).or_default().push(proto::node(
+            "DequantizeLinear",
+            &format!("{}_DQ", wq.tensor),
+            &[&q_name, &s_name, &z_name],
+            &[&dq],
+            vec![proto::int_attr("axis", wq.axis as i64)],
+        ));
+        for &u in &wq.uses {
+            rename.insert(u, dq.clone());
+        }
+    }
+    for (i, mut n) in nodes.into_iter().enumerate() {
+        if let Some(v) = before.remove(&i) {
+            g.node.extend(v);
+        }
+        for (slot, inp) in n.input.iter_mut().enumerate() {
+            if let Some(r) = rename.get(&(i, slot)) {
+                *inp = r.clone();
+            }
+        }
+        g.node.push(n);
+    }
+    crate::model::drop_unused_initializers(g);
+    Ok(QdqModel {
+        proto: p,
+        scales,
+        method: ranges.map(|r| r.method),
+        plan: plan.clone(),
+    })
+}
+
+/// Names of the float nodes of a Q/DQ model (for reports): every node that is not Q/DQ.
+pub fn compute_nodes(p: &pb::ModelProto) -> Vec<(String, String)> {
+    p.graph
+        .iter()
+        .flat_map(|g| g.node.iter())
+        .filter(|n| n.op_type != "QuantizeLinear" && n.op_type != "DequantizeLinear")
+        .map(|n| (n.name.clone(), n.op_type.clone()))
+        .collect()
+}
+
+/// The set of tensor names a Q/DQ model quantizes (inputs of QuantizeLinear).
+pub fn quantized_tensors(p: &pb::ModelProto) -> HashSet<String> {
+    p.graph
+        .iter()
+        .flat_map(|g| g.node.iter())
+        .filter(|n| n.op_type == "QuantizeLinear")
+        .filter_map(|n| n.input.first().cloned())
+        .collect()
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,274 @@
+//! The report: one row per (precision, method) with accuracy, agreement, SQNR, latency and
+//! memory; written as JSON, Markdown and CSV; and mask overlays as PNG.
+
+mod masks;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::{FloatNode, LayerTime, Precision};
+use crate::bench::Latency;
+use crate::calib::Method;
+use crate::data::Preprocess;
+use crate::model::{Task, TensorInfo};
+
+pub use masks::{class_color, overlay_png, write_mask_overlays};
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemoryBytes {
+    pub weights: u64,
+    pub activations: u64,
+    /// Growth of the process's peak resident memory while building and running the engine.
+    pub peak_rss: u64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Row {
+    pub precision: Option<Precision>,
+    /// Calibration method (INT8 only).
+    pub method: Option<Method>,
+    pub backend: String,
+    /// True where the precision is emulated (FP16 on the CPU backend).
+    pub simulated: bool,
+    pub top1: Option<f64>,
+    pub top5: Option<f64>,
+    pub per_class_accuracy: Option<Vec<Option<f64>>>,
+    pub miou: Option<f64>,
+    pub per_class_iou: Option<Vec<Option<f64>>>,
+    pub pixel_acc: Option<f64>,
+    /// Top-1 agreement or argmax-pixel agreement with FP32.
+    pub agreement: Option<f64>,
+    pub sqnr_db: Option<f64>,
+    /// Images the SQNR was computed over (FP32 outputs kept in memory).
+    pub sqnr_images: Option<usize>,
+    pub latency_ms: Option<Latency>,
+    pub throughput_ips: Option<f64>,
+    pub batch: Option<usize>,
+    pub latency_batch_ms: Option<Latency>,
+    pub throughput_batch_ips: Option<f64>,
+    pub memory_bytes: Option<MemoryBytes>,
+    pub build_ms: Option<f64>,
+    pub int8_nodes: Option<usize>,
+    pub float_nodes: Vec<FloatNode>,
+    pub layer_times: Vec<LayerTime>,
+    /// Per evaluation image: its mIoU (segmentation) or 1/0 for a correct top-1.
+    pub per_image: Vec<f64>,
+    pub error: Option<String>,
+}
+
+impl Row {
+    pub fn label(&self) -> String {
+        match (self.precision, self.method) {
+            (Some(p), Some(m)) => format!("{p} {m}"),
+            (Some(p), None) => p.to_string(),
+            _ => "?".into(),
+        }
+    }
+
+    /// The task metric: mIoU or top-1.
+    pub fn metric(&self) -> Option<f64> {
+        self.miou.or(self.top1)
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ModelSummary {
+    pub file: PathBuf,
+    pub task: Option<Task>,
+    pub inputs: Vec<TensorInfo>,
+    pub outputs: Vec<TensorInfo>,
+    pub params: u64,
+    pub param_bytes: u64,
+    pub op_census: BTreeMap<String, usize>,
+}
+
+/// A histogram downsampled for display, with each method's amax.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TensorRanges {
+    pub tensor: String,
+    pub bin_width: f32,
+    pub counts: Vec<u64>,
+    pub amax: BTreeMap<Method, f32>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct CalibSummary {
+    pub images: usize,
+    pub cache_hit: bool,
+    pub pass_ms: f64,
+    /// Time to compute all methods' ranges from the statistics.
+    pub ranges_ms: f64,
+    pub tensors: Vec<TensorRanges>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct EvalSummary {
+    pub dir: Option<PathBuf>,
+    pub task: Option<Task>,
+    pub images: usize,
+    pub classes: Vec<String>,
+    /// The evaluation images, in the order of each row's `per_image`.
+    pub image_files: Vec<PathBuf>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Report {
+    pub quantscope_version: String,
+    pub experiment: String,
+    pub model: ModelSummary,
+    pub preprocess: Preprocess,
+    pub input_hw: [usize; 2],
+    pub calibration: Option<CalibSummary>,
+    pub evaluation: EvalSummary,
+    pub rows: Vec<Row>,
+}
+
+fn pct(v: Option<f64>) -> String {
+    v.map(|v| format!("{:.2}", v * 100.0))
+        .unwrap_or_else(|| "–".into())
+}
+
+fn num(v: Option<f64>, digits: usize) -> String {
+    v.map(|v| format!("{v:.digits$}"))
+        .unwrap_or_else(|| "–".into())
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.2}", b as f64 / (1024.0 * 1024.0))
+}
+
+impl Report {
+    pub fn fp32(&self) -> Option<&Row> {
+        self.rows
+            .iter()
+            .find(|r| r.precision == Some(Precision::Fp32) && r.error.is_none())
+    }
+
+    /// Task metric of `row` minus FP32's, in points (percentage points for top-1/mIoU).
+    pub fn delta_vs_fp32(&self, row: &Row) -> Option<f64> {
+        Some((row.metric()? - self.fp32()?.metric()?) * 100.0)
+    }
+
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    pub fn to_markdown(&self) -> String {
+        let seg = self.model.task == Some(Task::Segmentation);
+        let metric = if seg { "mIoU %" } else { "top-1 %" };
+        let mut s = format!(
+            "# quantscope report\n\nModel: `{}` ({} parameters), input {}x{}, backend {}.\n\n",
+            self.model.file.display(),
+            self.model.params,
+            self.input_hw[0],
+            self.input_hw[1],
+            self.rows.first().map(|r| r.backend.as_str()).unwrap_or("-"),
+        );
+        if let Some(c) = &self.calibration {
+            s.push_str(&format!(
+                "Calibration: {} images ({}; pass {:.0} ms, all four methods' ranges {:.0} ms).\n\n",
+                c.images,
+                if c.cache_hit { "statistics from cache" } else { "statistics collected" },
+                c.pass_ms,
+                c.ranges_ms
+            ));
+        }
+        s.push_str(&format!(
+            "Evaluation: {} images.\n\n",
+            self.evaluation.images
+        ));
+        s.push_str(&format!(
+            "| engine | {metric} | Δ vs FP32 (pt) | agreement % | SQNR dB | latency median ms | p99 ms | throughput img/s | weights MiB | activations MiB | peak RSS growth MiB | int8 nodes | note |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+        ));
+        for r in &self.rows {
+            let mem = r.memory_bytes.clone().unwrap_or_default();
+            let note = match (&r.error, r.simulated) {
+                (Some(e), _) => format!("error: {e}"),
+                (None, true) => "simulated on CPU".into(),
+                _ => String::new(),
+            };
+            s.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                r.label(),
+                pct(r.metric()),
+                num(self.delta_vs_fp32(r), 2),
+                pct(r.agreement),
+                num(r.sqnr_db, 1),
+                num(r.latency_ms.map(|l| l.median), 2),
+                num(r.latency_ms.map(|l| l.p99), 2),
+                num(r.throughput_batch_ips.or(r.throughput_ips), 1),
+                mib(mem.weights),
+                mib(mem.activations),
+                mib(mem.peak_rss),
+                r.int8_nodes
+                    .map(|n| n.to_string())
+                    .unwrap_or_else(|| "–".into()),
+                note.replace('|', "/"),
+            ));
+        }
+        s
+    }
+
+    pub fn to_csv(&self) -> String {
+        let mut s = String::from(
+            "precision,method,backend,simulated,top1,top5,miou,pixel_acc,agreement,sqnr_db,latency_median_ms,latency_p90_ms,latency_p99_ms,throughput_ips,throughput_batch_ips,weights_bytes,activations_bytes,peak_rss_bytes,build_ms,int8_nodes,error\n",
+        );
+        let o = |v: Option<f64>| v.map(|v| v.to_string()).unwrap_or_default();
+        for r in &self.rows {
+            let mem = r.memory_bytes.clone().unwrap_or_default();
+            s.push_str(&format!(
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},\"{}\"\n",
+                r.precision.map(|p| p.to_string()).unwrap_or_default(),
+                r.method.map(|m| m.to_string()).unwrap_or_default(),
+                r.backend,
+                r.simulated,
+                o(r.top1),
+                o(r.top5),
+                o(r.miou),
+                o(r.pixel_acc),
+                o(r.agreement),
+                o(r.sqnr_db),
+                o(r.latency_ms.map(|l| l.median)),
+                o(r.latency_ms.map(|l| l.p90)),
+                o(r.latency_ms.map(|l| l.p99)),
+                o(r.throughput_ips),
+                o(r.throughput_batch_ips),
+                mem.weights,
+                mem.activations,
+                mem.peak_rss,
+                o(r.build_ms),
+                r.int8_nodes.map(|n| n.to_string()).unwrap_or_default(),
+                r.error.clone().unwrap_or_default().replace('"', "'"),
+            ));
+        }
+        s
+    }
+
+    /// Writes whichever of the three formats have a path.
+    pub fn write(
+        &self,
+        json: Option<&Path>,
+        md: Option<&Path>,
+        csv: Option<&Path>,
+    ) -> std::io::Result<()> {
+        let put = |p: &Path, text: String| -> std::io::Result<()> {
+            if let Some(d) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+                std::fs::create_dir_all(d)?;
+            }
+            std::fs::write(p, text)
+                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", p.display())))
+        };
+        if let Some(p) = json {
+            put(p, self.to_json())?;
+        }
+        if let Some(p) = md {
+            put(p, self.to_markdown())?;
+        }
+        if let Some(p) = csv {
+            put(p, self.to_csv())?;
+        }
+        Ok(())
+    }
+}
