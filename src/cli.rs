@@ -146,14 +146,14 @@ pub struct EvalArgs {
     #[arg(long, value_parser = parse_hw)]
     pub size: Option<[usize; 2]>,
     /// Per-channel mean for (x/255 - mean)/std.
-    #[arg(long, value_parser = parse_triplet, requires = "std")]
+    #[arg(long, value_parser = parse_triplet, requires = "std", allow_hyphen_values = true)]
     pub mean: Option<[f32; 3]>,
     #[arg(long, value_parser = parse_triplet, requires = "mean")]
     pub std: Option<[f32; 3]>,
     /// x*scale + offset on raw 0..255 values (--scale 1 --offset 0 keeps raw pixels).
     #[arg(long, conflicts_with_all = ["mean", "std"])]
     pub scale: Option<f32>,
-    #[arg(long, requires = "scale")]
+    #[arg(long, requires = "scale", allow_hyphen_values = true)]
     pub offset: Option<f32>,
     /// Feed channels as BGR.
     #[arg(long)]

@@ -172,6 +172,10 @@ pub trait Engine: Send {
         self.run(input)?;
         Ok(t.elapsed().as_secs_f64() * 1e3)
     }
+    /// Time per layer (or fused group) on `input`, slowest first.
+    fn profile(&mut self, _input: &[f32]) -> Result<Vec<LayerTime>, BackendError> {
+        Ok(self.info().layer_times.clone())
+    }
 }
 
 pub trait Backend {

@@ -166,11 +166,35 @@ impl Model {
         name_nodes(graph);
         let folded = fold_batch_norms(graph);
         let info = describe(path, &proto, opset, folded)?;
-        Ok(Model {
+        let mut model = Model {
             path: path.into(),
             proto,
             info,
-        })
+        };
+        model.fill_output_shapes();
+        Ok(model)
+    }
+
+    /// Output shapes the file does not give are inferred (with the input fixed, batch 1),
+    /// so the task can be detected from them.
+    fn fill_output_shapes(&mut self) {
+        if self.info.outputs.iter().all(|o| !o.shape.is_empty()) && self.info.task.is_some() {
+            return;
+        }
+        let Ok(hw) = self.input_hw(None) else { return };
+        let Ok(shapes) = infer_shapes(self, hw) else {
+            return;
+        };
+        for o in self.info.outputs.iter_mut() {
+            if let Some(s) = shapes.get(&o.name) {
+                o.shape = s
+                    .iter()
+                    .enumerate()
+                    .map(|(i, &d)| if i == 0 { None } else { Some(d as i64) })
+                    .collect();
+            }
+        }
+        self.info.task = task_of(&self.info.outputs[0]);
     }
 
     pub fn graph(&self) -> &pb::GraphProto {
@@ -458,6 +482,14 @@ fn tensor_info(v: &pb::ValueInfoProto) -> TensorInfo {
     }
 }
 
+fn task_of(output: &TensorInfo) -> Option<Task> {
+    match output.shape.len() {
+        2 => Some(Task::Classification),
+        4 => Some(Task::Segmentation),
+        _ => None,
+    }
+}
+
 fn describe(
     path: &Path,
     p: &pb::ModelProto,
@@ -535,11 +567,7 @@ fn describe(
             param_bytes += n * b;
         }
     }
-    let task = outputs[0].shape.len().checked_sub(0).and_then(|r| match r {
-        2 => Some(Task::Classification),
-        4 => Some(Task::Segmentation),
-        _ => None,
-    });
+    let task = task_of(&outputs[0]);
     let prequantized =
         op_census.contains_key("QuantizeLinear") || op_census.contains_key("DequantizeLinear");
     Ok(ModelInfo {

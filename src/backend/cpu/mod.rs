@@ -12,7 +12,7 @@ use tract_onnx::tract_hir::infer::Factoid;
 
 use super::{
     Backend, BackendError, BackendKind, BuildInput, BuildSpec, Engine, EngineInfo, FloatNode,
-    Output, Precision,
+    LayerTime, Output, Precision,
 };
 use crate::model::{Model, proto};
 
@@ -65,6 +65,38 @@ impl TractModel {
     pub fn run_all(&self, input: &[f32]) -> TractResult<TVec<TValue>> {
         let t = Tensor::from_shape(&self.input_shape, input)?;
         self.plan.run(tvec!(t.into()))
+    }
+
+    /// Time of each tract node over `runs` runs (median per node), slowest first.
+    pub fn profile(&self, input: &[f32], runs: usize) -> TractResult<Vec<LayerTime>> {
+        let mut samples: HashMap<usize, Vec<f64>> = HashMap::new();
+        for _ in 0..runs.max(1) {
+            let t = Tensor::from_shape(&self.input_shape, input)?;
+            let mut state = self.plan.spawn()?;
+            state.run_plan_with_eval(tvec!(t.into()), |ctx, op_state, node, inputs| {
+                let start = std::time::Instant::now();
+                let r = tract_onnx::tract_core::plan::eval(ctx, op_state, node, inputs);
+                samples
+                    .entry(node.id)
+                    .or_default()
+                    .push(start.elapsed().as_secs_f64() * 1e3);
+                r
+            })?;
+        }
+        let model = self.plan.model();
+        let mut out: Vec<LayerTime> = samples
+            .into_iter()
+            .map(|(id, v)| {
+                let node = model.node(id);
+                LayerTime {
+                    layer: node.name.clone(),
+                    kernel: node.op().name().to_string(),
+                    time_ms: crate::bench::latency_from(v).median,
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| b.time_ms.total_cmp(&a.time_ms));
+        Ok(out)
     }
 }
 
@@ -158,6 +190,11 @@ impl Engine for CpuEngine {
             .run_all(input)
             .map_err(|e| BackendError::Run(format!("{e:#}")))?;
         to_output(&out[0])
+    }
+    fn profile(&mut self, input: &[f32]) -> Result<Vec<LayerTime>, BackendError> {
+        self.model
+            .profile(input, 3)
+            .map_err(|e| BackendError::Run(format!("{e:#}")))
     }
 }
 

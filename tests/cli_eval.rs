@@ -1,0 +1,183 @@
+//! The `quantscope` binary end to end on a small model and generated data: a whole `eval`
+//! run with its JSON report, `inspect`, the statistics cache, and clear errors on bad input.
+
+mod common;
+
+use std::path::Path;
+use std::process::Command;
+
+use quantscope::model::testing::residual_classifier;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_quantscope"))
+}
+
+fn setup(name: &str) -> std::path::PathBuf {
+    let dir = common::temp_dir(name);
+    std::fs::write(dir.join("model.onnx"), residual_classifier(4).to_bytes(13)).expect("model");
+    common::image_folder(&dir.join("calib"), 12, 20, 1);
+    common::image_folder_dataset(&dir.join("eval"), 4, 5, 20);
+    std::fs::write(dir.join("calib/notes.txt"), "not an image").expect("txt");
+    dir
+}
+
+fn eval_args<'a>(dir: &'a Path, report: &'a str) -> Vec<String> {
+    let p = |s: &str| dir.join(s).to_string_lossy().into_owned();
+    vec![
+        "eval".into(),
+        "--model".into(),
+        p("model.onnx"),
+        "--calib".into(),
+        p("calib"),
+        "--data".into(),
+        p("eval"),
+        "--size".into(),
+        "16,16".into(),
+        "--min-runs".into(),
+        "3".into(),
+        "--min-time-ms".into(),
+        "10".into(),
+        "--batch".into(),
+        "2".into(),
+        "--report".into(),
+        p(report),
+        "--md".into(),
+        p("report.md"),
+        "--export-qdq".into(),
+        p("qdq"),
+    ]
+}
+
+#[test]
+fn eval_writes_a_complete_report() {
+    let dir = setup("eval");
+    let cache = dir.join("cache");
+    let out = bin()
+        .args(eval_args(&dir, "report.json"))
+        .env("QUANTSCOPE_CACHE", &cache)
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "eval failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("report.json")).expect("report"))
+            .expect("json");
+    let rows = report["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 6, "fp32, fp16 and four int8 methods");
+    let methods: Vec<&str> = rows.iter().filter_map(|r| r["method"].as_str()).collect();
+    assert_eq!(methods, ["max", "percentile", "mse", "entropy"]);
+    for r in rows {
+        assert!(r["error"].is_null(), "row failed: {r}");
+        for key in [
+            "precision",
+            "backend",
+            "top1",
+            "top5",
+            "latency_ms",
+            "throughput_ips",
+            "memory_bytes",
+            "build_ms",
+        ] {
+            assert!(!r[key].is_null(), "row lacks {key}: {r}");
+        }
+        assert!(r["latency_ms"]["median"].as_f64().unwrap_or(0.0) > 0.0);
+        assert!(r["memory_bytes"]["weights"].as_u64().unwrap_or(0) > 0);
+        if r["precision"] != "fp32" {
+            let agree = r["agreement"].as_f64().expect("agreement");
+            assert!((0.0..=1.0).contains(&agree));
+        }
+        if r["precision"] == "int8" {
+            assert_eq!(r["int8_nodes"].as_u64(), Some(4));
+            assert!(
+                r["memory_bytes"]["weights"].as_u64() < rows[0]["memory_bytes"]["weights"].as_u64()
+            );
+        }
+    }
+    assert_eq!(
+        rows[1]["simulated"], true,
+        "FP16 on the CPU is labelled simulated"
+    );
+    assert_eq!(report["evaluation"]["images"], 20);
+    assert!(dir.join("qdq/model_int8_entropy.onnx").is_file());
+    let cache_file =
+        std::fs::read_to_string(dir.join("qdq/model_int8_entropy.cache")).expect("cache");
+    assert!(cache_file.starts_with("TRT-") && cache_file.contains("x: "));
+    assert!(
+        std::fs::read_to_string(dir.join("report.md"))
+            .expect("md")
+            .contains("| int8 mse |")
+    );
+
+    // A second run takes the statistics from the cache.
+    let out = bin()
+        .args(eval_args(&dir, "report2.json"))
+        .env("QUANTSCOPE_CACHE", &cache)
+        .output()
+        .expect("runs");
+    assert!(out.status.success());
+    let r2: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("report2.json")).expect("report"))
+            .expect("json");
+    assert_eq!(r2["calibration"]["cache_hit"], true);
+    assert_eq!(
+        r2["rows"][2]["top1"], report["rows"][2]["top1"],
+        "same statistics, same INT8 result"
+    );
+}
+
+#[test]
+fn inspect_prints_the_model() {
+    let dir = setup("inspect");
+    let out = bin()
+        .args(["inspect", "--json"])
+        .arg(dir.join("model.onnx"))
+        .output()
+        .expect("runs");
+    assert!(out.status.success());
+    let info: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(info["task"], "classification");
+    assert_eq!(info["op_census"]["Conv"], 3);
+    assert_eq!(info["batch_norms_folded"], 1);
+    assert!(info["params"].as_u64().unwrap_or(0) > 1000);
+}
+
+#[test]
+fn bad_inputs_give_errors_that_name_the_file() {
+    let dir = setup("bad");
+    let junk = dir.join("junk.onnx");
+    std::fs::write(&junk, b"this is not protobuf at all \xff\xff\xff").expect("junk");
+    let truncated = dir.join("truncated.onnx");
+    let bytes = std::fs::read(dir.join("model.onnx")).expect("model");
+    std::fs::write(&truncated, &bytes[..bytes.len() / 2]).expect("truncated");
+    for f in [&junk, &truncated, &dir.join("missing.onnx")] {
+        let out = bin().arg("inspect").arg(f).output().expect("runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(
+            err.contains(f.file_name().and_then(|n| n.to_str()).unwrap_or("?")),
+            "error names the file: {err}"
+        );
+        assert!(!err.contains("panicked"), "no panic: {err}");
+    }
+    // An empty calibration folder.
+    std::fs::create_dir_all(dir.join("empty")).expect("dir");
+    let mut args = eval_args(&dir, "r.json");
+    args[4] = dir.join("empty").to_string_lossy().into_owned();
+    let out = bin().args(&args).output().expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("no images found") && err.contains("empty"),
+        "{err}"
+    );
+    // A CUDA request on a machine without a GPU: a clear error, not a crash.
+    let mut args = eval_args(&dir, "r.json");
+    args.extend(["--backend".into(), "cuda".into()]);
+    let out = bin().args(&args).output().expect("runs");
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("cuda") && !err.contains("panicked"), "{err}");
+    }
+}
