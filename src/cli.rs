@@ -48,6 +48,9 @@ pub enum Command {
     },
     /// Calibrate, build and compare engines, with everything given as flags.
     Eval(Box<EvalArgs>),
+    /// Per-layer sensitivity: which layers INT8 hurts (SQNR, then the task metric), and with
+    /// --budget-top1 / --budget-miou-rel the fewest layers to keep in float to meet a budget.
+    Sensitivity(Box<SensitivityArgs>),
     /// Open the desktop workbench on an experiment (.ron) or a model (.onnx).
     Gui { path: Option<PathBuf> },
 }
@@ -139,6 +142,9 @@ pub struct EvalArgs {
     /// Leave calibration images out of the evaluation.
     #[arg(long)]
     pub eval_skip_calib: bool,
+    /// Class names, one per line, in model output order.
+    #[arg(long, value_name = "FILE")]
+    pub labels: Option<PathBuf>,
     /// stretch: resize to the input size; crop: resize the short side, cut the centre.
     #[arg(long, value_enum, default_value = "stretch")]
     pub resize: ResizeArg,
@@ -170,11 +176,45 @@ pub struct EvalArgs {
     /// Batch size for the throughput measurement (1 = skip).
     #[arg(long, default_value_t = 8)]
     pub batch: usize,
-    /// Also save the equivalent experiment file.
+    /// Also save the equivalent experiment file (with the mixed-precision plan, if any).
     #[arg(long, value_name = "FILE.ron")]
     pub save_experiment: Option<PathBuf>,
+    /// Automatic mixed precision: keep the fewest layers in float so that top-1 drops by at
+    /// most this many points against FP32; adds that engine to the report.
+    #[arg(long, value_name = "POINTS", conflicts_with = "budget_miou_rel")]
+    pub budget_top1: Option<f64>,
+    /// Automatic mixed precision with a relative mIoU budget in percent (1 = keep 99 %).
+    #[arg(long, value_name = "PERCENT")]
+    pub budget_miou_rel: Option<f64>,
     #[command(flatten)]
     pub out: OutputArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct SensitivityArgs {
+    #[command(flatten)]
+    pub eval: EvalArgs,
+    /// Layers (lowest SQNR first) whose effect on the metric is measured.
+    #[arg(long, default_value_t = 8)]
+    pub candidates: usize,
+    /// Calibration images used as the SQNR probe set.
+    #[arg(long, default_value_t = 32)]
+    pub probe_images: usize,
+    /// Evaluation images used to rank candidates (budgets are checked on all of them).
+    #[arg(long, default_value_t = 48)]
+    pub probe_eval_images: usize,
+    /// Use this calibration method only (default: try all four and a per-tensor choice).
+    #[arg(long)]
+    pub method: Option<Method>,
+}
+
+impl EvalArgs {
+    pub fn budget(&self) -> Option<crate::sensitivity::Budget> {
+        use crate::sensitivity::Budget;
+        self.budget_top1
+            .map(Budget::Top1Points)
+            .or(self.budget_miou_rel.map(Budget::MiouRelativePercent))
+    }
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default)]
@@ -221,6 +261,7 @@ impl EvalArgs {
             TaskArg::Segmentation => TaskChoice::Segmentation,
         };
         e.evaluation.skip_calibration_images = self.eval_skip_calib;
+        e.evaluation.labels = self.labels.clone();
         e.preprocess.resize = match self.resize {
             ResizeArg::Stretch => ResizeMode::Stretch,
             ResizeArg::Crop => ResizeMode::Crop,
@@ -411,6 +452,51 @@ fn inspect(path: &PathBuf, json: bool) -> Result<()> {
     Ok(())
 }
 
+fn sensitivity(
+    e: &Experiment,
+    opts: &crate::sensitivity::SensitivityOptions,
+) -> Result<(
+    crate::sensitivity::SensitivityReport,
+    crate::quant::QdqModel,
+)> {
+    let sink = CliSink::new();
+    let out = crate::sensitivity::run(e, opts, &sink, &CancelToken::default())
+        .with_context(|| format!("sensitivity of `{}`", e.model.display()))?;
+    sink.bar.finish_and_clear();
+    if let Some(a) = &out.0.amp {
+        eprintln!(
+            "mixed precision: {} layers kept in float, metric {:.2} % (FP32 {:.2} %){}",
+            a.kept_float.len(),
+            a.metric * 100.0,
+            out.0.fp32_metric * 100.0,
+            if a.note.is_empty() {
+                String::new()
+            } else {
+                format!(": {}", a.note)
+            }
+        );
+    }
+    Ok(out)
+}
+
+/// The experiment setting that reproduces a sensitivity run's mixed-precision plan.
+fn mixed_from(r: &crate::sensitivity::SensitivityReport) -> crate::experiment::MixedPrecision {
+    let best_single = r
+        .methods
+        .iter()
+        .filter(|m| m.method != "per-tensor")
+        .max_by(|a, b| a.metric.total_cmp(&b.metric));
+    crate::experiment::MixedPrecision {
+        keep_float: r
+            .amp
+            .as_ref()
+            .map(|a| a.kept_float.clone())
+            .unwrap_or_default(),
+        method: best_single.and_then(|m| m.method.parse().ok()),
+        per_tensor: r.per_tensor_methods.clone(),
+    }
+}
+
 /// The default experiment the app opens with: the bundled segmentation sample.
 pub fn default_experiment_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sample_models/fashion_scenes_deeplab.ron")
@@ -430,11 +516,53 @@ pub fn main() -> Result<()> {
             run_experiment(&e).map(|_| ())
         }
         Some(Command::Eval(args)) => {
-            let e = args.to_experiment();
+            let mut e = args.to_experiment();
+            if let Some(budget) = args.budget() {
+                let opts = crate::sensitivity::SensitivityOptions {
+                    budget: Some(budget),
+                    ..Default::default()
+                };
+                let (report, _) = sensitivity(&e, &opts)?;
+                e.mixed_precision = Some(mixed_from(&report));
+            }
             if let Some(p) = &args.save_experiment {
                 e.save(p)?;
             }
             run_experiment(&e).map(|_| ())
+        }
+        Some(Command::Sensitivity(args)) => {
+            let mut e = args.eval.to_experiment();
+            let opts = crate::sensitivity::SensitivityOptions {
+                probe_images: args.probe_images,
+                candidates: args.candidates,
+                probe_eval_images: args.probe_eval_images,
+                budget: args.eval.budget(),
+                method: args.method,
+            };
+            let (report, qdq) = sensitivity(&e, &opts)?;
+            println!("{}", report.to_markdown());
+            let out = &args.eval.out;
+            if let Some(p) = &out.report {
+                std::fs::write(p, serde_json::to_string_pretty(&report)?)
+                    .with_context(|| format!("writing {}", p.display()))?;
+            }
+            if let Some(p) = &out.md {
+                std::fs::write(p, report.to_markdown())
+                    .with_context(|| format!("writing {}", p.display()))?;
+            }
+            if report.amp.is_some() {
+                e.mixed_precision = Some(mixed_from(&report));
+                if let Some(dir) = &out.export_qdq {
+                    let model = Model::load(&e.model)?;
+                    let m = e.mixed_precision.as_ref().and_then(|m| m.method);
+                    pipeline::export_qdq(dir, &model, &qdq, m, "_mixed")
+                        .map_err(anyhow::Error::msg)?;
+                }
+            }
+            if let Some(p) = &args.eval.save_experiment {
+                e.save(p)?;
+            }
+            Ok(())
         }
     }
 }

@@ -65,6 +65,9 @@ pub struct EvalSpec {
     pub count: Option<usize>,
     /// Leave out images that are also calibration images.
     pub skip_calibration_images: bool,
+    /// Class names, one per line, in model output order (default: `labels.txt` in `dir`, or
+    /// the ImageFolder's folder names).
+    pub labels: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -110,7 +113,20 @@ pub struct Experiment {
     pub bench: BenchSpec,
     /// Node names or op types kept in float in the INT8 engines.
     pub exclude: Vec<String>,
+    /// A mixed-precision plan (from `quantscope sensitivity` or `--budget-*`): built as one
+    /// more INT8 engine next to the plain ones.
+    pub mixed_precision: Option<MixedPrecision>,
     pub output: OutputSpec,
+}
+
+/// Layers kept in float on top of `exclude`, and the calibration that goes with them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MixedPrecision {
+    pub keep_float: Vec<String>,
+    pub method: Option<Method>,
+    /// Per activation tensor, a method overriding `method` (a per-tensor choice).
+    pub per_tensor: std::collections::BTreeMap<String, Method>,
 }
 
 impl Default for Experiment {
@@ -128,6 +144,7 @@ impl Default for Experiment {
             backend: BackendKind::Cpu,
             bench: BenchSpec::default(),
             exclude: vec![],
+            mixed_precision: None,
             output: OutputSpec::default(),
         }
     }
@@ -176,6 +193,7 @@ impl Experiment {
         for p in [
             &mut self.calibration.dir,
             &mut self.evaluation.dir,
+            &mut self.evaluation.labels,
             &mut self.output.report_json,
             &mut self.output.markdown,
             &mut self.output.csv,

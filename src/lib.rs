@@ -29,5 +29,6 @@ pub mod model;
 pub mod pipeline;
 pub mod quant;
 pub mod report;
+pub mod sensitivity;
 pub mod ui;
 pub mod worker;

@@ -72,7 +72,7 @@ pub struct RunOutput {
 }
 
 /// One evaluation image, preprocessed once for every engine.
-struct Sample {
+pub struct Sample {
     input: Vec<f32>,
     label: Label,
     gt: Option<(Vec<u8>, [usize; 2])>,
@@ -118,6 +118,14 @@ pub fn prepare(exp: &Experiment) -> Result<Prepared, PipelineError> {
             if let Some(n) = exp.evaluation.count {
                 set.items.truncate(n);
             }
+            if let Some(l) = &exp.evaluation.labels {
+                set.classes = data::read_labels(l).ok_or_else(|| {
+                    PipelineError::Config(format!(
+                        "{}: cannot read class names (one per line)",
+                        l.display()
+                    ))
+                })?;
+            }
             Some(set)
         }
         None => None,
@@ -147,7 +155,7 @@ pub fn prepare(exp: &Experiment) -> Result<Prepared, PipelineError> {
     })
 }
 
-fn load_samples(
+pub fn load_samples(
     p: &Prepared,
     exp: &Experiment,
     sink: &dyn Sink,
@@ -270,19 +278,20 @@ pub fn calibrate(
 }
 
 /// The result of evaluating one engine.
-struct Evaluated {
-    row: Row,
-    predictions: Vec<Vec<u8>>,
+pub struct Evaluated {
+    pub row: Row,
+    pub predictions: Vec<Vec<u8>>,
 }
 
 /// FP32 reference kept while the other engines run.
 #[derive(Default)]
-struct Reference {
-    predictions: Vec<Vec<u8>>,
-    outputs: Vec<Vec<f32>>,
+pub struct Reference {
+    pub predictions: Vec<Vec<u8>>,
+    pub outputs: Vec<Vec<f32>>,
 }
 
-fn evaluate(
+#[allow(clippy::too_many_arguments)]
+pub fn evaluate(
     engine: &mut dyn Engine,
     samples: &[Sample],
     task: Task,
@@ -694,7 +703,7 @@ pub fn run_with_cache(
                 }
             }
         };
-        let mut runs: Vec<(Option<Method>, Option<Ranges>)> = vec![];
+        let mut runs: Vec<(Option<Method>, Option<Ranges>, Vec<String>)> = vec![];
         if let Some((stats, hit, pass_ms)) = &stats {
             let t = Instant::now();
             let all: Vec<Ranges> = Method::ALL
@@ -707,19 +716,46 @@ pub fn run_with_cache(
             ));
             report.calibration = Some(calib_summary(stats, &all, *hit, *pass_ms, ranges_ms));
             for &m in &methods {
-                runs.push((Some(m), all.iter().find(|r| r.method == m).cloned()));
+                runs.push((Some(m), all.iter().find(|r| r.method == m).cloned(), vec![]));
+            }
+            if let Some(mp) = &exp.mixed_precision {
+                let m = mp
+                    .method
+                    .or(methods.first().copied())
+                    .unwrap_or(Method::Max);
+                runs.push((
+                    Some(m),
+                    Some(mixed_ranges(&all, m, &mp.per_tensor)),
+                    mp.keep_float.clone(),
+                ));
             }
         } else if p.model.info.prequantized {
-            runs.push((None, None));
+            runs.push((None, None, vec![]));
         }
-        for (method, ranges) in runs {
+        for (method, ranges, kept_float) in runs {
             if cancel.is_cancelled() {
                 break;
             }
-            let label = method
-                .map(|m| format!("INT8 {m}"))
-                .unwrap_or_else(|| "INT8 (Q/DQ from the model)".into());
-            let qdq = match quant::build_qdq(&p.model, &plan, ranges.as_ref()) {
+            let label = match (method, kept_float.len()) {
+                (Some(m), 0) => format!("INT8 {m}"),
+                (Some(m), k) => format!("INT8 {m} + {k} float"),
+                (None, _) => "INT8 (Q/DQ from the model)".into(),
+            };
+            let run_plan = if kept_float.is_empty() {
+                plan.clone()
+            } else {
+                let excl: Vec<String> = exp.exclude.iter().chain(&kept_float).cloned().collect();
+                quant::plan(&p.model, &excl)
+            };
+            let push = |report: &mut Report,
+                        artifacts: &mut Artifacts,
+                        mut ev: Evaluated,
+                        precision,
+                        method| {
+                ev.row.kept_float = kept_float.clone();
+                push(report, artifacts, ev, precision, method)
+            };
+            let qdq = match quant::build_qdq(&p.model, &run_plan, ranges.as_ref()) {
                 Ok(q) => q,
                 Err(e) => {
                     let row = Row {
@@ -741,7 +777,8 @@ pub fn run_with_cache(
                 }
             };
             if let Some(dir) = &exp.output.qdq_dir {
-                if let Err(e) = export_qdq(dir, &p.model, &qdq, method) {
+                let suffix = if kept_float.is_empty() { "" } else { "_mixed" };
+                if let Err(e) = export_qdq(dir, &p.model, &qdq, method, suffix) {
                     sink.log(&format!("{label}: {e}"));
                 }
             }
@@ -763,7 +800,7 @@ pub fn run_with_cache(
                 &label,
             );
             push(&mut report, &mut artifacts, ev, Precision::Int8, method);
-            if let Some(m) = method {
+            if let (Some(m), true) = (method, kept_float.is_empty()) {
                 artifacts.qdq.push((m, qdq));
             }
         }
@@ -772,7 +809,7 @@ pub fn run_with_cache(
     Ok(RunOutput { report, artifacts })
 }
 
-fn output_channels(p: &Prepared) -> Option<usize> {
+pub fn output_channels(p: &Prepared) -> Option<usize> {
     let s = &p.model.info.outputs.first()?.shape;
     s.get(1).copied().flatten().map(|v| v as usize).or_else(|| {
         let shapes = crate::model::infer_shapes(&p.model, p.hw).ok()?;
@@ -812,11 +849,12 @@ fn calib_summary(
     }
 }
 
-fn export_qdq(
+pub fn export_qdq(
     dir: &std::path::Path,
     model: &Model,
     qdq: &QdqModel,
     method: Option<Method>,
+    suffix: &str,
 ) -> Result<(), String> {
     std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let stem = model
@@ -825,10 +863,27 @@ fn export_qdq(
         .and_then(|s| s.to_str())
         .unwrap_or("model");
     let m = method.map(|m| m.name()).unwrap_or("qat");
-    qdq.save(&dir.join(format!("{stem}_int8_{m}.onnx")))
+    let base = format!("{stem}_int8_{m}{suffix}");
+    qdq.save(&dir.join(format!("{base}.onnx")))
         .map_err(|e| e.to_string())?;
-    qdq.save_calibration_cache(&dir.join(format!("{stem}_int8_{m}.cache")))
+    qdq.save_calibration_cache(&dir.join(format!("{base}.cache")))
         .map_err(|e| e.to_string())
+}
+
+/// Ranges of `method`, with per-tensor overrides from a mixed-precision plan.
+pub fn mixed_ranges(
+    all: &[Ranges],
+    method: Method,
+    per_tensor: &std::collections::BTreeMap<String, Method>,
+) -> Ranges {
+    let of = |m: Method| all.iter().find(|r| r.method == m);
+    let mut r = of(method).cloned().unwrap_or_else(|| all[0].clone());
+    for (t, m) in per_tensor {
+        if let Some(a) = of(*m).and_then(|x| x.amax.get(t)) {
+            r.amax.insert(t.clone(), *a);
+        }
+    }
+    r
 }
 
 fn write_outputs(exp: &Experiment, report: &Report, artifacts: &Artifacts, sink: &dyn Sink) {

@@ -3,6 +3,8 @@
 
 mod opset;
 
+pub use opset::ensure_opset13;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 

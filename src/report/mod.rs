@@ -29,6 +29,8 @@ pub struct Row {
     pub precision: Option<Precision>,
     /// Calibration method (INT8 only).
     pub method: Option<Method>,
+    /// Layers kept in float by a mixed-precision plan (empty for plain engines).
+    pub kept_float: Vec<String>,
     pub backend: String,
     /// True where the precision is emulated (FP16 on the CPU backend).
     pub simulated: bool,
@@ -61,6 +63,9 @@ pub struct Row {
 impl Row {
     pub fn label(&self) -> String {
         match (self.precision, self.method) {
+            (Some(p), Some(m)) if !self.kept_float.is_empty() => {
+                format!("{p} {m} + {} float", self.kept_float.len())
+            }
             (Some(p), Some(m)) => format!("{p} {m}"),
             (Some(p), None) => p.to_string(),
             _ => "?".into(),

@@ -1,0 +1,708 @@
+//! Per-layer sensitivity and automatic mixed precision: the error each quantized layer adds
+//! (SQNR of its output when only it is quantized, and when everything up to it is), which
+//! layers cost the task metric, and the fewest layers to keep in float to meet a budget.
+//!
+//! Layer-wise SQNR takes three passes over a small probe set (FP32, the Q/DQ simulation, and a
+//! graph where every quantized layer has a quantized twin fed by FP32 inputs). Only the layers
+//! SQNR flags are then evaluated on the task metric, one engine each.
+
+use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+use tract_onnx::pb;
+
+use crate::backend::cpu::TractModel;
+use crate::backend::{self, Backend, BuildInput, BuildSpec, Precision};
+use crate::calib::{Method, Ranges, StatsCache};
+use crate::data;
+use crate::eval::Sqnr;
+use crate::experiment::Experiment;
+use crate::model::{Graph, Model, Task, proto};
+use crate::pipeline::{self, CancelToken, PipelineError, Prepared, Sample, Sink};
+use crate::quant::{self, QdqModel, QuantPlan};
+
+/// An accuracy budget against FP32.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Budget {
+    /// At most this many points of top-1 lost (0.5 = half a percentage point).
+    Top1Points(f64),
+    /// At most this relative mIoU loss, in percent (1 = keep 99 % of FP32's mIoU).
+    MiouRelativePercent(f64),
+}
+
+impl Budget {
+    /// Whether `metric` (top-1 or mIoU as a fraction) is within budget of `fp32`.
+    pub fn met(&self, fp32: f64, metric: f64) -> bool {
+        match *self {
+            Budget::Top1Points(pt) => (fp32 - metric) * 100.0 <= pt + 1e-9,
+            Budget::MiouRelativePercent(pct) => metric >= fp32 * (1.0 - pct / 100.0) - 1e-12,
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        match *self {
+            Budget::Top1Points(pt) => format!("at most {pt} pt top-1 below FP32"),
+            Budget::MiouRelativePercent(p) => format!("at most {p} % relative mIoU below FP32"),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SensitivityOptions {
+    /// Calibration images used as the probe set for SQNR.
+    pub probe_images: usize,
+    /// Layers (lowest isolated SQNR first) whose metric effect is measured.
+    pub candidates: usize,
+    /// Evaluation images used to rank candidates (the budget is checked on all of them).
+    pub probe_eval_images: usize,
+    pub budget: Option<Budget>,
+    /// Calibration method; `None` tries all four and a per-tensor choice and keeps the best.
+    pub method: Option<Method>,
+}
+
+impl Default for SensitivityOptions {
+    fn default() -> Self {
+        SensitivityOptions {
+            probe_images: 32,
+            candidates: 8,
+            probe_eval_images: 48,
+            budget: None,
+            method: None,
+        }
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct LayerReport {
+    pub node: String,
+    pub op: String,
+    /// SQNR of the layer's output when only this layer is quantized.
+    pub sqnr_isolated_db: Option<f64>,
+    /// SQNR of the layer's output with everything up to it quantized.
+    pub sqnr_accumulated_db: Option<f64>,
+    /// Task metric gained (points, on the probe evaluation subset) by keeping this layer in
+    /// float with the rest INT8; `None` for layers SQNR did not flag.
+    pub metric_gain_pt: Option<f64>,
+    /// fp32 (or fp16) when mixed precision keeps it in float, else int8.
+    pub precision: Option<Precision>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct MethodResult {
+    /// `max`, `percentile`, `mse`, `entropy`, or `per-tensor` (best method per tensor).
+    pub method: String,
+    pub metric: f64,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct AmpResult {
+    pub budget: Option<Budget>,
+    pub met: bool,
+    pub kept_float: Vec<String>,
+    pub metric: f64,
+    pub note: String,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SensitivityReport {
+    pub model: std::path::PathBuf,
+    pub task: Option<Task>,
+    pub probe_images: usize,
+    pub eval_images: usize,
+    pub fp32_metric: f64,
+    pub methods: Vec<MethodResult>,
+    /// The calibration that won (`methods` entry name).
+    pub chosen: String,
+    /// Per activation tensor, the method chosen when `chosen` is `per-tensor`.
+    pub per_tensor_methods: BTreeMap<String, Method>,
+    pub int8_metric: f64,
+    pub layers: Vec<LayerReport>,
+    pub amp: Option<AmpResult>,
+    pub elapsed_ms: f64,
+}
+
+fn err(e: impl std::fmt::Display) -> PipelineError {
+    PipelineError::Config(e.to_string())
+}
+
+/// Adds, for every quantized layer, a twin fed by Q/DQ of its FP32 inputs: one pass then
+/// gives each layer's output "when only it is quantized". Returns the model and, per layer,
+/// (FP32 output name, twin output name).
+pub fn isolated_model(
+    model: &Model,
+    plan: &QuantPlan,
+    ranges: &Ranges,
+) -> Result<(pb::ModelProto, Vec<(String, String, String)>), String> {
+    let mut p = model.proto.clone();
+    crate::quant::ensure_opset13(&mut p)?;
+    let g0 = model.graph().clone();
+    let g = Graph::new(&g0);
+    let gp = p.graph.as_mut().ok_or("no graph")?;
+    let zp = "iso_zero_i8";
+    gp.initializer.push(proto::i8_tensor(zp, &[], &[0]));
+    let mut pairs = vec![];
+    let weights: HashMap<&str, usize> = plan
+        .weights
+        .iter()
+        .map(|w| (w.tensor.as_str(), w.axis))
+        .collect();
+    for n in g0
+        .node
+        .iter()
+        .filter(|n| plan.quantized_nodes.contains(&n.name))
+    {
+        let mut twin = n.clone();
+        twin.name = format!("{}_isolated", n.name);
+        for slot in 0..2.min(n.input.len()) {
+            let t = &n.input[slot];
+            let dq = format!("{}_iso_{slot}_{t}", n.name);
+            if let Some(&axis) = weights.get(t.as_str()) {
+                let w = g
+                    .initializer(t)
+                    .and_then(proto::tensor_f32)
+                    .ok_or("weight unreadable")?;
+                let (q, s) = quant::quantize_weight(&w, axis);
+                let (qn, sn, zn) = (format!("{dq}_q"), format!("{dq}_s"), format!("{dq}_z"));
+                gp.initializer.push(proto::i8_tensor(&qn, &w.dims, &q));
+                gp.initializer.push(proto::f32_tensor(&sn, &[s.len()], &s));
+                gp.initializer
+                    .push(proto::i8_tensor(&zn, &[s.len()], &vec![0; s.len()]));
+                gp.node.push(proto::node(
+                    "DequantizeLinear",
+                    &format!("{dq}_DQ"),
+                    &[&qn, &sn, &zn],
+                    &[&dq],
+                    vec![proto::int_attr("axis", axis as i64)],
+                ));
+            } else {
+                let scale = quant::act_scale(ranges.amax.get(t).copied().unwrap_or(0.0));
+                let (sn, qn) = (format!("{dq}_s"), format!("{dq}_q"));
+                gp.initializer.push(proto::f32_tensor(&sn, &[], &[scale]));
+                gp.node.push(proto::node(
+                    "QuantizeLinear",
+                    &format!("{dq}_Q"),
+                    &[t, &sn, zp],
+                    &[&qn],
+                    vec![],
+                ));
+                gp.node.push(proto::node(
+                    "DequantizeLinear",
+                    &format!("{dq}_DQ"),
+                    &[&qn, &sn, zp],
+                    &[&dq],
+                    vec![],
+                ));
+            }
+            twin.input[slot] = dq;
+        }
+        let out = format!("{}_isolated_out", n.name);
+        twin.output = vec![out.clone()];
+        gp.node.push(twin);
+        pairs.push((n.name.clone(), n.output[0].clone(), out));
+    }
+    Ok((p, pairs))
+}
+
+fn outputs_of(m: &TractModel, input: &[f32]) -> Result<Vec<Vec<f32>>, PipelineError> {
+    let outs = m.run_all(input).map_err(|e| err(format!("{e:#}")))?;
+    outs.iter()
+        .skip(1)
+        .map(|v| {
+            let v = v.cast_to::<f32>().map_err(|e| err(format!("{e:#}")))?;
+            let s = v
+                .try_as_plain_ram()
+                .map_err(|e| err(format!("{e:#}")))?
+                .as_slice::<f32>()
+                .map_err(|e| err(format!("{e:#}")))?
+                .to_vec();
+            Ok(s)
+        })
+        .collect()
+}
+
+/// SQNR per quantized layer: (isolated, accumulated), over `inputs`.
+pub fn layer_sqnr(
+    p: &Prepared,
+    plan: &QuantPlan,
+    ranges: &Ranges,
+    qdq: &QdqModel,
+    inputs: &[Vec<f32>],
+    sink: &dyn Sink,
+) -> Result<BTreeMap<String, (Option<f64>, Option<f64>)>, PipelineError> {
+    let (iso, pairs) = isolated_model(&p.model, plan, ranges).map_err(err)?;
+    let shape = p.model.input_shape(1, p.hw);
+    let fp_names: Vec<String> = pairs.iter().map(|x| x.1.clone()).collect();
+    let iso_names: Vec<String> = pairs.iter().map(|x| x.2.clone()).collect();
+    let fixed = |proto: pb::ModelProto| {
+        Model {
+            proto,
+            ..p.model.clone()
+        }
+        .with_fixed_input(1, p.hw)
+    };
+    let fp32 = TractModel::new(&p.model.with_fixed_input(1, p.hw), shape, &fp_names)
+        .map_err(|e| err(format!("{e:#}")))?;
+    let isolated =
+        TractModel::new(&fixed(iso), shape, &iso_names).map_err(|e| err(format!("{e:#}")))?;
+    let accumulated = TractModel::new(&fixed(qdq.proto.clone()), shape, &fp_names)
+        .map_err(|e| err(format!("{e:#}")))?;
+    let mut iso_s = vec![Sqnr::default(); pairs.len()];
+    let mut acc_s = vec![Sqnr::default(); pairs.len()];
+    for (i, x) in inputs.iter().enumerate() {
+        sink.progress("layer-wise SQNR", i, inputs.len());
+        let f = outputs_of(&fp32, x)?;
+        let is = outputs_of(&isolated, x)?;
+        let ac = outputs_of(&accumulated, x)?;
+        for k in 0..pairs.len() {
+            iso_s[k].add(&f[k], &is[k]);
+            acc_s[k].add(&f[k], &ac[k]);
+        }
+    }
+    Ok(pairs
+        .iter()
+        .enumerate()
+        .map(|(k, (node, _, _))| (node.clone(), (iso_s[k].db(), acc_s[k].db())))
+        .collect())
+}
+
+/// Evaluates one INT8 plan (Q/DQ model) on `samples` and returns the task metric.
+fn metric_of(
+    backend: &dyn Backend,
+    p: &Prepared,
+    qdq: &QdqModel,
+    samples: &[Sample],
+    classes: usize,
+    sink: &dyn Sink,
+    cancel: &CancelToken,
+    stage: &str,
+) -> Result<f64, PipelineError> {
+    let task = p
+        .task
+        .ok_or_else(|| err("the task is unknown: give an evaluation set"))?;
+    let mut e = backend
+        .build(
+            BuildInput::Int8 {
+                model: &p.model,
+                qdq,
+            },
+            BuildSpec { batch: 1, hw: p.hw },
+        )
+        .map_err(err)?;
+    let ev = pipeline::evaluate(
+        e.as_mut(),
+        samples,
+        task,
+        classes,
+        None,
+        sink,
+        stage,
+        cancel,
+        &mut None,
+    )
+    .map_err(err)?;
+    ev.row.metric().ok_or_else(|| err("no metric"))
+}
+
+fn fp32_metric(
+    backend: &dyn Backend,
+    p: &Prepared,
+    samples: &[Sample],
+    classes: usize,
+    sink: &dyn Sink,
+    cancel: &CancelToken,
+) -> Result<f64, PipelineError> {
+    let task = p
+        .task
+        .ok_or_else(|| err("the task is unknown: give an evaluation set"))?;
+    let mut e = backend
+        .build(
+            BuildInput::Float {
+                model: &p.model,
+                precision: Precision::Fp32,
+            },
+            BuildSpec { batch: 1, hw: p.hw },
+        )
+        .map_err(err)?;
+    let ev = pipeline::evaluate(
+        e.as_mut(),
+        samples,
+        task,
+        classes,
+        None,
+        sink,
+        "evaluating FP32",
+        cancel,
+        &mut None,
+    )
+    .map_err(err)?;
+    ev.row.metric().ok_or_else(|| err("no metric"))
+}
+
+/// Per activation tensor, the method whose range gives its reading layers the best isolated
+/// SQNR (summed over readers).
+fn per_tensor_choice(
+    plan: &QuantPlan,
+    all: &[Ranges],
+    sqnr_by_method: &[BTreeMap<String, (Option<f64>, Option<f64>)>],
+    model: &Model,
+) -> (Ranges, BTreeMap<String, Method>) {
+    let g = Graph::new(model.graph());
+    let mut amax = BTreeMap::new();
+    let mut chosen = BTreeMap::new();
+    for a in &plan.activations {
+        let readers: Vec<&str> = a
+            .uses
+            .iter()
+            .map(|&(i, _)| g.node(i).name.as_str())
+            .collect();
+        let score = |k: usize| -> f64 {
+            readers
+                .iter()
+                .filter_map(|r| sqnr_by_method[k].get(*r).and_then(|s| s.0))
+                .map(|v| v.min(80.0))
+                .sum()
+        };
+        let best = (0..all.len())
+            .max_by(|&x, &y| score(x).total_cmp(&score(y)))
+            .unwrap_or(0);
+        amax.insert(
+            a.tensor.clone(),
+            all[best].amax.get(&a.tensor).copied().unwrap_or(0.0),
+        );
+        chosen.insert(a.tensor.clone(), all[best].method);
+    }
+    (
+        Ranges {
+            method: Method::Max,
+            percentile: all[0].percentile,
+            amax,
+        },
+        chosen,
+    )
+}
+
+/// Runs the analysis (and mixed precision when `opts.budget` is set) for `exp`.
+/// Returns the report and the winning Q/DQ model (with the kept layers in float).
+pub fn run(
+    exp: &Experiment,
+    opts: &SensitivityOptions,
+    sink: &dyn Sink,
+    cancel: &CancelToken,
+) -> Result<(SensitivityReport, QdqModel), PipelineError> {
+    let t0 = Instant::now();
+    let p = pipeline::prepare(exp)?;
+    let backend = backend::backend(exp.backend);
+    backend.check().map_err(|why| {
+        err(format!(
+            "backend `{}` cannot run here: {why}",
+            exp.backend.name()
+        ))
+    })?;
+    let samples = pipeline::load_samples(&p, exp, sink, cancel)?;
+    if samples.is_empty() {
+        return Err(err("sensitivity needs an evaluation set (--data DIR)"));
+    }
+    let classes = match &p.eval {
+        Some(e) if !e.classes.is_empty() && e.kind == Task::Classification => e.classes.len(),
+        _ => pipeline::output_channels(&p).unwrap_or(0),
+    };
+    let probe_eval = &samples[..opts.probe_eval_images.min(samples.len())];
+    let plan = quant::plan(&p.model, &exp.exclude);
+    let cache = StatsCache {
+        dir: StatsCache::default_dir(),
+    };
+    let (stats, _, _) = pipeline::calibrate(&p, exp, &plan, &cache, sink, cancel)?;
+    let probe_inputs: Vec<Vec<f32>> = p
+        .calib_images
+        .iter()
+        .take(opts.probe_images.max(1))
+        .map(|f| {
+            data::open_rgb(f).map(|img| {
+                exp.preprocess
+                    .apply(&img, p.hw, p.model.info.input_chw[0], p.model.info.layout)
+            })
+        })
+        .collect::<Result<_, _>>()?;
+
+    let fp32 = fp32_metric(backend.as_ref(), &p, &samples, classes, sink, cancel)?;
+    let all: Vec<Ranges> = Method::ALL
+        .iter()
+        .map(|&m| stats.ranges(m, exp.percentile))
+        .collect();
+    let methods: Vec<Method> = opts
+        .method
+        .map(|m| vec![m])
+        .unwrap_or_else(|| Method::ALL.to_vec());
+    let mut results = vec![];
+    let mut sqnr_by_method = vec![];
+    for r in &all {
+        if !methods.contains(&r.method) && opts.method.is_some() {
+            sqnr_by_method.push(BTreeMap::new());
+            continue;
+        }
+        let qdq = quant::build_qdq(&p.model, &plan, Some(r)).map_err(err)?;
+        let m = metric_of(
+            backend.as_ref(),
+            &p,
+            &qdq,
+            &samples,
+            classes,
+            sink,
+            cancel,
+            &format!("evaluating INT8 {}", r.method),
+        )?;
+        sink.log(&format!("INT8 {}: {:.2} %", r.method, m * 100.0));
+        results.push(MethodResult {
+            method: r.method.name().into(),
+            metric: m,
+        });
+        sqnr_by_method.push(if opts.method.is_none() {
+            layer_sqnr(&p, &plan, r, &qdq, &probe_inputs, sink)?
+        } else {
+            BTreeMap::new()
+        });
+    }
+    let mut per_tensor_methods = BTreeMap::new();
+    let mut best_ranges = all
+        .iter()
+        .find(|r| {
+            Some(r.method.name())
+                == results
+                    .iter()
+                    .max_by(|a, b| a.metric.total_cmp(&b.metric))
+                    .map(|b| b.method.as_str())
+        })
+        .cloned()
+        .unwrap_or_else(|| all[0].clone());
+    if opts.method.is_none() {
+        let (combo, chosen) = per_tensor_choice(&plan, &all, &sqnr_by_method, &p.model);
+        let qdq = quant::build_qdq(&p.model, &plan, Some(&combo)).map_err(err)?;
+        let m = metric_of(
+            backend.as_ref(),
+            &p,
+            &qdq,
+            &samples,
+            classes,
+            sink,
+            cancel,
+            "evaluating INT8 per-tensor methods",
+        )?;
+        sink.log(&format!(
+            "INT8 per-tensor method choice: {:.2} %",
+            m * 100.0
+        ));
+        if results.iter().all(|r| m > r.metric) {
+            best_ranges = combo;
+            per_tensor_methods = chosen;
+        }
+        results.push(MethodResult {
+            method: "per-tensor".into(),
+            metric: m,
+        });
+    }
+    let best = results
+        .iter()
+        .max_by(|a, b| a.metric.total_cmp(&b.metric))
+        .cloned()
+        .unwrap_or_default();
+    let base_qdq = quant::build_qdq(&p.model, &plan, Some(&best_ranges)).map_err(err)?;
+    let sqnr = layer_sqnr(&p, &plan, &best_ranges, &base_qdq, &probe_inputs, sink)?;
+
+    // Rank: SQNR first, then the metric for the lowest-SQNR candidates.
+    let g = Graph::new(p.model.graph());
+    let op_of: HashMap<&str, &str> = g
+        .proto
+        .node
+        .iter()
+        .map(|n| (n.name.as_str(), n.op_type.as_str()))
+        .collect();
+    let mut layers: Vec<LayerReport> = sqnr
+        .iter()
+        .map(|(n, (i, a))| LayerReport {
+            node: n.clone(),
+            op: op_of.get(n.as_str()).copied().unwrap_or("?").into(),
+            sqnr_isolated_db: *i,
+            sqnr_accumulated_db: *a,
+            metric_gain_pt: None,
+            precision: Some(Precision::Int8),
+        })
+        .collect();
+    layers.sort_by(|a, b| {
+        a.sqnr_isolated_db
+            .unwrap_or(f64::INFINITY)
+            .total_cmp(&b.sqnr_isolated_db.unwrap_or(f64::INFINITY))
+    });
+    let int8_probe = metric_of(
+        backend.as_ref(),
+        &p,
+        &base_qdq,
+        probe_eval,
+        classes,
+        sink,
+        cancel,
+        "ranking: all INT8",
+    )?;
+    for (k, l) in layers.iter_mut().take(opts.candidates).enumerate() {
+        if cancel.is_cancelled() {
+            return Err(PipelineError::Cancelled);
+        }
+        let mut excl = exp.exclude.clone();
+        excl.push(l.node.clone());
+        let q = quant::build_qdq(&p.model, &quant::plan(&p.model, &excl), Some(&best_ranges))
+            .map_err(err)?;
+        let m = metric_of(
+            backend.as_ref(),
+            &p,
+            &q,
+            probe_eval,
+            classes,
+            sink,
+            cancel,
+            &format!("ranking candidate {}/{}", k + 1, opts.candidates),
+        )?;
+        l.metric_gain_pt = Some((m - int8_probe) * 100.0);
+    }
+    // Most sensitive first: measured metric gain, then lowest SQNR.
+    layers.sort_by(|a, b| {
+        b.metric_gain_pt
+            .unwrap_or(f64::NEG_INFINITY)
+            .total_cmp(&a.metric_gain_pt.unwrap_or(f64::NEG_INFINITY))
+            .then(
+                a.sqnr_isolated_db
+                    .unwrap_or(f64::INFINITY)
+                    .total_cmp(&b.sqnr_isolated_db.unwrap_or(f64::INFINITY)),
+            )
+    });
+
+    let float_precision = Precision::Fp32;
+    let mut kept: Vec<String> = vec![];
+    let mut final_qdq = base_qdq;
+    let mut amp = None;
+    if let Some(budget) = opts.budget {
+        let mut metric = best.metric;
+        let order: Vec<String> = layers.iter().map(|l| l.node.clone()).collect();
+        let mut note = String::new();
+        for node in order.iter() {
+            if budget.met(fp32, metric) {
+                break;
+            }
+            if cancel.is_cancelled() {
+                return Err(PipelineError::Cancelled);
+            }
+            kept.push(node.clone());
+            let mut excl = exp.exclude.clone();
+            excl.extend(kept.iter().cloned());
+            let q = quant::build_qdq(&p.model, &quant::plan(&p.model, &excl), Some(&best_ranges))
+                .map_err(err)?;
+            let m = metric_of(
+                backend.as_ref(),
+                &p,
+                &q,
+                &samples,
+                classes,
+                sink,
+                cancel,
+                &format!("mixed precision: {} layers in float", kept.len()),
+            )?;
+            sink.log(&format!(
+                "keeping {} in float: {:.2} %",
+                kept.join(", "),
+                m * 100.0
+            ));
+            // Greedy with verification: a layer that does not help is put back to INT8.
+            if m + 1e-12 < metric {
+                kept.pop();
+                continue;
+            }
+            metric = m;
+            final_qdq = q;
+        }
+        let met = budget.met(fp32, metric);
+        if !met {
+            note = format!(
+                "the budget ({}) is not met even with every helpful layer in float; best reached {:.2} % against FP32 {:.2} %",
+                budget.describe(),
+                metric * 100.0,
+                fp32 * 100.0
+            );
+        } else if kept.is_empty() {
+            note = "all-INT8 already meets the budget: no layer kept in float".into();
+        }
+        for l in layers.iter_mut() {
+            if kept.contains(&l.node) {
+                l.precision = Some(float_precision);
+            }
+        }
+        amp = Some(AmpResult {
+            budget: Some(budget),
+            met,
+            kept_float: kept.clone(),
+            metric,
+            note,
+        });
+    }
+    let report = SensitivityReport {
+        model: p.model.path.clone(),
+        task: p.task,
+        probe_images: probe_inputs.len(),
+        eval_images: samples.len(),
+        fp32_metric: fp32,
+        chosen: best.method.clone(),
+        methods: results,
+        per_tensor_methods,
+        int8_metric: best.metric,
+        layers,
+        amp,
+        elapsed_ms: t0.elapsed().as_secs_f64() * 1e3,
+    };
+    Ok((report, final_qdq))
+}
+
+impl SensitivityReport {
+    pub fn to_markdown(&self) -> String {
+        let name = if self.task == Some(Task::Segmentation) {
+            "mIoU"
+        } else {
+            "top-1"
+        };
+        let mut s = format!(
+            "# quantscope sensitivity\n\nModel `{}`; {} probe images for SQNR, {} evaluation images.\n\nFP32 {name}: {:.2} %\n\n| calibration | {name} % |\n|---|---|\n",
+            self.model.display(),
+            self.probe_images,
+            self.eval_images,
+            self.fp32_metric * 100.0
+        );
+        for m in &self.methods {
+            s.push_str(&format!("| {} | {:.2} |\n", m.method, m.metric * 100.0));
+        }
+        s.push_str(&format!("\nChosen: {}.\n\n", self.chosen));
+        if let Some(a) = &self.amp {
+            s.push_str(&format!(
+                "Mixed precision ({}): {} layers kept in float, {name} {:.2} % ({:.2} % of FP32); budget {}.{}\n\n",
+                a.budget.map(|b| b.describe()).unwrap_or_default(),
+                a.kept_float.len(),
+                a.metric * 100.0,
+                a.metric / self.fp32_metric.max(1e-12) * 100.0,
+                if a.met { "met" } else { "NOT met" },
+                if a.note.is_empty() { String::new() } else { format!(" {}", a.note) }
+            ));
+        }
+        s.push_str("| layer | op | SQNR isolated dB | SQNR accumulated dB | gain in float (pt) | precision |\n|---|---|---|---|---|---|\n");
+        let f = |v: Option<f64>| v.map(|v| format!("{v:.1}")).unwrap_or_else(|| "–".into());
+        for l in &self.layers {
+            s.push_str(&format!(
+                "| {} | {} | {} | {} | {} | {} |\n",
+                l.node,
+                l.op,
+                f(l.sqnr_isolated_db),
+                f(l.sqnr_accumulated_db),
+                l.metric_gain_pt
+                    .map(|v| format!("{v:+.2}"))
+                    .unwrap_or_else(|| "–".into()),
+                l.precision.map(|p| p.to_string()).unwrap_or_default()
+            ));
+        }
+        s
+    }
+}
