@@ -296,7 +296,7 @@ impl Workbench {
             }
             Err(err) => {
                 let msg = format!(
-                    "Could not open {}: {err:#}. Open an experiment or a model with File ▸ Open (Ctrl+O), type a path in the File menu, or drop an .onnx file on the window.",
+                    "Could not open {}: {err:#}. Open an experiment or a model with File > Open (Ctrl+O), type a path in the File menu, or drop an .onnx file on the window.",
                     p.display()
                 );
                 self.log_error(format!("{err:#}"));
@@ -563,7 +563,7 @@ impl Workbench {
         Ok(())
     }
 
-    /// Rows that a mask view can show: successful INT8 (or FP16) rows with predictions.
+    /// Chooses the first two INT8 rows for the mask views, and the worst image.
     pub fn pick_default_engines(&mut self) {
         let rows = self.results.rows();
         let int8: Vec<usize> = rows
@@ -573,6 +573,7 @@ impl Workbench {
             .map(|(i, _)| i)
             .collect();
         self.masks.engines = [int8.first().copied(), int8.get(1).copied()];
+        self.masks.image = self.image_order().first().copied().unwrap_or(0);
     }
 
     /// Evaluation images ordered by the largest mIoU drop (FP32 minus the worst chosen
@@ -828,7 +829,7 @@ impl Workbench {
                     self.apply(Command::ExportTo(kind, dir.join(name)));
                 }
                 _ if no_portal => self.log_error(
-                    "no file dialog available (xdg-desktop-portal); type a path in File ▸ Open path, or drop a file on the window",
+                    "no file dialog available (xdg-desktop-portal); type a path in File > Open path, or drop a file on the window",
                 ),
                 _ => {}
             }

@@ -7,6 +7,8 @@ use eframe::egui;
 mod app;
 mod panels;
 mod results;
+#[doc(hidden)]
+pub mod testing;
 mod theme;
 
 use std::collections::HashMap;

@@ -78,7 +78,7 @@ pub fn build_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
     ui.horizontal(|ui| {
         let running = wb.is_running();
         if ui
-            .add_enabled(!running, egui::Button::new("▶ Run"))
+            .add_enabled(!running, egui::Button::new("Run"))
             .on_hover_text("Build and compare the engines (Ctrl+R)")
             .on_disabled_hover_text("A run is in progress")
             .clicked()
@@ -86,7 +86,7 @@ pub fn build_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
             wb.push(Command::Run);
         }
         if ui
-            .add_enabled(running, egui::Button::new("■ Cancel"))
+            .add_enabled(running, egui::Button::new("Cancel"))
             .on_hover_text("Stop and keep the rows already finished (Esc)")
             .on_disabled_hover_text("Nothing is running")
             .clicked()

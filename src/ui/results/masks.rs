@@ -92,7 +92,7 @@ pub fn masks_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
 
 fn image_list_ui(wb: &mut Workbench, order: &[usize], ui: &mut egui::Ui) {
     ui.label("Images, largest drop first")
-        .on_hover_text("FP32 mIoU minus the worst chosen engine's, per image (← → to step)");
+        .on_hover_text("FP32 mIoU minus the worst chosen engine's, per image (arrow keys step)");
     let rows = wb.results.rows();
     let fp32 = rows
         .iter()
@@ -266,7 +266,7 @@ fn views_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
     if m.fp32.is_some() {
         for &(k, p) in &m.engines {
             views.push((
-                format!("{} ≠ FP32", names[k]),
+                format!("{} vs FP32", names[k]),
                 Some(MaskSource::Disagreement(k)),
                 Some(p),
             ));

@@ -65,7 +65,7 @@ pub fn results_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
                 } else {
                     ui.label(msg);
                 }
-                if ui.small_button("✕").on_hover_text("Dismiss").clicked() {
+                if ui.small_button("Dismiss").on_hover_text("Dismiss").clicked() {
                     wb.banner = None;
                 }
             });
@@ -74,7 +74,7 @@ pub fn results_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
     ui.horizontal(|ui| {
         for t in Tab::ALL {
             let label = match t {
-                Tab::Log if wb.log.iter().any(|l| l.error) => "Log ⚠".to_string(),
+                Tab::Log if wb.log.iter().any(|l| l.error) => "Log (errors)".to_string(),
                 _ => t.title().to_string(),
             };
             if ui
