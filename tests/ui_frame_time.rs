@@ -77,7 +77,10 @@ fn frames_stay_under_50_ms_while_a_build_runs() {
         } else if busy_frames > 0 {
             break;
         }
-        assert!(start.elapsed() < Duration::from_secs(300), "the job never finished");
+        assert!(
+            start.elapsed() < Duration::from_secs(300),
+            "the job never finished"
+        );
         std::thread::sleep(Duration::from_millis(5));
     }
     // The first frame builds fonts and layout caches; it is not a frame "while the worker runs".
@@ -98,11 +101,27 @@ fn frames_stay_under_50_ms_while_a_build_runs() {
     assert!(
         !wb.log.iter().any(|l| l.error),
         "errors: {:?}",
-        wb.log.iter().filter(|l| l.error).map(|l| &l.text).collect::<Vec<_>>()
+        wb.log
+            .iter()
+            .filter(|l| l.error)
+            .map(|l| &l.text)
+            .collect::<Vec<_>>()
     );
-    assert_eq!(wb.results.rows().len(), 2 + 4, "FP32, FP16 and four INT8 rows");
-    assert!(wb.results.report.as_ref().is_some_and(|r| r.calibration.is_some()));
-    assert!(wb.model.info.is_some(), "the model was inspected off the UI thread");
+    assert_eq!(
+        wb.results.rows().len(),
+        2 + 4,
+        "FP32, FP16 and four INT8 rows"
+    );
+    assert!(
+        wb.results
+            .report
+            .as_ref()
+            .is_some_and(|r| r.calibration.is_some())
+    );
+    assert!(
+        wb.model.info.is_some(),
+        "the model was inspected off the UI thread"
+    );
 }
 
 #[test]
@@ -131,7 +150,10 @@ fn cancel_stops_within_a_second_and_keeps_finished_rows() {
         std::thread::sleep(Duration::from_millis(5));
     }
     let wb = h.state();
-    assert!(wb.results.partial, "the results are marked as a cancelled run");
+    assert!(
+        wb.results.partial,
+        "the results are marked as a cancelled run"
+    );
     assert!(!wb.results.rows().is_empty(), "finished rows are kept");
     assert!(wb.results.rows().len() < 6);
 }

@@ -29,7 +29,10 @@ fn model_panel_shows_the_model_and_unsupported_ops() {
     h.get_by_label_contains("GridSample (node `warp/grid`)");
     h.get_by_label_contains("x [1×3×48×64]");
     // The panel's Open… button asks for a file dialog.
-    h.get_all_by_label("Open…").next().expect("an Open… button").click();
+    h.get_all_by_label("Open…")
+        .next()
+        .expect("an Open… button")
+        .click();
     h.run();
     assert!(applied(&h, |c| *c == Command::OpenDialog));
 }
@@ -55,7 +58,10 @@ fn data_panel_edits_preprocessing() {
         quantscope::data::ChannelOrder::Bgr
     );
     // Choosing a folder goes through a dialog on the I/O thread.
-    h.get_all_by_label("Choose…").next().expect("a Choose… button").click();
+    h.get_all_by_label("Choose…")
+        .next()
+        .expect("a Choose… button")
+        .click();
     h.run();
     assert!(applied(&h, |c| *c == Command::ChooseCalibDir));
 }
@@ -81,7 +87,10 @@ fn build_panel_precisions_backend_and_run() {
     let mut h = harness(sample_workbench());
     h.run();
     let cuda = h.get_by_label("CUDA");
-    assert!(cuda.accesskit_node().is_disabled(), "CUDA is disabled without a driver");
+    assert!(
+        cuda.accesskit_node().is_disabled(),
+        "CUDA is disabled without a driver"
+    );
     h.get_all_by_role_and_label(egui::accesskit::Role::CheckBox, "FP16")
         .next()
         .expect("the FP16 checkbox")
@@ -133,7 +142,10 @@ fn tabs_switch_and_arrow_keys_step_images() {
     h.run();
     assert_eq!(h.state().masks.image, order[0]);
     // The Calibration panel's header comes first, the tab last.
-    h.get_all_by_label("Calibration").last().expect("a Calibration tab").click();
+    h.get_all_by_label("Calibration")
+        .last()
+        .expect("a Calibration tab")
+        .click();
     h.run();
     assert_eq!(h.state().tab, Tab::Calibration);
     h.get_by_label("block.add.out").click();

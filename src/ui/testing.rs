@@ -71,7 +71,10 @@ pub fn sample_report() -> Report {
         .enumerate()
         .map(|(k, name)| {
             let counts: Vec<u64> = (0..256u64)
-                .map(|i| ((4000.0 * (-(i as f64) / (12.0 + 8.0 * k as f64)).exp()) as u64) + (i % 7 == 0) as u64)
+                .map(|i| {
+                    ((4000.0 * (-(i as f64) / (12.0 + 8.0 * k as f64)).exp()) as u64)
+                        + (i % 7 == 0) as u64
+                })
                 .collect();
             let amax = BTreeMap::from([
                 (Method::Max, 2.56_f32),

@@ -65,7 +65,11 @@ pub fn results_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
                 } else {
                     ui.label(msg);
                 }
-                if ui.small_button("Dismiss").on_hover_text("Dismiss").clicked() {
+                if ui
+                    .small_button("Dismiss")
+                    .on_hover_text("Dismiss")
+                    .clicked()
+                {
                     wb.banner = None;
                 }
             });
