@@ -1,9 +1,411 @@
-//! The desktop workbench (eframe/egui). Placeholder until the app lands.
+//! The desktop workbench (eframe/egui). `run` opens the window; `Workbench` holds the saved
+//! `Experiment` apart from runtime state (textures, the worker, results). Panels and tabs
+//! draw from the state and push `Command`s; `app.rs` is the one place that applies them and
+//! the one place that takes worker events (dropping stale ones by job id).
 
-use std::path::PathBuf;
+use eframe::egui;
+mod app;
+mod panels;
+mod results;
+#[doc(hidden)]
+pub mod testing;
+mod theme;
 
-pub fn run(_path: Option<PathBuf>) -> anyhow::Result<()> {
-    anyhow::bail!(
-        "the desktop workbench is not part of this build yet; use the CLI (`quantscope --help`)"
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::BackendKind;
+use crate::calib::Method;
+use crate::experiment::Experiment;
+use crate::model::ModelInfo;
+use crate::pipeline::Artifacts;
+use crate::report::{Report, Row};
+use crate::worker::{CalibScan, EvalScan, JobId, PreviewImage, Worker};
+
+pub use app::{Command, ExportKind};
+pub use results::Tab;
+
+/// What the window remembers between sessions (eframe storage).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Settings {
+    pub recent: Vec<PathBuf>,
+    pub last_experiment: Option<PathBuf>,
+    pub light_theme: bool,
+}
+
+const SETTINGS_KEY: &str = "quantscope.settings";
+const MAX_RECENT: usize = 8;
+
+/// The model panel's runtime state.
+#[derive(Default)]
+pub struct ModelState {
+    pub info: Option<ModelInfo>,
+    pub error: Option<String>,
+    pub loading: Option<JobId>,
+}
+
+/// A folder scan: in flight, done or failed.
+pub enum Scan<T> {
+    None,
+    Loading(JobId),
+    Done(T),
+    Failed(String),
+}
+
+impl<T> Scan<T> {
+    pub fn loading_job(&self) -> Option<JobId> {
+        match self {
+            Scan::Loading(j) => Some(*j),
+            _ => None,
+        }
+    }
+}
+
+/// The data panel's runtime state.
+pub struct DataState {
+    pub calib: Scan<CalibScan>,
+    pub eval: Scan<EvalScan>,
+    pub preview: Scan<PreviewImage>,
+    pub thumbs: Vec<(PathBuf, egui::TextureHandle)>,
+    pub preview_tex: Option<[egui::TextureHandle; 2]>,
+}
+
+impl Default for DataState {
+    fn default() -> Self {
+        DataState {
+            calib: Scan::None,
+            eval: Scan::None,
+            preview: Scan::None,
+            thumbs: vec![],
+            preview_tex: None,
+        }
+    }
+}
+
+/// The build job in flight.
+pub struct RunState {
+    pub job: JobId,
+    pub started: Instant,
+    pub stage: String,
+    pub stage_started: Instant,
+    pub done: usize,
+    pub total: usize,
+    pub rows_expected: usize,
+    pub cancelling: bool,
+}
+
+impl RunState {
+    /// Seconds left in the current stage, from its pace so far.
+    pub fn eta_s(&self) -> Option<f64> {
+        if self.done == 0 || self.total <= self.done {
+            return None;
+        }
+        let per_item_s = self.stage_started.elapsed().as_secs_f64() / self.done as f64;
+        Some(per_item_s * (self.total - self.done) as f64)
+    }
+}
+
+/// Results of the last job: rows as they arrive, then the full report and predictions.
+#[derive(Default)]
+pub struct Results {
+    pub rows: Vec<Row>,
+    pub report: Option<Report>,
+    pub artifacts: Option<Artifacts>,
+    /// True when the job was cancelled: rows are what finished before.
+    pub partial: bool,
+}
+
+impl Results {
+    pub fn rows(&self) -> &[Row] {
+        match &self.report {
+            Some(r) => &r.rows,
+            None => &self.rows,
+        }
+    }
+}
+
+/// Which mask is drawn where.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MaskSource {
+    GroundTruth,
+    Row(usize),
+    /// Pixels where the row disagrees with FP32.
+    Disagreement(usize),
+}
+
+/// The masks tab: selection, overlay opacity, shared zoom and pan, textures.
+pub struct MaskViewState {
+    pub image: usize,
+    pub engines: [Option<usize>; 2],
+    pub opacity: f32,
+    /// 1 = whole image; the centre of the view in image UV (0..1).
+    pub zoom: f32,
+    pub center: egui::Vec2,
+    pub hover: Option<[usize; 2]>,
+    pub textures: HashMap<(usize, MaskSource), egui::TextureHandle>,
+    pub images: HashMap<PathBuf, egui::TextureHandle>,
+    pub image_errors: HashMap<PathBuf, String>,
+    pub image_loading: HashMap<JobId, PathBuf>,
+}
+
+impl Default for MaskViewState {
+    fn default() -> Self {
+        MaskViewState {
+            image: 0,
+            engines: [None, None],
+            opacity: 0.6,
+            zoom: 1.0,
+            center: egui::vec2(0.5, 0.5),
+            hover: None,
+            textures: HashMap::new(),
+            images: HashMap::new(),
+            image_errors: HashMap::new(),
+            image_loading: HashMap::new(),
+        }
+    }
+}
+
+/// One line of the log tab.
+#[derive(Clone, Debug)]
+pub struct LogLine {
+    pub at_s: f64,
+    pub error: bool,
+    pub text: String,
+}
+
+/// What a pending file dialog is for.
+#[derive(Clone, Debug, PartialEq)]
+pub enum DialogPurpose {
+    Open,
+    SaveExperiment,
+    CalibDir,
+    EvalDir,
+    Export(ExportKind),
+}
+
+/// The whole workbench: saved experiment, runtime state, worker handle.
+pub struct Workbench {
+    pub exp: Experiment,
+    pub exp_path: Option<PathBuf>,
+    /// The experiment as last saved or opened, to tell unsaved edits.
+    pub saved: Experiment,
+    pub settings: Settings,
+    pub model: ModelState,
+    pub data: DataState,
+    pub run: Option<RunState>,
+    pub results: Results,
+    pub tab: Tab,
+    pub masks: MaskViewState,
+    pub calib_tensor: Option<String>,
+    pub calib_filter: String,
+    pub log: Vec<LogLine>,
+    /// A message shown above the results (e.g. a missing experiment file).
+    pub banner: Option<(String, bool)>,
+    pub backends: Vec<(BackendKind, Result<String, String>)>,
+    /// The method used when "compare all methods" is off.
+    pub primary_method: Method,
+    pub open_path_text: String,
+    /// Commands pushed while drawing this frame, applied at its end.
+    pub pending: Vec<Command>,
+    /// Every command applied, most recent last (bounded), for the log and tests.
+    pub history: Vec<Command>,
+    pub worker: Option<Worker>,
+    dialogs: HashMap<JobId, DialogPurpose>,
+    backend_job: Option<JobId>,
+    /// The results area, for the view screenshot.
+    central_rect: egui::Rect,
+    ctx: Option<egui::Context>,
+    /// Notes from screenshot callbacks: Ok(info) or Err(error).
+    notes_tx: crossbeam_channel::Sender<Result<String, String>>,
+    notes_rx: crossbeam_channel::Receiver<Result<String, String>>,
+    started: Instant,
+}
+
+impl Workbench {
+    /// A workbench with a worker; `path` is an experiment (.ron) or a model (.onnx).
+    pub fn new(path: Option<&Path>, settings: Settings) -> Workbench {
+        let mut wb = Workbench::without_worker(settings);
+        match Worker::spawn() {
+            Ok(w) => wb.worker = Some(w),
+            Err(e) => wb.log_error(format!("cannot start the worker thread: {e:#}")),
+        }
+        wb.push(Command::CheckBackends);
+        if let Some(p) = path {
+            wb.push(Command::Open(p.to_path_buf()));
+        }
+        wb.apply_pending();
+        wb
+    }
+
+    /// A workbench with no worker thread: for tests that build state in code.
+    pub fn without_worker(settings: Settings) -> Workbench {
+        let exp = Experiment::default();
+        let (notes_tx, notes_rx) = crossbeam_channel::bounded(8);
+        Workbench {
+            saved: exp.clone(),
+            primary_method: exp.methods.first().copied().unwrap_or(Method::Entropy),
+            exp,
+            exp_path: None,
+            settings,
+            model: ModelState::default(),
+            data: DataState::default(),
+            run: None,
+            results: Results::default(),
+            tab: Tab::Compare,
+            masks: MaskViewState::default(),
+            calib_tensor: None,
+            calib_filter: String::new(),
+            log: vec![],
+            banner: None,
+            backends: vec![(BackendKind::Cpu, Ok("this machine's CPU".into()))],
+            open_path_text: String::new(),
+            pending: vec![],
+            history: vec![],
+            worker: None,
+            dialogs: HashMap::new(),
+            backend_job: None,
+            central_rect: egui::Rect::NOTHING,
+            ctx: None,
+            notes_tx,
+            notes_rx,
+            started: Instant::now(),
+        }
+    }
+
+    /// Shows a finished report (and its predictions) as if a job had produced it.
+    pub fn set_results(&mut self, report: Report, artifacts: Option<Artifacts>) {
+        self.results = Results {
+            rows: report.rows.clone(),
+            report: Some(report),
+            artifacts,
+            partial: false,
+        };
+        self.masks = MaskViewState::default();
+        self.pick_default_engines();
+    }
+
+    pub fn push(&mut self, c: Command) {
+        self.pending.push(c);
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.run.is_some()
+    }
+
+    pub fn log_info(&mut self, text: impl Into<String>) {
+        self.log_line(text.into(), false);
+    }
+
+    pub fn log_error(&mut self, text: impl Into<String>) {
+        self.log_line(text.into(), true);
+    }
+
+    fn log_line(&mut self, text: String, error: bool) {
+        let at_s = self.started.elapsed().as_secs_f64();
+        self.log.push(LogLine { at_s, error, text });
+        if self.log.len() > 5000 {
+            self.log.drain(..1000);
+        }
+    }
+
+    /// The backend's device, or why it cannot run.
+    pub fn backend_status(&self, kind: BackendKind) -> Option<&Result<String, String>> {
+        self.backends.iter().find(|b| b.0 == kind).map(|b| &b.1)
+    }
+
+    /// One frame: take worker events, then draw and apply what the drawing asked for.
+    /// eframe calls the two halves from `logic` and `ui`; tests call this.
+    pub fn frame_ui(&mut self, ui: &mut egui::Ui) {
+        self.poll_events(ui.ctx());
+        self.root_ui(ui);
+    }
+
+    /// Draws the whole window and applies the frame's commands.
+    pub fn root_ui(&mut self, ui: &mut egui::Ui) {
+        self.input_ui(ui.ctx());
+        egui::Panel::top("menu").show(ui, |ui| self.menu_ui(ui));
+        egui::Panel::bottom("status").show(ui, |ui| self.status_ui(ui));
+        egui::Panel::left("setup")
+            .resizable(true)
+            .default_size(340.0)
+            .min_size(260.0)
+            .show(ui, |ui| {
+                egui::ScrollArea::vertical().show(ui, |ui| panels::panels_ui(self, ui));
+            });
+        egui::CentralPanel::default().show(ui, |ui| {
+            self.central_rect = ui.max_rect();
+            results::results_ui(self, ui)
+        });
+        self.apply_pending();
+        if self.is_running() {
+            ui.ctx()
+                .request_repaint_after(std::time::Duration::from_millis(100));
+        }
+    }
+}
+
+/// The eframe face of the workbench.
+struct WorkbenchApp {
+    wb: Workbench,
+}
+
+impl eframe::App for WorkbenchApp {
+    fn logic(&mut self, ctx: &egui::Context, _frame: &mut eframe::Frame) {
+        self.wb.poll_events(ctx);
+    }
+
+    fn ui(&mut self, ui: &mut egui::Ui, _frame: &mut eframe::Frame) {
+        self.wb.root_ui(ui);
+    }
+
+    fn save(&mut self, storage: &mut dyn eframe::Storage) {
+        eframe::set_value(storage, SETTINGS_KEY, &self.wb.settings);
+    }
+}
+
+/// Opens the workbench window on `path` (an experiment or a model). A missing file is
+/// reported in the window, never a panic. With `QUANTSCOPE_AUTORUN=1` the experiment starts
+/// at once and `QUANTSCOPE_TAB` (compare, masks, calibration, log) picks the tab shown: the
+/// smoke test uses both.
+pub fn run(path: Option<PathBuf>) -> anyhow::Result<()> {
+    let icon = eframe::icon_data::from_png_bytes(include_bytes!("../../assets/icon.png")).ok();
+    let mut viewport = egui::ViewportBuilder::default()
+        .with_title("quantscope")
+        .with_inner_size([1440.0, 900.0])
+        .with_min_inner_size([900.0, 600.0])
+        .with_drag_and_drop(true);
+    if let Some(icon) = icon {
+        viewport = viewport.with_icon(icon);
+    }
+    let options = eframe::NativeOptions {
+        viewport,
+        ..Default::default()
+    };
+    eframe::run_native(
+        "quantscope",
+        options,
+        Box::new(move |cc| {
+            let settings: Settings = cc
+                .storage
+                .and_then(|s| eframe::get_value(s, SETTINGS_KEY))
+                .unwrap_or_default();
+            theme::apply(&cc.egui_ctx, settings.light_theme);
+            let mut wb = Workbench::new(path.as_deref(), settings);
+            if let Ok(tab) = std::env::var("QUANTSCOPE_TAB") {
+                if let Some(t) = Tab::from_name(&tab) {
+                    wb.tab = t;
+                }
+            }
+            if std::env::var("QUANTSCOPE_AUTORUN").is_ok_and(|v| v == "1") {
+                wb.push(Command::Run);
+                wb.apply_pending();
+            }
+            Ok(Box::new(WorkbenchApp { wb }))
+        }),
     )
+    .map_err(|e| anyhow::anyhow!("the window could not open: {e}"))
 }

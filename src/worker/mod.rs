@@ -1,13 +1,23 @@
 //! Runs experiments on a named background thread, fed by bounded channels; the UI polls
-//! events tagged with a job id and drops stale ones.
+//! events tagged with a job id and drops stale ones. A second named thread does the light
+//! work the UI must not do itself: inspecting a model, scanning data folders, decoding
+//! images for thumbnails and the preprocessing preview, checking backends, file dialogs.
 
+mod io;
+
+use std::path::PathBuf;
 use std::thread::JoinHandle;
 
-use crossbeam_channel::{Receiver, Sender, bounded};
+use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
 
+use crate::backend::BackendKind;
+use crate::data::{Preprocess, Selection};
 use crate::experiment::Experiment;
+use crate::model::{Layout, ModelInfo, Task};
 use crate::pipeline::{self, Artifacts, CancelToken, Sink};
 use crate::report::{Report, Row};
+
+pub use io::{CalibScan, DialogKind, EvalScan, FileDialog, PreviewImage};
 
 pub type JobId = u64;
 
@@ -37,6 +47,42 @@ pub enum Event {
         job: JobId,
         error: String,
     },
+    /// A model's description, or why it could not be read.
+    Inspected {
+        job: JobId,
+        path: PathBuf,
+        result: Result<Box<ModelInfo>, String>,
+    },
+    CalibScanned {
+        job: JobId,
+        result: Result<CalibScan, String>,
+    },
+    EvalScanned {
+        job: JobId,
+        result: Result<EvalScan, String>,
+    },
+    Preview {
+        job: JobId,
+        result: Result<PreviewImage, String>,
+    },
+    /// A decoded image (for the mask views), at most `max_side` pixels on its long side.
+    Image {
+        job: JobId,
+        path: PathBuf,
+        result: Result<image::RgbImage, String>,
+    },
+    /// Each backend: the device description, or why it cannot run here.
+    Backends {
+        job: JobId,
+        status: Vec<(BackendKind, Result<String, String>)>,
+    },
+    /// A file dialog's answer. `dialog_ms` tells a cancelled dialog from a missing portal
+    /// (which answers `None` at once).
+    Picked {
+        job: JobId,
+        path: Option<PathBuf>,
+        dialog_ms: f64,
+    },
 }
 
 impl Event {
@@ -46,7 +92,14 @@ impl Event {
             | Event::Log { job, .. }
             | Event::Row { job, .. }
             | Event::Finished { job, .. }
-            | Event::Failed { job, .. } => *job,
+            | Event::Failed { job, .. }
+            | Event::Inspected { job, .. }
+            | Event::CalibScanned { job, .. }
+            | Event::EvalScanned { job, .. }
+            | Event::Preview { job, .. }
+            | Event::Image { job, .. }
+            | Event::Backends { job, .. }
+            | Event::Picked { job, .. } => *job,
         }
     }
 }
@@ -59,13 +112,54 @@ enum Request {
     },
 }
 
+/// Light requests, answered by the I/O thread.
+#[derive(Debug)]
+pub enum IoRequest {
+    Inspect {
+        path: PathBuf,
+    },
+    ScanCalib {
+        dir: PathBuf,
+        select: Selection,
+        thumbs: usize,
+        thumb_px: u32,
+    },
+    ScanEval {
+        dir: PathBuf,
+        task: Option<Task>,
+    },
+    Preview {
+        image: PathBuf,
+        preprocess: Preprocess,
+        hw: [usize; 2],
+        channels: usize,
+        layout: Layout,
+    },
+    Image {
+        path: PathBuf,
+        max_side: u32,
+    },
+    CheckBackends,
+    Dialog(FileDialog),
+}
+
+/// Why a request could not be queued.
+#[derive(Debug, thiserror::Error)]
+pub enum SubmitError {
+    #[error("the worker is busy; try again")]
+    Busy,
+    #[error("the worker thread has stopped")]
+    Stopped,
+}
+
 /// Handle the UI keeps: submit jobs, cancel them, drain events.
 pub struct Worker {
     requests: Sender<Request>,
+    io_requests: Sender<(JobId, IoRequest)>,
     pub events: Receiver<Event>,
     next_job: JobId,
     current: Option<(JobId, CancelToken)>,
-    _thread: JoinHandle<()>,
+    _threads: [JoinHandle<()>; 2],
 }
 
 struct ChannelSink {
@@ -100,7 +194,9 @@ impl Sink for ChannelSink {
 impl Worker {
     pub fn spawn() -> std::io::Result<Worker> {
         let (req_tx, req_rx) = bounded::<Request>(4);
+        let (io_tx, io_rx) = bounded::<(JobId, IoRequest)>(32);
         let (ev_tx, ev_rx) = bounded::<Event>(256);
+        let run_events = ev_tx.clone();
         let thread = std::thread::Builder::new()
             .name("quantscope-worker".into())
             .spawn(move || {
@@ -112,7 +208,7 @@ impl Worker {
                 {
                     let sink = ChannelSink {
                         job,
-                        tx: ev_tx.clone(),
+                        tx: run_events.clone(),
                     };
                     let ev = match pipeline::run(&experiment, &sink, &cancel) {
                         Ok(out) => Event::Finished {
@@ -125,23 +221,39 @@ impl Worker {
                             error: format!("{e:#}"),
                         },
                     };
-                    let _ = ev_tx.send(ev);
+                    let _ = run_events.send(ev);
+                }
+            })?;
+        let io_thread = std::thread::Builder::new()
+            .name("quantscope-io".into())
+            .spawn(move || {
+                for (job, req) in io_rx {
+                    let ev = io::answer(job, req);
+                    if ev_tx.send(ev).is_err() {
+                        break;
+                    }
                 }
             })?;
         Ok(Worker {
             requests: req_tx,
+            io_requests: io_tx,
             events: ev_rx,
             next_job: 1,
             current: None,
-            _thread: thread,
+            _threads: [thread, io_thread],
         })
+    }
+
+    fn next_id(&mut self) -> JobId {
+        let job = self.next_job;
+        self.next_job += 1;
+        job
     }
 
     /// Starts `experiment`, cancelling the job in flight. Returns the new job's id.
     pub fn submit(&mut self, experiment: Experiment) -> JobId {
         self.cancel();
-        let job = self.next_job;
-        self.next_job += 1;
+        let job = self.next_id();
         let cancel = CancelToken::default();
         self.current = Some((job, cancel.clone()));
         let _ = self.requests.try_send(Request::Run {
@@ -150,6 +262,16 @@ impl Worker {
             cancel,
         });
         job
+    }
+
+    /// Queues a light request on the I/O thread without waiting. Returns its job id.
+    pub fn request(&mut self, req: IoRequest) -> Result<JobId, SubmitError> {
+        let job = self.next_id();
+        match self.io_requests.try_send((job, req)) {
+            Ok(()) => Ok(job),
+            Err(TrySendError::Full(_)) => Err(SubmitError::Busy),
+            Err(TrySendError::Disconnected(_)) => Err(SubmitError::Stopped),
+        }
     }
 
     pub fn cancel(&mut self) {

@@ -1,0 +1,1200 @@
+//! Commands and the one place that applies them; worker events and the one place that takes
+//! them (stale job ids are dropped); keyboard shortcuts, dropped files, the menu bar and the
+//! status bar.
+
+use eframe::egui;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use egui::{Key, KeyboardShortcut, Modifiers};
+
+use super::{
+    DialogPurpose, MAX_RECENT, MaskViewState, Results, RunState, Scan, Tab, Workbench, theme,
+};
+use crate::backend::Precision;
+use crate::calib::Method;
+use crate::experiment::Experiment;
+use crate::model::Task;
+use crate::report::Report;
+use crate::worker::{DialogKind, Event, FileDialog, IoRequest};
+
+pub const SC_OPEN: KeyboardShortcut = KeyboardShortcut::new(Modifiers::COMMAND, Key::O);
+pub const SC_SAVE: KeyboardShortcut = KeyboardShortcut::new(Modifiers::COMMAND, Key::S);
+pub const SC_RUN: KeyboardShortcut = KeyboardShortcut::new(Modifiers::COMMAND, Key::R);
+pub const SC_CANCEL: KeyboardShortcut = KeyboardShortcut::new(Modifiers::NONE, Key::Escape);
+
+/// Events taken per frame at most, so a burst never makes a long frame.
+const MAX_EVENTS_PER_FRAME: usize = 256;
+/// A dialog that answers `None` faster than this had no portal to show it.
+const NO_DIALOG_MS: f64 = 250.0;
+
+/// What a report or view can be exported as.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExportKind {
+    Json,
+    Markdown,
+    Csv,
+    /// The central area as shown (viewport screenshot).
+    ViewPng,
+    /// Image, FP32 and the chosen INT8 masks side by side, rendered with the image crate.
+    MaskPng,
+}
+
+impl ExportKind {
+    pub fn extension(self) -> &'static str {
+        match self {
+            ExportKind::Json => "json",
+            ExportKind::Markdown => "md",
+            ExportKind::Csv => "csv",
+            ExportKind::ViewPng | ExportKind::MaskPng => "png",
+        }
+    }
+}
+
+/// Everything the UI can ask for. Drawing code pushes these; `Workbench::apply` runs them.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Command {
+    /// Open an experiment (.ron) or a model (.onnx).
+    Open(PathBuf),
+    OpenDialog,
+    Save,
+    SaveAs,
+    SaveTo(PathBuf),
+    /// Replace the experiment with an edited copy; what changed decides what is refreshed.
+    SetExperiment(Box<Experiment>),
+    ChooseCalibDir,
+    ChooseEvalDir,
+    Rescan,
+    Run,
+    Cancel,
+    SetTab(Tab),
+    SelectImage(usize),
+    NextImage,
+    PrevImage,
+    SetEngine {
+        slot: usize,
+        row: Option<usize>,
+    },
+    Export(ExportKind),
+    ExportTo(ExportKind, PathBuf),
+    SetLightTheme(bool),
+    CheckBackends,
+    ClearRecent,
+}
+
+fn is_model(p: &Path) -> bool {
+    p.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("onnx"))
+}
+
+impl Workbench {
+    /// Applies the commands pushed this frame, in order.
+    pub fn apply_pending(&mut self) {
+        let cmds = std::mem::take(&mut self.pending);
+        for c in cmds {
+            self.apply(c);
+        }
+    }
+
+    /// The one place a command changes state.
+    pub fn apply(&mut self, c: Command) {
+        self.history.push(c.clone());
+        if self.history.len() > 200 {
+            self.history.drain(..100);
+        }
+        match c {
+            Command::Open(p) => self.open(&p),
+            Command::OpenDialog => self.dialog(
+                DialogPurpose::Open,
+                DialogKind::OpenFile,
+                "Open an experiment or a model",
+                &[("experiment or model", &["ron", "onnx"])],
+                None,
+            ),
+            Command::Save => match self.exp_path.clone() {
+                Some(p) => self.save_to(&p),
+                None => self.apply(Command::SaveAs),
+            },
+            Command::SaveAs => {
+                let name = format!("{}.ron", self.experiment_stem());
+                self.dialog(
+                    DialogPurpose::SaveExperiment,
+                    DialogKind::SaveFile,
+                    "Save the experiment",
+                    &[("experiment", &["ron"])],
+                    Some(name),
+                )
+            }
+            Command::SaveTo(p) => self.save_to(&p),
+            Command::SetExperiment(e) => self.set_experiment(*e),
+            Command::ChooseCalibDir => self.dialog(
+                DialogPurpose::CalibDir,
+                DialogKind::PickFolder,
+                "Calibration images",
+                &[],
+                None,
+            ),
+            Command::ChooseEvalDir => self.dialog(
+                DialogPurpose::EvalDir,
+                DialogKind::PickFolder,
+                "Evaluation set (ImageFolder or images/ + masks/)",
+                &[],
+                None,
+            ),
+            Command::Rescan => {
+                self.scan_calib();
+                self.scan_eval();
+            }
+            Command::Run => self.start_run(),
+            Command::Cancel => {
+                if let Some(run) = &mut self.run {
+                    run.cancelling = true;
+                    if let Some(w) = &mut self.worker {
+                        w.cancel();
+                    }
+                    self.log_info("cancel requested; keeping the rows already finished");
+                }
+            }
+            Command::SetTab(t) => self.tab = t,
+            Command::SelectImage(i) => {
+                self.masks.image = i;
+                self.masks.textures.clear();
+            }
+            Command::NextImage | Command::PrevImage => {
+                let order = self.image_order();
+                if order.is_empty() {
+                    return;
+                }
+                let pos = order
+                    .iter()
+                    .position(|&i| i == self.masks.image)
+                    .unwrap_or(0);
+                let next = if c == Command::NextImage {
+                    (pos + 1).min(order.len() - 1)
+                } else {
+                    pos.saturating_sub(1)
+                };
+                self.masks.image = order[next];
+                self.masks.textures.clear();
+            }
+            Command::SetEngine { slot, row } => {
+                if let Some(s) = self.masks.engines.get_mut(slot) {
+                    *s = row;
+                    self.masks.textures.clear();
+                }
+            }
+            Command::Export(kind) => {
+                let name = format!("{}_report.{}", self.experiment_stem(), kind.extension());
+                let ext = kind.extension();
+                self.dialog(
+                    DialogPurpose::Export(kind),
+                    DialogKind::SaveFile,
+                    "Export",
+                    &[(ext, &[ext])],
+                    Some(name),
+                )
+            }
+            Command::ExportTo(kind, path) => self.export_to(kind, &path),
+            Command::SetLightTheme(light) => {
+                self.settings.light_theme = light;
+                if let Some(ctx) = &self.ctx {
+                    theme::apply(ctx, light);
+                }
+            }
+            Command::CheckBackends => {
+                if let Some(w) = &mut self.worker {
+                    self.backend_job = w.request(IoRequest::CheckBackends).ok();
+                }
+            }
+            Command::ClearRecent => self.settings.recent.clear(),
+        }
+    }
+
+    fn experiment_stem(&self) -> String {
+        let from_path = self
+            .exp_path
+            .as_ref()
+            .and_then(|p| p.file_stem())
+            .or_else(|| self.exp.model.file_stem())
+            .and_then(|s| s.to_str());
+        match (self.exp.name.as_str(), from_path) {
+            ("", Some(s)) => s.to_string(),
+            ("", None) => "experiment".into(),
+            (n, _) => n.replace(['/', '\\', ' '], "_"),
+        }
+    }
+
+    fn dialog(
+        &mut self,
+        purpose: DialogPurpose,
+        kind: DialogKind,
+        title: &str,
+        filters: &[(&str, &[&str])],
+        file_name: Option<String>,
+    ) {
+        let directory = self
+            .exp_path
+            .as_ref()
+            .and_then(|p| p.parent())
+            .map(Path::to_path_buf);
+        let req = IoRequest::Dialog(FileDialog {
+            kind,
+            title: title.into(),
+            filters: filters
+                .iter()
+                .map(|(n, e)| (n.to_string(), e.iter().map(|s| s.to_string()).collect()))
+                .collect(),
+            directory,
+            file_name,
+        });
+        let Some(w) = &mut self.worker else {
+            self.log_error("no worker thread: file dialogs are unavailable");
+            return;
+        };
+        match w.request(req) {
+            Ok(job) => {
+                self.dialogs.insert(job, purpose);
+            }
+            Err(e) => self.log_error(format!("file dialog: {e:#}")),
+        }
+    }
+
+    fn open(&mut self, p: &Path) {
+        if is_model(p) {
+            let stem = p
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .unwrap_or("model")
+                .to_string();
+            let mut exp = Experiment {
+                name: stem,
+                model: p.to_path_buf(),
+                ..Default::default()
+            };
+            // Keep the data setup when swapping the model inside an experiment.
+            if !self.exp.model.as_os_str().is_empty() {
+                exp = Experiment {
+                    model: p.to_path_buf(),
+                    ..self.exp.clone()
+                };
+            }
+            self.banner = None;
+            self.log_info(format!("opened model {}", p.display()));
+            self.set_experiment(exp);
+            return;
+        }
+        match Experiment::load(p) {
+            Ok(e) => {
+                self.banner = None;
+                self.exp_path = Some(p.to_path_buf());
+                self.saved = e.clone();
+                self.primary_method = e.methods.first().copied().unwrap_or(Method::Entropy);
+                self.remember(p);
+                self.log_info(format!("opened experiment {}", p.display()));
+                self.exp = Experiment::default();
+                self.set_experiment(e);
+            }
+            Err(err) => {
+                let msg = format!(
+                    "Could not open {}: {err:#}. Open an experiment or a model with File > Open (Ctrl+O), type a path in the File menu, or drop an .onnx file on the window.",
+                    p.display()
+                );
+                self.log_error(format!("{err:#}"));
+                self.banner = Some((msg, true));
+            }
+        }
+    }
+
+    fn remember(&mut self, p: &Path) {
+        let p = crate::data::canonical(p);
+        self.settings.recent.retain(|r| r != &p);
+        self.settings.recent.insert(0, p.clone());
+        self.settings.recent.truncate(MAX_RECENT);
+        self.settings.last_experiment = Some(p);
+    }
+
+    fn save_to(&mut self, p: &Path) {
+        match self.exp.save(p) {
+            Ok(()) => {
+                self.exp_path = Some(p.to_path_buf());
+                self.saved = self.exp.clone();
+                self.remember(p);
+                self.log_info(format!("saved {}", p.display()));
+            }
+            Err(err) => {
+                self.log_error(format!("{err:#}"));
+                self.banner = Some((format!("{err:#}"), true));
+            }
+        }
+    }
+
+    /// Takes an edited experiment; refreshes what depends on the parts that changed.
+    fn set_experiment(&mut self, new: Experiment) {
+        let old = std::mem::replace(&mut self.exp, new);
+        if old.model != self.exp.model {
+            // Results of another model are stale: stop the job, drop them.
+            if let Some(w) = &mut self.worker {
+                w.cancel();
+            }
+            self.run = None;
+            self.results = Results::default();
+            self.masks = MaskViewState::default();
+            self.inspect_model();
+        }
+        let calib_changed = old.calibration != self.exp.calibration;
+        if calib_changed {
+            self.scan_calib();
+        }
+        if old.evaluation.dir != self.exp.evaluation.dir
+            || old.evaluation.task != self.exp.evaluation.task
+        {
+            self.scan_eval();
+        }
+        if old.preprocess != self.exp.preprocess && !calib_changed {
+            self.request_preview();
+        }
+    }
+
+    fn inspect_model(&mut self) {
+        self.model.info = None;
+        self.model.error = None;
+        self.model.loading = None;
+        if self.exp.model.as_os_str().is_empty() {
+            return;
+        }
+        let Some(w) = &mut self.worker else { return };
+        match w.request(IoRequest::Inspect {
+            path: self.exp.model.clone(),
+        }) {
+            Ok(job) => self.model.loading = Some(job),
+            Err(e) => self.model.error = Some(format!("{e:#}")),
+        }
+    }
+
+    fn scan_calib(&mut self) {
+        self.data.thumbs.clear();
+        let Some(dir) = self.exp.calibration.dir.clone() else {
+            self.data.calib = Scan::None;
+            return;
+        };
+        let Some(w) = &mut self.worker else { return };
+        self.data.calib = match w.request(IoRequest::ScanCalib {
+            dir,
+            select: self.exp.calibration.select,
+            thumbs: 12,
+            thumb_px: 64,
+        }) {
+            Ok(job) => Scan::Loading(job),
+            Err(e) => Scan::Failed(format!("{e:#}")),
+        };
+    }
+
+    fn scan_eval(&mut self) {
+        let Some(dir) = self.exp.evaluation.dir.clone() else {
+            self.data.eval = Scan::None;
+            return;
+        };
+        let Some(w) = &mut self.worker else { return };
+        self.data.eval = match w.request(IoRequest::ScanEval {
+            dir,
+            task: self.exp.evaluation.task.fixed(),
+        }) {
+            Ok(job) => Scan::Loading(job),
+            Err(e) => Scan::Failed(format!("{e:#}")),
+        };
+    }
+
+    /// The model input's height and width for the preview: the experiment's size, else the
+    /// model's own, else 224 x 224.
+    pub fn input_hw(&self) -> [usize; 2] {
+        if let Some(s) = self.exp.preprocess.size {
+            return s;
+        }
+        match &self.model.info {
+            Some(i) if i.input_chw[1] > 0 && i.input_chw[2] > 0 => [i.input_chw[1], i.input_chw[2]],
+            _ => [224, 224],
+        }
+    }
+
+    fn request_preview(&mut self) {
+        let image = match (&self.data.calib, &self.data.eval) {
+            (Scan::Done(c), _) if c.first.is_some() => c.first.clone(),
+            (_, Scan::Done(e)) => e.first.clone(),
+            _ => None,
+        };
+        let Some(image) = image else { return };
+        let hw = self.input_hw();
+        let (channels, layout) = self
+            .model
+            .info
+            .as_ref()
+            .map(|i| (i.input_chw[0].max(1), i.layout))
+            .unwrap_or((3, Default::default()));
+        let Some(w) = &mut self.worker else { return };
+        self.data.preview = match w.request(IoRequest::Preview {
+            image,
+            preprocess: self.exp.preprocess.clone(),
+            hw,
+            channels,
+            layout,
+        }) {
+            Ok(job) => Scan::Loading(job),
+            Err(e) => Scan::Failed(format!("{e:#}")),
+        };
+    }
+
+    /// Rows the experiment will produce.
+    pub fn rows_expected(&self) -> usize {
+        let e = &self.exp;
+        let mut n = 0;
+        if e.precisions.contains(&Precision::Fp32) {
+            n += 1;
+        }
+        if e.precisions.contains(&Precision::Fp16) {
+            n += 1;
+        }
+        if e.precisions.contains(&Precision::Int8) {
+            n += e.methods.len().max(1);
+        }
+        n
+    }
+
+    fn start_run(&mut self) {
+        if self.exp.model.as_os_str().is_empty() {
+            self.log_error("nothing to run: open a model or an experiment first");
+            return;
+        }
+        if self.exp.precisions.is_empty() {
+            self.log_error("nothing to run: choose at least one precision");
+            return;
+        }
+        let rows_expected = self.rows_expected();
+        let Some(w) = &mut self.worker else {
+            self.log_error("no worker thread: cannot run");
+            return;
+        };
+        let job = w.submit(self.exp.clone());
+        self.results = Results::default();
+        self.masks = MaskViewState::default();
+        self.run = Some(RunState {
+            job,
+            started: Instant::now(),
+            stage: "starting".into(),
+            stage_started: Instant::now(),
+            done: 0,
+            total: 0,
+            rows_expected,
+            cancelling: false,
+        });
+        self.log_info(format!(
+            "run #{job}: {} on {}, precisions {:?}, methods {:?}",
+            self.exp.model.display(),
+            self.exp.backend.name(),
+            self.exp.precisions,
+            self.exp.methods
+        ));
+    }
+
+    fn export_to(&mut self, kind: ExportKind, path: &Path) {
+        let result: Result<(), String> = match kind {
+            ExportKind::Json | ExportKind::Markdown | ExportKind::Csv => {
+                let report = match &self.results.report {
+                    Some(r) => r.clone(),
+                    None if !self.results.rows.is_empty() => Report {
+                        experiment: self.exp.name.clone(),
+                        rows: self.results.rows.clone(),
+                        ..Default::default()
+                    },
+                    None => {
+                        self.log_error("nothing to export yet: run the experiment first");
+                        return;
+                    }
+                };
+                let (j, m, c) = match kind {
+                    ExportKind::Json => (Some(path), None, None),
+                    ExportKind::Markdown => (None, Some(path), None),
+                    _ => (None, None, Some(path)),
+                };
+                report.write(j, m, c).map_err(|e| format!("{e:#}"))
+            }
+            ExportKind::ViewPng => self.screenshot(path),
+            ExportKind::MaskPng => super::results::masks::export_png(self, path),
+        };
+        match result {
+            Ok(()) if kind == ExportKind::ViewPng => {
+                self.log_info(format!("screenshot requested: {}", path.display()))
+            }
+            Ok(()) => self.log_info(format!("exported {}", path.display())),
+            Err(e) => self.log_error(format!("export to {}: {e}", path.display())),
+        }
+    }
+
+    fn screenshot(&mut self, path: &Path) -> Result<(), String> {
+        let Some(ctx) = self.ctx.clone() else {
+            return Err("no window to take a screenshot of".into());
+        };
+        let rect = self.central_rect;
+        let ppp = ctx.pixels_per_point();
+        let path = path.to_path_buf();
+        let tx = self.notes_tx.clone();
+        ctx.request_screenshot(move |img| {
+            let [iw, ih] = img.size;
+            let x0 = ((rect.min.x * ppp).max(0.0) as usize).min(iw);
+            let y0 = ((rect.min.y * ppp).max(0.0) as usize).min(ih);
+            let x1 = ((rect.max.x * ppp).max(0.0) as usize).clamp(x0, iw);
+            let y1 = ((rect.max.y * ppp).max(0.0) as usize).clamp(y0, ih);
+            let region = if x1 > x0 && y1 > y0 {
+                img.region_by_pixels([x0, y0], [x1 - x0, y1 - y0])
+            } else {
+                (*img).clone()
+            };
+            let [w, h] = region.size;
+            let bytes: Vec<u8> = region.pixels.iter().flat_map(|c| c.to_array()).collect();
+            let note = match image::RgbaImage::from_raw(w as u32, h as u32, bytes) {
+                Some(buf) => buf
+                    .save(&path)
+                    .map(|_| format!("saved screenshot {}", path.display()))
+                    .map_err(|e| format!("screenshot {}: {e}", path.display())),
+                None => Err("screenshot: unexpected image size".into()),
+            };
+            let _ = tx.try_send(note);
+        });
+        ctx.request_repaint();
+        Ok(())
+    }
+
+    /// Chooses the first two INT8 rows for the mask views, and the worst image.
+    pub fn pick_default_engines(&mut self) {
+        let rows = self.results.rows();
+        let int8: Vec<usize> = rows
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.precision == Some(Precision::Int8) && r.error.is_none())
+            .map(|(i, _)| i)
+            .collect();
+        self.masks.engines = [int8.first().copied(), int8.get(1).copied()];
+        self.masks.image = self.image_order().first().copied().unwrap_or(0);
+    }
+
+    /// Evaluation images ordered by the largest mIoU drop (FP32 minus the worst chosen
+    /// engine) first.
+    pub fn image_order(&self) -> Vec<usize> {
+        let rows = self.results.rows();
+        let Some(fp32) = rows
+            .iter()
+            .find(|r| r.precision == Some(Precision::Fp32) && r.error.is_none())
+        else {
+            return vec![];
+        };
+        let n = self
+            .results
+            .artifacts
+            .as_ref()
+            .map(|a| a.ground_truth.len())
+            .unwrap_or(0)
+            .min(fp32.per_image.len());
+        let engines: Vec<usize> = self.masks.engines.iter().flatten().copied().collect();
+        let drop = |i: usize| -> f64 {
+            engines
+                .iter()
+                .filter_map(|&k| rows.get(k)?.per_image.get(i))
+                .map(|v| fp32.per_image[i] - v)
+                .fold(f64::NEG_INFINITY, f64::max)
+        };
+        let mut order: Vec<usize> = (0..n).collect();
+        order.sort_by(|&a, &b| drop(b).total_cmp(&drop(a)).then(a.cmp(&b)));
+        order
+    }
+
+    /// Takes worker events (at most a frame's worth); drops those of stale jobs.
+    pub fn poll_events(&mut self, ctx: &egui::Context) {
+        self.ctx = Some(ctx.clone());
+        while let Ok(note) = self.notes_rx.try_recv() {
+            match note {
+                Ok(t) => self.log_info(t),
+                Err(t) => self.log_error(t),
+            }
+        }
+        for _ in 0..MAX_EVENTS_PER_FRAME {
+            let Some(ev) = self.worker.as_ref().and_then(|w| w.events.try_recv().ok()) else {
+                break;
+            };
+            self.take_event(ctx, ev);
+        }
+    }
+
+    fn take_event(&mut self, ctx: &egui::Context, ev: Event) {
+        let job = ev.job();
+        let run_job = self.run.as_ref().map(|r| r.job);
+        match ev {
+            Event::Progress {
+                stage, done, total, ..
+            } if run_job == Some(job) => {
+                if let Some(run) = &mut self.run {
+                    if run.stage != stage {
+                        run.stage = stage;
+                        run.stage_started = Instant::now();
+                    }
+                    run.done = done;
+                    run.total = total;
+                }
+            }
+            Event::Log { line, .. } if run_job == Some(job) => self.log_info(line),
+            Event::Row { row, .. } if run_job == Some(job) => {
+                let lat = row
+                    .latency_ms
+                    .map(|l| format!(", median {:.2} ms", l.median))
+                    .unwrap_or_default();
+                let build = row
+                    .build_ms
+                    .map(|b| format!(", built in {b:.0} ms"))
+                    .unwrap_or_default();
+                match &row.error {
+                    Some(e) => self.log_error(format!("{}: {e}", row.label())),
+                    None => self.log_info(format!("row done: {}{build}{lat}", row.label())),
+                }
+                self.results.rows.push(*row);
+            }
+            Event::Finished {
+                report, artifacts, ..
+            } if run_job == Some(job) => {
+                let run = self.run.take();
+                let secs = run.as_ref().map(|r| r.started.elapsed().as_secs_f64());
+                let cancelled = run.as_ref().is_some_and(|r| r.cancelling);
+                self.log_info(format!(
+                    "run #{job} {} in {:.1} s: {} rows",
+                    if cancelled { "cancelled" } else { "finished" },
+                    secs.unwrap_or(0.0),
+                    report.rows.len()
+                ));
+                self.results = Results {
+                    rows: report.rows.clone(),
+                    report: Some(*report),
+                    artifacts: Some(*artifacts),
+                    partial: cancelled,
+                };
+                self.masks = MaskViewState::default();
+                self.pick_default_engines();
+            }
+            Event::Failed { error, .. } if run_job == Some(job) => {
+                let run = self.run.take();
+                if run.is_some_and(|r| r.cancelling) {
+                    self.results.partial = true;
+                    self.log_info(format!(
+                        "run #{job} cancelled ({error}); kept {} rows",
+                        self.results.rows.len()
+                    ));
+                } else {
+                    self.log_error(format!("run #{job} failed: {error}"));
+                    self.banner = Some((format!("The run failed: {error}"), true));
+                }
+            }
+            Event::Progress { .. }
+            | Event::Log { .. }
+            | Event::Row { .. }
+            | Event::Finished { .. }
+            | Event::Failed { .. } => {} // a stale job's
+            Event::Inspected { path, result, .. } if self.model.loading == Some(job) => {
+                self.model.loading = None;
+                match result {
+                    Ok(info) => {
+                        self.log_info(format!(
+                            "model {}: opset {}, {} nodes, {} parameters",
+                            path.display(),
+                            info.opset,
+                            info.nodes,
+                            info.params
+                        ));
+                        self.model.info = Some(*info);
+                        self.model.error = None;
+                    }
+                    Err(e) => {
+                        self.log_error(e.clone());
+                        self.model.error = Some(e);
+                    }
+                }
+                self.request_preview();
+            }
+            Event::CalibScanned { result, .. } if self.data.calib.loading_job() == Some(job) => {
+                match result {
+                    Ok(scan) => {
+                        self.data.thumbs = scan
+                            .thumbs
+                            .iter()
+                            .enumerate()
+                            .map(|(i, (p, img))| {
+                                (p.clone(), texture(ctx, &format!("thumb{i}"), img))
+                            })
+                            .collect();
+                        self.data.calib = Scan::Done(scan);
+                    }
+                    Err(e) => self.data.calib = Scan::Failed(e),
+                }
+                self.request_preview();
+            }
+            Event::EvalScanned { result, .. } if self.data.eval.loading_job() == Some(job) => {
+                let had_preview_source =
+                    matches!(&self.data.calib, Scan::Done(c) if c.first.is_some());
+                self.data.eval = match result {
+                    Ok(s) => Scan::Done(s),
+                    Err(e) => Scan::Failed(e),
+                };
+                if !had_preview_source {
+                    self.request_preview();
+                }
+            }
+            Event::Preview { result, .. } if self.data.preview.loading_job() == Some(job) => {
+                match result {
+                    Ok(p) => {
+                        self.data.preview_tex = Some([
+                            texture(ctx, "preview.resized", &p.resized),
+                            texture(ctx, "preview.tensor", &p.tensor_view),
+                        ]);
+                        self.data.preview = Scan::Done(p);
+                    }
+                    Err(e) => self.data.preview = Scan::Failed(e),
+                }
+            }
+            Event::Image { path, result, .. } => {
+                if self.masks.image_loading.remove(&job).is_some() {
+                    match result {
+                        Ok(img) => {
+                            if self.masks.images.len() > 16 {
+                                self.masks.images.clear();
+                            }
+                            let t = texture(ctx, &path.display().to_string(), &img);
+                            self.masks.images.insert(path, t);
+                        }
+                        Err(e) => {
+                            self.masks.image_errors.insert(path, e);
+                        }
+                    }
+                }
+            }
+            Event::Backends { status, .. } if self.backend_job == Some(job) => {
+                for (k, s) in &status {
+                    match s {
+                        Ok(dev) => self.log_info(format!("backend {}: {dev}", k.name())),
+                        Err(why) => {
+                            self.log_info(format!("backend {}: unavailable: {why}", k.name()))
+                        }
+                    }
+                }
+                self.backends = status;
+            }
+            Event::Picked {
+                path, dialog_ms, ..
+            } => {
+                let Some(purpose) = self.dialogs.remove(&job) else {
+                    return;
+                };
+                self.picked(purpose, path, dialog_ms);
+            }
+            Event::Inspected { .. }
+            | Event::CalibScanned { .. }
+            | Event::EvalScanned { .. }
+            | Event::Preview { .. }
+            | Event::Backends { .. } => {} // superseded by a newer request
+        }
+    }
+
+    fn picked(&mut self, purpose: DialogPurpose, path: Option<PathBuf>, dialog_ms: f64) {
+        let no_portal = path.is_none() && dialog_ms < NO_DIALOG_MS;
+        let Some(path) = path else {
+            match purpose {
+                DialogPurpose::Export(kind) if no_portal => {
+                    // No file dialog on this desktop: write next to the experiment.
+                    let dir = self
+                        .exp_path
+                        .as_ref()
+                        .and_then(|p| p.parent())
+                        .map(Path::to_path_buf)
+                        .unwrap_or_else(|| PathBuf::from("."))
+                        .join("quantscope_exports");
+                    if let Err(e) = std::fs::create_dir_all(&dir) {
+                        self.log_error(format!("{}: {e}", dir.display()));
+                        return;
+                    }
+                    let tab = self.tab.name();
+                    let name = match kind {
+                        ExportKind::ViewPng => format!("{}_{tab}.png", self.experiment_stem()),
+                        ExportKind::MaskPng => format!(
+                            "{}_masks_{}.png",
+                            self.experiment_stem(),
+                            self.masks.image
+                        ),
+                        k => format!("{}_report.{}", self.experiment_stem(), k.extension()),
+                    };
+                    self.log_info("no file dialog available; exporting next to the experiment");
+                    self.apply(Command::ExportTo(kind, dir.join(name)));
+                }
+                _ if no_portal => self.log_error(
+                    "no file dialog available (xdg-desktop-portal); type a path in File > Open path, or drop a file on the window",
+                ),
+                _ => {}
+            }
+            return;
+        };
+        match purpose {
+            DialogPurpose::Open => self.apply(Command::Open(path)),
+            DialogPurpose::SaveExperiment => {
+                let path = if path.extension().is_none() {
+                    path.with_extension("ron")
+                } else {
+                    path
+                };
+                self.apply(Command::SaveTo(path))
+            }
+            DialogPurpose::CalibDir => {
+                let mut e = self.exp.clone();
+                e.calibration.dir = Some(path);
+                self.apply(Command::SetExperiment(Box::new(e)));
+            }
+            DialogPurpose::EvalDir => {
+                let mut e = self.exp.clone();
+                e.evaluation.dir = Some(path);
+                self.apply(Command::SetExperiment(Box::new(e)));
+            }
+            DialogPurpose::Export(kind) => self.apply(Command::ExportTo(kind, path)),
+        }
+    }
+
+    /// Asks the I/O thread for an evaluation image, once.
+    pub fn want_image(&mut self, path: &Path) {
+        if self.masks.images.contains_key(path)
+            || self.masks.image_errors.contains_key(path)
+            || self.masks.image_loading.values().any(|p| p == path)
+        {
+            return;
+        }
+        let Some(w) = &mut self.worker else { return };
+        if let Ok(job) = w.request(IoRequest::Image {
+            path: path.to_path_buf(),
+            max_side: 1024,
+        }) {
+            self.masks.image_loading.insert(job, path.to_path_buf());
+        }
+    }
+
+    /// Shortcuts and dropped files.
+    pub(super) fn input_ui(&mut self, ctx: &egui::Context) {
+        let typing = ctx.egui_wants_keyboard_input();
+        let (open, save, run, cancel) = ctx.input_mut(|i| {
+            (
+                i.consume_shortcut(&SC_OPEN),
+                i.consume_shortcut(&SC_SAVE),
+                i.consume_shortcut(&SC_RUN),
+                !typing && i.consume_shortcut(&SC_CANCEL),
+            )
+        });
+        if open {
+            self.push(Command::OpenDialog);
+        }
+        if save {
+            self.push(Command::Save);
+        }
+        if run && !self.is_running() {
+            self.push(Command::Run);
+        }
+        if cancel && self.is_running() {
+            self.push(Command::Cancel);
+        }
+        if self.tab == Tab::Masks && !typing {
+            let (next, prev) = ctx.input(|i| {
+                (
+                    i.key_pressed(Key::ArrowRight) || i.key_pressed(Key::ArrowDown),
+                    i.key_pressed(Key::ArrowLeft) || i.key_pressed(Key::ArrowUp),
+                )
+            });
+            if next {
+                self.push(Command::NextImage);
+            }
+            if prev {
+                self.push(Command::PrevImage);
+            }
+        }
+        let dropped: Vec<PathBuf> = ctx.input(|i| {
+            i.raw
+                .dropped_files
+                .iter()
+                .map(|f| f.path().to_path_buf())
+                .filter(|p| !p.as_os_str().is_empty())
+                .collect()
+        });
+        for p in dropped {
+            self.push(Command::Open(p));
+        }
+    }
+
+    pub(super) fn menu_ui(&mut self, ui: &mut egui::Ui) {
+        let ctx = ui.ctx().clone();
+        egui::MenuBar::new().ui(ui, |ui| {
+            ui.menu_button("File", |ui| {
+                if ui
+                    .add(egui::Button::new("Open…").shortcut_text(ctx.format_shortcut(&SC_OPEN)))
+                    .on_hover_text("Open an experiment (.ron) or an ONNX model")
+                    .clicked()
+                {
+                    self.push(Command::OpenDialog);
+                    ui.close();
+                }
+                ui.horizontal(|ui| {
+                    ui.add(
+                        egui::TextEdit::singleline(&mut self.open_path_text)
+                            .hint_text("path to .ron or .onnx")
+                            .desired_width(220.0),
+                    )
+                    .on_hover_text("Type a path when no file dialog is available");
+                    if ui
+                        .button("Open path")
+                        .on_hover_text("Open the typed experiment or model")
+                        .clicked()
+                        && !self.open_path_text.trim().is_empty()
+                    {
+                        self.push(Command::Open(PathBuf::from(self.open_path_text.trim())));
+                        ui.close();
+                    }
+                });
+                ui.menu_button("Recent", |ui| {
+                    if self.settings.recent.is_empty() {
+                        ui.label("No recent experiments");
+                    }
+                    for p in self.settings.recent.clone() {
+                        if ui
+                            .button(p.display().to_string())
+                            .on_hover_text("Open this experiment")
+                            .clicked()
+                        {
+                            self.push(Command::Open(p));
+                            ui.close();
+                        }
+                    }
+                    ui.separator();
+                    if ui
+                        .button("Clear recent")
+                        .on_hover_text("Forget the recent experiments")
+                        .clicked()
+                    {
+                        self.push(Command::ClearRecent);
+                    }
+                });
+                ui.separator();
+                if ui
+                    .add(egui::Button::new("Save").shortcut_text(ctx.format_shortcut(&SC_SAVE)))
+                    .on_hover_text("Save the experiment (.ron)")
+                    .clicked()
+                {
+                    self.push(Command::Save);
+                    ui.close();
+                }
+                if ui
+                    .button("Save as…")
+                    .on_hover_text("Save the experiment under a new name")
+                    .clicked()
+                {
+                    self.push(Command::SaveAs);
+                    ui.close();
+                }
+                ui.separator();
+                let has_rows = !self.results.rows().is_empty();
+                ui.menu_button("Export report", |ui| {
+                    for (label, kind) in [
+                        ("JSON…", ExportKind::Json),
+                        ("Markdown…", ExportKind::Markdown),
+                        ("CSV…", ExportKind::Csv),
+                    ] {
+                        if ui
+                            .add_enabled(has_rows, egui::Button::new(label))
+                            .on_hover_text("Write the report in this format")
+                            .on_disabled_hover_text("Run the experiment first")
+                            .clicked()
+                        {
+                            self.push(Command::Export(kind));
+                            ui.close();
+                        }
+                    }
+                });
+                if ui
+                    .button("Export view as PNG…")
+                    .on_hover_text("Save the results area (chart, masks, …) as shown")
+                    .clicked()
+                {
+                    self.push(Command::Export(ExportKind::ViewPng));
+                    ui.close();
+                }
+                let has_masks = self.results.artifacts.is_some();
+                if ui
+                    .add_enabled(
+                        has_masks,
+                        egui::Button::new("Export mask composite as PNG…"),
+                    )
+                    .on_hover_text(
+                        "Image, FP32 and the chosen INT8 masks side by side, at full resolution",
+                    )
+                    .on_disabled_hover_text("Run a segmentation experiment first")
+                    .clicked()
+                {
+                    self.push(Command::Export(ExportKind::MaskPng));
+                    ui.close();
+                }
+                ui.separator();
+                if ui
+                    .button("Quit")
+                    .on_hover_text("Close the window")
+                    .clicked()
+                {
+                    ctx.send_viewport_cmd(egui::ViewportCommand::Close);
+                }
+            });
+            ui.menu_button("View", |ui| {
+                let mut light = self.settings.light_theme;
+                if ui
+                    .radio_value(&mut light, false, "Dark")
+                    .on_hover_text("Dark theme")
+                    .clicked()
+                    | ui.radio_value(&mut light, true, "Light")
+                        .on_hover_text("Light theme")
+                        .clicked()
+                {
+                    self.push(Command::SetLightTheme(light));
+                }
+                ui.separator();
+                for t in Tab::ALL {
+                    if ui
+                        .selectable_label(self.tab == t, t.title())
+                        .on_hover_text("Show this tab")
+                        .clicked()
+                    {
+                        self.push(Command::SetTab(t));
+                        ui.close();
+                    }
+                }
+            });
+            ui.menu_button("Run", |ui| {
+                if ui
+                    .add_enabled(
+                        !self.is_running(),
+                        egui::Button::new("Run").shortcut_text(ctx.format_shortcut(&SC_RUN)),
+                    )
+                    .on_hover_text("Build and compare the engines")
+                    .clicked()
+                {
+                    self.push(Command::Run);
+                    ui.close();
+                }
+                if ui
+                    .add_enabled(
+                        self.is_running(),
+                        egui::Button::new("Cancel").shortcut_text("Esc"),
+                    )
+                    .on_hover_text("Stop the run and keep the rows already finished")
+                    .clicked()
+                {
+                    self.push(Command::Cancel);
+                    ui.close();
+                }
+            });
+            ui.with_layout(egui::Layout::right_to_left(egui::Align::Center), |ui| {
+                let dirty = self.exp != self.saved;
+                let name = self
+                    .exp_path
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_else(|| "unsaved experiment".into());
+                ui.label(format!("{name}{}", if dirty { " •" } else { "" }))
+                    .on_hover_text(if dirty {
+                        "The experiment has unsaved changes (Ctrl+S saves)"
+                    } else {
+                        "The experiment file"
+                    });
+            });
+        });
+    }
+
+    pub(super) fn status_ui(&mut self, ui: &mut egui::Ui) {
+        ui.horizontal(|ui| {
+            let kind = self.exp.backend;
+            let dev = match self.backend_status(kind) {
+                Some(Ok(d)) => d.clone(),
+                Some(Err(why)) => format!("unavailable: {why}"),
+                None => "checking…".into(),
+            };
+            ui.label(format!("Backend: {} — {dev}", kind.name().to_uppercase()))
+                .on_hover_text("The backend engines are built on, and its device");
+            ui.separator();
+            match &self.run {
+                Some(run) => {
+                    progress_ui(ui, run, self.results.rows.len(), 260.0);
+                }
+                None => {
+                    let rows = self.results.rows();
+                    let text = if rows.is_empty() {
+                        "Idle".to_string()
+                    } else {
+                        format!(
+                            "{} rows{}",
+                            rows.len(),
+                            if self.results.partial {
+                                " (cancelled run)"
+                            } else {
+                                ""
+                            }
+                        )
+                    };
+                    ui.label(text).on_hover_text("State of the last run");
+                }
+            }
+            if let Some(task) = self
+                .results
+                .report
+                .as_ref()
+                .and_then(|r| r.model.task)
+                .or(self.model.info.as_ref().and_then(|i| i.task))
+            {
+                ui.separator();
+                ui.label(match task {
+                    Task::Classification => "classification",
+                    Task::Segmentation => "segmentation",
+                })
+                .on_hover_text("The model's task");
+            }
+        });
+    }
+}
+
+/// Progress bar with stage, count and ETA.
+pub fn progress_ui(ui: &mut egui::Ui, run: &RunState, rows_done: usize, width: f32) {
+    let frac = if run.total > 0 {
+        run.done as f32 / run.total as f32
+    } else {
+        0.0
+    };
+    let eta = run
+        .eta_s()
+        .map(|s| format!(", ETA {s:.0} s"))
+        .unwrap_or_default();
+    let text = format!(
+        "{}{} {}/{}{eta}",
+        if run.cancelling {
+            "cancelling — "
+        } else {
+            ""
+        },
+        run.stage,
+        run.done,
+        run.total
+    );
+    ui.add(egui::ProgressBar::new(frac).desired_width(width).text(text))
+        .on_hover_text(format!(
+            "Rows finished: {rows_done} of {}; running for {:.0} s",
+            run.rows_expected,
+            run.started.elapsed().as_secs_f64()
+        ));
+}
+
+/// Uploads an RGB image as a texture.
+pub fn texture(ctx: &egui::Context, name: &str, img: &image::RgbImage) -> egui::TextureHandle {
+    let (w, h) = img.dimensions();
+    let ci = egui::ColorImage::from_rgb([w as usize, h as usize], img.as_raw());
+    ctx.load_texture(name, ci, egui::TextureOptions::LINEAR)
+}

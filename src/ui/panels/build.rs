@@ -1,0 +1,100 @@
+//! The Build panel: backend (CUDA disabled with the reason when it cannot run here),
+//! precisions, batch size, timed iterations; Run and Cancel with the progress bar.
+
+use crate::backend::{BackendKind, Precision};
+use crate::experiment::Experiment;
+use crate::ui::{Command, Workbench, app::progress_ui};
+use eframe::egui;
+
+pub fn build_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
+    ui.horizontal(|ui| {
+        ui.label("Backend:");
+        ui.radio_value(&mut exp.backend, BackendKind::Cpu, "CPU")
+            .on_hover_text(match wb.backend_status(BackendKind::Cpu) {
+                Some(Ok(d)) => format!("tract on {d}"),
+                _ => "tract on this machine's CPU".into(),
+            });
+        let cuda = wb.backend_status(BackendKind::Cuda).cloned();
+        let enabled = matches!(cuda, Some(Ok(_)));
+        let r = ui
+            .add_enabled(
+                enabled,
+                egui::RadioButton::new(exp.backend == BackendKind::Cuda, "CUDA"),
+            )
+            .on_hover_text(match &cuda {
+                Some(Ok(d)) => format!("cuDNN + cuBLASLt on {d}"),
+                _ => String::new(),
+            })
+            .on_disabled_hover_text(match &cuda {
+                Some(Err(why)) => format!("CUDA cannot run here: {why}"),
+                _ => "checking for CUDA…".into(),
+            });
+        if r.clicked() {
+            exp.backend = BackendKind::Cuda;
+        }
+    });
+    ui.horizontal(|ui| {
+        ui.label("Precisions:");
+        for p in Precision::ALL {
+            let mut on = exp.precisions.contains(&p);
+            let label = p.name().to_uppercase();
+            let tip = match p {
+                Precision::Fp32 => "The reference engine",
+                Precision::Fp16 => "Half precision (simulated on the CPU backend)",
+                Precision::Int8 => "Q/DQ INT8 engines, one per calibration method",
+            };
+            if ui.checkbox(&mut on, label).on_hover_text(tip).changed() {
+                if on {
+                    exp.precisions.push(p);
+                    exp.precisions.sort();
+                } else {
+                    exp.precisions.retain(|q| *q != p);
+                }
+            }
+        }
+    });
+    egui::Grid::new("build.grid").num_columns(2).show(ui, |ui| {
+        ui.label("Batch size");
+        ui.add(egui::DragValue::new(&mut exp.bench.batch).range(1..=256))
+            .on_hover_text("Extra batch size for throughput (batch 1 is always timed)");
+        ui.end_row();
+        ui.label("Timed iterations");
+        ui.add(egui::DragValue::new(&mut exp.bench.min_runs).range(1..=10_000))
+            .on_hover_text("At least this many timed runs per engine");
+        ui.end_row();
+        ui.label("Warm-up runs");
+        ui.add(egui::DragValue::new(&mut exp.bench.warmup_runs).range(0..=1000))
+            .on_hover_text("Untimed runs before timing");
+        ui.end_row();
+        ui.label("Min time");
+        ui.add(
+            egui::DragValue::new(&mut exp.bench.min_time_ms)
+                .range(0.0..=60_000.0)
+                .suffix(" ms"),
+        )
+        .on_hover_text("Keep timing until at least this long has passed");
+        ui.end_row();
+    });
+    ui.horizontal(|ui| {
+        let running = wb.is_running();
+        if ui
+            .add_enabled(!running, egui::Button::new("Run"))
+            .on_hover_text("Build and compare the engines (Ctrl+R)")
+            .on_disabled_hover_text("A run is in progress")
+            .clicked()
+        {
+            wb.push(Command::Run);
+        }
+        if ui
+            .add_enabled(running, egui::Button::new("Cancel"))
+            .on_hover_text("Stop and keep the rows already finished (Esc)")
+            .on_disabled_hover_text("Nothing is running")
+            .clicked()
+        {
+            wb.push(Command::Cancel);
+        }
+    });
+    if let Some(run) = &wb.run {
+        progress_ui(ui, run, wb.results.rows.len(), ui.available_width());
+    }
+}

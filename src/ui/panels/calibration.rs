@@ -1,0 +1,85 @@
+//! The Calibration panel: method (max, percentile with its p, MSE, entropy), how many
+//! calibration images, and "compare all methods".
+
+use crate::calib::Method;
+use crate::data::Selection;
+use crate::experiment::Experiment;
+use crate::ui::Workbench;
+use eframe::egui;
+
+fn method_help(m: Method) -> &'static str {
+    match m {
+        Method::Max => "amax = max |x| seen during calibration",
+        Method::Percentile => "amax = the value below which p % of |x| lies",
+        Method::Mse => "amax minimising the mean squared quantisation error",
+        Method::Entropy => "TensorRT's KL-divergence search (IInt8EntropyCalibrator2)",
+    }
+}
+
+pub fn calibration_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
+    let mut all = Method::ALL.iter().all(|m| exp.methods.contains(m));
+    let mut primary = wb.primary_method;
+    ui.horizontal_wrapped(|ui| {
+        ui.label("Method:");
+        for m in Method::ALL {
+            ui.radio_value(&mut primary, m, m.name())
+                .on_hover_text(method_help(m));
+        }
+    });
+    ui.horizontal(|ui| {
+        ui.label("Percentile p:");
+        ui.add_enabled(
+            primary == Method::Percentile || all,
+            egui::DragValue::new(&mut exp.percentile)
+                .range(90.0..=100.0)
+                .speed(0.001)
+                .max_decimals(4)
+                .suffix(" %"),
+        )
+        .on_hover_text("p for the percentile method (99.99 by default)");
+    });
+    ui.checkbox(&mut all, "Compare all methods").on_hover_text(
+        "Build one INT8 engine per method from the same statistics (switching is instant)",
+    );
+    if primary != wb.primary_method {
+        wb.primary_method = primary;
+    }
+    let methods = if all {
+        Method::ALL.to_vec()
+    } else {
+        vec![primary]
+    };
+    if methods != exp.methods {
+        exp.methods = methods;
+    }
+    ui.horizontal(|ui| {
+        ui.label("Images:");
+        let (mut mode, mut n) = match exp.calibration.select {
+            Selection::All => (0, 128),
+            Selection::First(n) => (1, n),
+            Selection::EveryNth(k) => (2, k),
+        };
+        egui::ComboBox::from_id_salt("calib.select")
+            .selected_text(["all", "first", "every k-th"][mode])
+            .show_ui(ui, |ui| {
+                ui.selectable_value(&mut mode, 0, "all");
+                ui.selectable_value(&mut mode, 1, "first");
+                ui.selectable_value(&mut mode, 2, "every k-th");
+            })
+            .response
+            .on_hover_text("Which calibration images to use, in sorted order");
+        if mode != 0 {
+            ui.add(egui::DragValue::new(&mut n).range(1..=100_000))
+                .on_hover_text(if mode == 1 {
+                    "Number of calibration images"
+                } else {
+                    "Take every k-th image"
+                });
+        }
+        exp.calibration.select = match mode {
+            0 => Selection::All,
+            1 => Selection::First(n),
+            _ => Selection::EveryNth(n),
+        };
+    });
+}

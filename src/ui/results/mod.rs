@@ -1,0 +1,108 @@
+//! The central area: a banner for messages, then the Compare, Masks, Calibration and Log
+//! tabs.
+
+use eframe::egui;
+mod calib;
+mod compare;
+mod log;
+pub(crate) mod masks;
+
+use super::{Command, Workbench, theme};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Tab {
+    Compare,
+    Masks,
+    Calibration,
+    Log,
+}
+
+impl Tab {
+    pub const ALL: [Tab; 4] = [Tab::Compare, Tab::Masks, Tab::Calibration, Tab::Log];
+
+    pub fn title(self) -> &'static str {
+        match self {
+            Tab::Compare => "Compare",
+            Tab::Masks => "Masks",
+            Tab::Calibration => "Calibration",
+            Tab::Log => "Log",
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Tab::Compare => "compare",
+            Tab::Masks => "masks",
+            Tab::Calibration => "calibration",
+            Tab::Log => "log",
+        }
+    }
+
+    pub fn from_name(s: &str) -> Option<Tab> {
+        Tab::ALL
+            .into_iter()
+            .find(|t| t.name().eq_ignore_ascii_case(s.trim()))
+    }
+
+    fn help(self) -> &'static str {
+        match self {
+            Tab::Compare => {
+                "One row per engine: accuracy, agreement, SQNR, latency, memory; charts"
+            }
+            Tab::Masks => "Predicted masks side by side, worst images first (segmentation)",
+            Tab::Calibration => "Per-tensor histograms with the range each method chose",
+            Tab::Log => "What ran, with timings and errors",
+        }
+    }
+}
+
+pub fn results_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
+    if let Some((msg, error)) = wb.banner.clone() {
+        egui::Frame::group(ui.style()).show(ui, |ui| {
+            ui.horizontal_wrapped(|ui| {
+                if error {
+                    ui.colored_label(theme::ERROR, msg);
+                } else {
+                    ui.label(msg);
+                }
+                if ui
+                    .small_button("Dismiss")
+                    .on_hover_text("Dismiss")
+                    .clicked()
+                {
+                    wb.banner = None;
+                }
+            });
+        });
+    }
+    ui.horizontal(|ui| {
+        for t in Tab::ALL {
+            let label = match t {
+                Tab::Log if wb.log.iter().any(|l| l.error) => "Log (errors)".to_string(),
+                _ => t.title().to_string(),
+            };
+            if ui
+                .selectable_label(wb.tab == t, label)
+                .on_hover_text(t.help())
+                .clicked()
+            {
+                wb.push(Command::SetTab(t));
+            }
+        }
+    });
+    ui.separator();
+    match wb.tab {
+        Tab::Compare => compare::compare_ui(wb, ui),
+        Tab::Masks => masks::masks_ui(wb, ui),
+        Tab::Calibration => calib::calib_ui(wb, ui),
+        Tab::Log => log::log_ui(wb, ui),
+    }
+}
+
+/// A placeholder for a tab with nothing to show yet.
+pub(crate) fn empty_ui(ui: &mut egui::Ui, text: &str) {
+    ui.add_space(40.0);
+    ui.vertical_centered(|ui| {
+        ui.weak(text);
+    });
+}

@@ -1,0 +1,211 @@
+//! A report, predictions and a workbench built in code, for the GUI tests: no sample files,
+//! no models on disk.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use crate::backend::{BackendKind, Precision};
+use crate::bench::Latency;
+use crate::calib::Method;
+use crate::model::{Layout, ModelInfo, Task, TensorInfo, UnsupportedOp};
+use crate::pipeline::Artifacts;
+use crate::report::{
+    CalibSummary, EvalSummary, MemoryBytes, ModelSummary, Report, Row, TensorRanges,
+};
+
+use super::{Settings, Workbench};
+
+pub const CLASSES: [&str; 4] = ["background", "person", "car", "dog"];
+pub const MASK_HW: [usize; 2] = [48, 64];
+pub const IMAGES: usize = 3;
+
+fn row(precision: Precision, method: Option<Method>, miou: f64, median_ms: f64) -> Row {
+    let int8 = precision == Precision::Int8;
+    Row {
+        precision: Some(precision),
+        method,
+        backend: "cpu".into(),
+        simulated: precision == Precision::Fp16,
+        miou: Some(miou),
+        pixel_acc: Some(miou + 0.1),
+        per_class_iou: Some(vec![
+            Some(0.95),
+            Some(miou),
+            Some(miou - 0.1),
+            Some(miou - 0.2),
+        ]),
+        agreement: (precision != Precision::Fp32).then_some(0.9 + miou / 10.0),
+        sqnr_db: (precision != Precision::Fp32).then_some(if int8 { 21.5 } else { 60.0 }),
+        sqnr_images: Some(IMAGES),
+        latency_ms: Some(Latency {
+            median: median_ms,
+            p90: median_ms * 1.1,
+            p99: median_ms * 1.3,
+            runs: 20,
+        }),
+        throughput_ips: Some(1e3 / median_ms),
+        memory_bytes: Some(MemoryBytes {
+            weights: if int8 { 2 << 20 } else { 8 << 20 },
+            activations: 3 << 20,
+            peak_rss: 20 << 20,
+        }),
+        build_ms: Some(120.0),
+        int8_nodes: int8.then_some(40),
+        per_image: (0..IMAGES).map(|i| miou - 0.05 * i as f64).collect(),
+        ..Default::default()
+    }
+}
+
+/// A segmentation report: FP32, FP16 (simulated on CPU), INT8 max and entropy.
+pub fn sample_report() -> Report {
+    let mut rows = vec![
+        row(Precision::Fp32, None, 0.72, 30.0),
+        row(Precision::Fp16, None, 0.72, 45.0),
+        row(Precision::Int8, Some(Method::Max), 0.61, 14.0),
+        row(Precision::Int8, Some(Method::Entropy), 0.70, 13.0),
+    ];
+    // The max engine does worst on the last image.
+    rows[2].per_image[2] = 0.2;
+    let tensors = ["stem.relu.out", "block.add.out", "head.out"]
+        .iter()
+        .enumerate()
+        .map(|(k, name)| {
+            let counts: Vec<u64> = (0..256u64)
+                .map(|i| {
+                    ((4000.0 * (-(i as f64) / (12.0 + 8.0 * k as f64)).exp()) as u64)
+                        + (i % 7 == 0) as u64
+                })
+                .collect();
+            let amax = BTreeMap::from([
+                (Method::Max, 2.56_f32),
+                (Method::Percentile, 1.4),
+                (Method::Mse, 0.9 + 0.1 * k as f32),
+                (Method::Entropy, 0.8 + 0.1 * k as f32),
+            ]);
+            TensorRanges {
+                tensor: name.to_string(),
+                bin_width: 0.01,
+                counts,
+                amax,
+            }
+        })
+        .collect();
+    Report {
+        quantscope_version: "test".into(),
+        experiment: "sample".into(),
+        model: ModelSummary {
+            file: "segmenter.onnx".into(),
+            task: Some(Task::Segmentation),
+            params: 2_000_000,
+            param_bytes: 8_000_000,
+            ..Default::default()
+        },
+        input_hw: [48, 64],
+        calibration: Some(CalibSummary {
+            images: 32,
+            cache_hit: false,
+            pass_ms: 850.0,
+            ranges_ms: 40.0,
+            tensors,
+        }),
+        evaluation: EvalSummary {
+            dir: None,
+            task: Some(Task::Segmentation),
+            images: IMAGES,
+            classes: CLASSES.iter().map(|s| s.to_string()).collect(),
+            image_files: (0..IMAGES)
+                .map(|i| PathBuf::from(format!("missing/image_{i}.jpg")))
+                .collect(),
+        },
+        rows,
+        ..Default::default()
+    }
+}
+
+/// A mask with a few shapes; `shift` moves them so engines disagree a little.
+fn mask(image: usize, shift: usize) -> Vec<u8> {
+    let [h, w] = MASK_HW;
+    let mut m = vec![0u8; h * w];
+    for y in 0..h {
+        for x in 0..w {
+            let i = y * w + x;
+            if (8 + shift..28 + shift).contains(&x) && (10..40).contains(&y) {
+                m[i] = 1 + (image % 3) as u8;
+            }
+            let (dx, dy) = (x as i64 - 46, y as i64 - 24);
+            if dx * dx + dy * dy < (64 + 8 * shift as i64) {
+                m[i] = 2 + ((image + 1) % 2) as u8;
+            }
+            if y > 44 {
+                m[i] = 255;
+            }
+        }
+    }
+    m
+}
+
+/// Predictions for `sample_report`'s rows, and ground truth.
+pub fn sample_artifacts() -> Artifacts {
+    let shifts = [0, 0, 4, 1];
+    Artifacts {
+        predictions: shifts
+            .iter()
+            .map(|&s| (0..IMAGES).map(|i| mask(i, s)).collect())
+            .collect(),
+        mask_hw: vec![MASK_HW; IMAGES],
+        ground_truth: (0..IMAGES).map(|i| mask(i, 1)).collect(),
+        qdq: vec![],
+    }
+}
+
+/// A model description with one unsupported operator.
+pub fn sample_model_info() -> ModelInfo {
+    let t = |name: &str, shape: Vec<Option<i64>>| TensorInfo {
+        name: name.into(),
+        shape,
+        dtype: "float32".into(),
+    };
+    ModelInfo {
+        file: "segmenter.onnx".into(),
+        opset: 13,
+        producer: "tests".into(),
+        inputs: vec![t("x", vec![Some(1), Some(3), Some(48), Some(64)])],
+        outputs: vec![t("y", vec![Some(1), Some(4), Some(48), Some(64)])],
+        op_census: BTreeMap::from([
+            ("Conv".to_string(), 12),
+            ("Relu".to_string(), 10),
+            ("Add".to_string(), 3),
+            ("GridSample".to_string(), 1),
+        ]),
+        nodes: 26,
+        params: 2_000_000,
+        param_bytes: 8_000_000,
+        task: Some(Task::Segmentation),
+        layout: Layout::Nchw,
+        input_chw: [3, 48, 64],
+        batch_norms_folded: 4,
+        prequantized: false,
+        unsupported: vec![UnsupportedOp {
+            node: "warp/grid".into(),
+            op: "GridSample".into(),
+        }],
+    }
+}
+
+/// A workbench (no worker thread) showing the sample model and results; CUDA unavailable.
+pub fn sample_workbench() -> Workbench {
+    let mut wb = Workbench::without_worker(Settings::default());
+    wb.exp.name = "sample".into();
+    wb.exp.model = "segmenter.onnx".into();
+    wb.saved = wb.exp.clone();
+    wb.model.info = Some(sample_model_info());
+    wb.backends = vec![
+        (BackendKind::Cpu, Ok("test CPU".into())),
+        (
+            BackendKind::Cuda,
+            Err("no CUDA driver (libcuda.so) on this machine".into()),
+        ),
+    ];
+    wb.set_results(sample_report(), Some(sample_artifacts()));
+    wb
+}

@@ -1,0 +1,242 @@
+//! The I/O thread's answers: model inspection, folder scans with thumbnails, the
+//! preprocessing preview, image decoding, backend checks and file dialogs. Each is short;
+//! none touches an engine.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use image::RgbImage;
+
+use super::{Event, IoRequest, JobId};
+use crate::backend::{self, BackendKind};
+use crate::data::{self, EvalSet, Preprocess, ResizeMode, Selection};
+use crate::model::{Layout, Model, Task};
+
+/// A calibration folder: how many images it holds and the selection takes, plus thumbnails.
+#[derive(Debug, Clone)]
+pub struct CalibScan {
+    pub dir: PathBuf,
+    pub total: usize,
+    pub selected: usize,
+    pub skipped_files: usize,
+    pub first: Option<PathBuf>,
+    pub thumbs: Vec<(PathBuf, RgbImage)>,
+}
+
+/// An evaluation folder: its layout, size and classes.
+#[derive(Debug, Clone)]
+pub struct EvalScan {
+    pub dir: PathBuf,
+    pub kind: Task,
+    pub count: usize,
+    pub classes: Vec<String>,
+    pub first: Option<PathBuf>,
+}
+
+/// One image as the model sees it: the resized image, and the normalised tensor mapped
+/// back to 0..255 per channel for display.
+#[derive(Debug, Clone)]
+pub struct PreviewImage {
+    pub source: PathBuf,
+    pub resized: RgbImage,
+    pub tensor_view: RgbImage,
+    /// Per input channel: min and max of the normalised values.
+    pub channel_range: Vec<[f32; 2]>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DialogKind {
+    OpenFile,
+    PickFolder,
+    SaveFile,
+}
+
+/// A native file dialog, run on the I/O thread so the UI never waits on it.
+#[derive(Debug, Clone)]
+pub struct FileDialog {
+    pub kind: DialogKind,
+    pub title: String,
+    /// (name, extensions without dots)
+    pub filters: Vec<(String, Vec<String>)>,
+    pub directory: Option<PathBuf>,
+    pub file_name: Option<String>,
+}
+
+pub(super) fn answer(job: JobId, req: IoRequest) -> Event {
+    match req {
+        IoRequest::Inspect { path } => Event::Inspected {
+            job,
+            result: Model::load(&path)
+                .map(|m| Box::new(m.info))
+                .map_err(|e| format!("{e:#}")),
+            path,
+        },
+        IoRequest::ScanCalib {
+            dir,
+            select,
+            thumbs,
+            thumb_px,
+        } => Event::CalibScanned {
+            job,
+            result: scan_calib(&dir, select, thumbs, thumb_px),
+        },
+        IoRequest::ScanEval { dir, task } => Event::EvalScanned {
+            job,
+            result: scan_eval(&dir, task),
+        },
+        IoRequest::Preview {
+            image,
+            preprocess,
+            hw,
+            channels,
+            layout,
+        } => Event::Preview {
+            job,
+            result: preview(&image, &preprocess, hw, channels, layout),
+        },
+        IoRequest::Image { path, max_side } => Event::Image {
+            job,
+            result: data::open_rgb(&path)
+                .map(|img| shrink(&img, max_side))
+                .map_err(|e| format!("{e:#}")),
+            path,
+        },
+        IoRequest::CheckBackends => Event::Backends {
+            job,
+            status: [BackendKind::Cpu, BackendKind::Cuda]
+                .into_iter()
+                .map(|k| (k, backend::backend(k).check()))
+                .collect(),
+        },
+        IoRequest::Dialog(d) => {
+            let t = Instant::now();
+            let path = run_dialog(d);
+            Event::Picked {
+                job,
+                path,
+                dialog_ms: t.elapsed().as_secs_f64() * 1e3,
+            }
+        }
+    }
+}
+
+fn shrink(img: &RgbImage, max_side: u32) -> RgbImage {
+    let (w, h) = img.dimensions();
+    let long = w.max(h);
+    if long <= max_side || long == 0 {
+        return img.clone();
+    }
+    let s = max_side as f32 / long as f32;
+    let (nw, nh) = (
+        ((w as f32 * s).round() as u32).max(1),
+        ((h as f32 * s).round() as u32).max(1),
+    );
+    image::imageops::resize(img, nw, nh, image::imageops::FilterType::Triangle)
+}
+
+fn scan_calib(
+    dir: &Path,
+    select: Selection,
+    thumbs: usize,
+    thumb_px: u32,
+) -> Result<CalibScan, String> {
+    let (images, skipped_files) = data::list_images(dir).map_err(|e| format!("{e:#}"))?;
+    let total = images.len();
+    let picked = select.pick(images);
+    let thumbs = picked
+        .iter()
+        .take(thumbs)
+        .filter_map(|p| {
+            let img = data::open_rgb(p).ok()?;
+            Some((
+                p.clone(),
+                data::resize(&img, [thumb_px as usize; 2], ResizeMode::Crop),
+            ))
+        })
+        .collect();
+    Ok(CalibScan {
+        dir: dir.into(),
+        total,
+        selected: picked.len(),
+        skipped_files,
+        first: picked.first().cloned(),
+        thumbs,
+    })
+}
+
+fn scan_eval(dir: &Path, task: Option<Task>) -> Result<EvalScan, String> {
+    let set = EvalSet::open(dir, &HashSet::new()).map_err(|e| format!("{e:#}"))?;
+    Ok(EvalScan {
+        dir: dir.into(),
+        kind: task.unwrap_or(set.kind),
+        count: set.items.len(),
+        classes: set.classes,
+        first: set.items.first().map(|i| i.image.clone()),
+    })
+}
+
+fn preview(
+    path: &Path,
+    pre: &Preprocess,
+    hw: [usize; 2],
+    channels: usize,
+    layout: Layout,
+) -> Result<PreviewImage, String> {
+    let img = data::open_rgb(path).map_err(|e| format!("{e:#}"))?;
+    let [h, w] = hw;
+    if h == 0 || w == 0 || h * w > 4096 * 4096 {
+        return Err(format!("input size {h}x{w} cannot be previewed"));
+    }
+    let resized = data::resize(&img, hw, pre.resize);
+    let channels = channels.clamp(1, 3);
+    let tensor = pre.apply(&img, hw, channels, layout);
+    let at = |c: usize, y: usize, x: usize| match layout {
+        Layout::Nchw => tensor[c * h * w + y * w + x],
+        Layout::Nhwc => tensor[(y * w + x) * channels + c],
+    };
+    let mut channel_range = vec![[f32::INFINITY, f32::NEG_INFINITY]; channels];
+    for c in 0..channels {
+        for y in 0..h {
+            for x in 0..w {
+                let v = at(c, y, x);
+                channel_range[c][0] = channel_range[c][0].min(v);
+                channel_range[c][1] = channel_range[c][1].max(v);
+            }
+        }
+    }
+    let mut tensor_view = RgbImage::new(w as u32, h as u32);
+    for (x, y, p) in tensor_view.enumerate_pixels_mut() {
+        for k in 0..3 {
+            let c = k.min(channels - 1);
+            let [lo, hi] = channel_range[c];
+            let v = at(c, y as usize, x as usize);
+            let t = if hi > lo { (v - lo) / (hi - lo) } else { 0.5 };
+            p[k] = (t * 255.0).round().clamp(0.0, 255.0) as u8;
+        }
+    }
+    Ok(PreviewImage {
+        source: path.into(),
+        resized,
+        tensor_view,
+        channel_range,
+    })
+}
+
+fn run_dialog(d: FileDialog) -> Option<PathBuf> {
+    let mut dlg = rfd::FileDialog::new().set_title(&d.title);
+    for (name, exts) in &d.filters {
+        dlg = dlg.add_filter(name, exts);
+    }
+    if let Some(dir) = &d.directory {
+        dlg = dlg.set_directory(dir);
+    }
+    if let Some(name) = &d.file_name {
+        dlg = dlg.set_file_name(name);
+    }
+    match d.kind {
+        DialogKind::OpenFile => dlg.pick_file(),
+        DialogKind::PickFolder => dlg.pick_folder(),
+        DialogKind::SaveFile => dlg.save_file(),
+    }
+}

@@ -1,0 +1,159 @@
+//! The UI thread never blocks: a real worker job runs on a small model built in code and a
+//! generated ImageFolder while the harness draws frames; every frame must take < 50 ms.
+//! Cancelling stops the job within a second and keeps the rows already finished.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use eframe::egui;
+use egui_kittest::Harness;
+use quantscope::backend::Precision;
+use quantscope::experiment::Experiment;
+use quantscope::model::testing::residual_classifier;
+use quantscope::ui::{Command, Settings, Workbench};
+
+const FRAME_BUDGET_MS: f64 = 50.0;
+
+/// `root/<class>/<i>.png`: 16x16 images whose colour depends on the class.
+fn image_folder(root: &Path, classes: usize, per_class: usize) {
+    for c in 0..classes {
+        let dir = root.join(format!("class{c}"));
+        std::fs::create_dir_all(&dir).expect("class folder");
+        for i in 0..per_class {
+            let img = image::RgbImage::from_fn(16, 16, |x, y| {
+                let v = ((x + y * 3 + i as u32 * 7) % 64) as u8;
+                let mut p = [v, v, v];
+                p[c % 3] = 160 + v;
+                image::Rgb(p)
+            });
+            img.save(dir.join(format!("{i}.png"))).expect("png");
+        }
+    }
+}
+
+fn experiment(root: &Path, min_time_ms: f64) -> Experiment {
+    let model = root.join("tiny.onnx");
+    std::fs::write(&model, residual_classifier(3).to_bytes(13)).expect("model file");
+    let data = root.join("data");
+    image_folder(&data, 3, 8);
+    let mut e = Experiment {
+        name: "frame-time".into(),
+        model,
+        precisions: vec![Precision::Fp32, Precision::Fp16, Precision::Int8],
+        ..Default::default()
+    };
+    e.calibration.dir = Some(data.clone());
+    e.evaluation.dir = Some(data);
+    e.bench.min_runs = 5;
+    e.bench.warmup_runs = 1;
+    e.bench.min_time_ms = min_time_ms;
+    e.bench.batch = 2;
+    e
+}
+
+fn harness(wb: Workbench) -> Harness<'static, Workbench> {
+    Harness::builder()
+        .with_size(egui::vec2(1400.0, 900.0))
+        .build_ui_state(|ui, wb: &mut Workbench| wb.frame_ui(ui), wb)
+}
+
+#[test]
+fn frames_stay_under_50_ms_while_a_build_runs() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exp = experiment(dir.path(), 150.0);
+    let exp_path = dir.path().join("exp.ron");
+    exp.save(&exp_path).expect("save");
+    let mut h = harness(Workbench::new(Some(&exp_path), Settings::default()));
+    h.state_mut().push(Command::Run);
+    let start = Instant::now();
+    let mut frames_ms = vec![];
+    let mut busy_frames = 0;
+    loop {
+        let t = Instant::now();
+        h.step();
+        frames_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        if h.state().is_running() {
+            busy_frames += 1;
+        } else if busy_frames > 0 {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(300),
+            "the job never finished"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // The first frame builds fonts and layout caches; it is not a frame "while the worker runs".
+    let worst_ms = frames_ms.iter().skip(1).copied().fold(0.0, f64::max);
+    let mean_ms = frames_ms.iter().sum::<f64>() / frames_ms.len() as f64;
+    eprintln!(
+        "{} frames ({busy_frames} while the worker ran, {:.1} s): mean {mean_ms:.2} ms, worst {worst_ms:.2} ms, first {:.2} ms",
+        frames_ms.len(),
+        start.elapsed().as_secs_f64(),
+        frames_ms[0]
+    );
+    assert!(busy_frames > 10, "frames were drawn while the job ran");
+    assert!(
+        worst_ms < FRAME_BUDGET_MS,
+        "worst frame {worst_ms:.1} ms >= {FRAME_BUDGET_MS} ms"
+    );
+    let wb = h.state();
+    assert!(
+        !wb.log.iter().any(|l| l.error),
+        "errors: {:?}",
+        wb.log
+            .iter()
+            .filter(|l| l.error)
+            .map(|l| &l.text)
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        wb.results.rows().len(),
+        2 + 4,
+        "FP32, FP16 and four INT8 rows"
+    );
+    assert!(
+        wb.results
+            .report
+            .as_ref()
+            .is_some_and(|r| r.calibration.is_some())
+    );
+    assert!(
+        wb.model.info.is_some(),
+        "the model was inspected off the UI thread"
+    );
+}
+
+#[test]
+fn cancel_stops_within_a_second_and_keeps_finished_rows() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    // Long timing per engine, so there is something to cancel.
+    let exp = experiment(dir.path(), 4000.0);
+    let mut wb = Workbench::new(None, Settings::default());
+    wb.apply(Command::SetExperiment(Box::new(exp)));
+    let mut h = harness(wb);
+    h.state_mut().push(Command::Run);
+    let start = Instant::now();
+    while h.state().results.rows.is_empty() {
+        h.step();
+        assert!(start.elapsed() < Duration::from_secs(120), "no row arrived");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    h.key_press(egui::Key::Escape);
+    let cancelled_at = Instant::now();
+    while h.state().is_running() {
+        h.step();
+        assert!(
+            cancelled_at.elapsed() < Duration::from_secs(1),
+            "the job did not stop within a second"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let wb = h.state();
+    assert!(
+        wb.results.partial,
+        "the results are marked as a cancelled run"
+    );
+    assert!(!wb.results.rows().is_empty(), "finished rows are kept");
+    assert!(wb.results.rows().len() < 6);
+}

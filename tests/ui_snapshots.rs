@@ -1,0 +1,33 @@
+//! Snapshot tests of the main views, rendered through wgpu (llvmpipe here, no display).
+//! Create or update them with `UPDATE_SNAPSHOTS=1 cargo test --test ui_snapshots`.
+
+use eframe::egui;
+use egui_kittest::Harness;
+use quantscope::ui::testing::sample_workbench;
+use quantscope::ui::{Tab, Workbench};
+
+fn snapshot(name: &str, setup: impl FnOnce(&mut Workbench)) {
+    let mut wb = sample_workbench();
+    setup(&mut wb);
+    let mut h = Harness::builder()
+        .with_size(egui::vec2(1400.0, 860.0))
+        .wgpu()
+        .build_ui_state(|ui, wb: &mut Workbench| wb.frame_ui(ui), wb);
+    h.run();
+    h.snapshot(name);
+}
+
+#[test]
+fn compare_view() {
+    snapshot("compare", |wb| wb.tab = Tab::Compare);
+}
+
+#[test]
+fn masks_view() {
+    snapshot("masks", |wb| wb.tab = Tab::Masks);
+}
+
+#[test]
+fn calibration_view() {
+    snapshot("calibration", |wb| wb.tab = Tab::Calibration);
+}
