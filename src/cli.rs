@@ -164,6 +164,9 @@ pub struct EvalArgs {
     /// Feed channels as BGR.
     #[arg(long)]
     pub bgr: bool,
+    /// Empirical bias correction of the INT8 engines (float biases absorb the mean shift).
+    #[arg(long)]
+    pub bias_correction: bool,
     /// Node names or op types to keep in float in the INT8 engines.
     #[arg(long, value_delimiter = ',')]
     pub exclude: Vec<String>,
@@ -262,6 +265,7 @@ impl EvalArgs {
         };
         e.evaluation.skip_calibration_images = self.eval_skip_calib;
         e.evaluation.labels = self.labels.clone();
+        e.bias_correction = self.bias_correction;
         e.preprocess.resize = match self.resize {
             ResizeArg::Stretch => ResizeMode::Stretch,
             ResizeArg::Crop => ResizeMode::Crop,

@@ -113,6 +113,9 @@ pub struct Experiment {
     pub bench: BenchSpec,
     /// Node names or op types kept in float in the INT8 engines.
     pub exclude: Vec<String>,
+    /// Empirical bias correction: shift each quantized layer's float bias so its output keeps
+    /// the FP32 mean per channel (the Q/DQ model stays TensorRT-ready: biases are float).
+    pub bias_correction: bool,
     /// A mixed-precision plan (from `quantscope sensitivity` or `--budget-*`): built as one
     /// more INT8 engine next to the plain ones.
     pub mixed_precision: Option<MixedPrecision>,
@@ -144,6 +147,7 @@ impl Default for Experiment {
             backend: BackendKind::Cpu,
             bench: BenchSpec::default(),
             exclude: vec![],
+            bias_correction: false,
             mixed_precision: None,
             output: OutputSpec::default(),
         }

@@ -706,7 +706,7 @@ pub fn run_with_cache(
         let mut runs: Vec<(Option<Method>, Option<Ranges>, Vec<String>)> = vec![];
         if let Some((stats, hit, pass_ms)) = &stats {
             let t = Instant::now();
-            let all: Vec<Ranges> = Method::ALL
+            let mut all: Vec<Ranges> = Method::ALL
                 .iter()
                 .map(|&m| stats.ranges(m, exp.percentile))
                 .collect();
@@ -715,6 +715,14 @@ pub fn run_with_cache(
                 "ranges for all four methods computed in {ranges_ms:.0} ms"
             ));
             report.calibration = Some(calib_summary(stats, &all, *hit, *pass_ms, ranges_ms));
+            if exp.bias_correction {
+                let used: Vec<Method> = methods
+                    .iter()
+                    .copied()
+                    .chain(exp.mixed_precision.as_ref().and_then(|m| m.method))
+                    .collect();
+                correct_biases(&p, exp, &plan, &mut all, &used, sink)?;
+            }
             for &m in &methods {
                 runs.push((Some(m), all.iter().find(|r| r.method == m).cloned(), vec![]));
             }
@@ -723,11 +731,14 @@ pub fn run_with_cache(
                     .method
                     .or(methods.first().copied())
                     .unwrap_or(Method::Max);
-                runs.push((
-                    Some(m),
-                    Some(mixed_ranges(&all, m, &mp.per_tensor)),
-                    mp.keep_float.clone(),
-                ));
+                let mut r = mixed_ranges(&all, m, &mp.per_tensor);
+                if exp.bias_correction && !mp.per_tensor.is_empty() {
+                    // The per-tensor ranges differ from the base method's: correct for them.
+                    let inputs = probe_inputs(&p, exp, 32)?;
+                    r.bias_correction =
+                        crate::sensitivity::bias_corrections(&p, &plan, &r, &inputs)?;
+                }
+                runs.push((Some(m), Some(r), mp.keep_float.clone()));
             }
         } else if p.model.info.prequantized {
             runs.push((None, None, vec![]));
@@ -868,6 +879,52 @@ pub fn export_qdq(
         .map_err(|e| e.to_string())?;
     qdq.save_calibration_cache(&dir.join(format!("{base}.cache")))
         .map_err(|e| e.to_string())
+}
+
+/// Probe inputs for passes that need activations: the first 32 calibration images.
+pub fn probe_inputs(
+    p: &Prepared,
+    exp: &Experiment,
+    n: usize,
+) -> Result<Vec<Vec<f32>>, PipelineError> {
+    p.calib_images
+        .iter()
+        .take(n.max(1))
+        .map(|f| {
+            data::open_rgb(f).map(|img| {
+                exp.preprocess
+                    .apply(&img, p.hw, p.model.info.input_chw[0], p.model.info.layout)
+            })
+        })
+        .collect::<Result<_, _>>()
+        .map_err(PipelineError::from)
+}
+
+/// Fills each used method's empirical bias correction (one pass over 32 calibration images).
+fn correct_biases(
+    p: &Prepared,
+    exp: &Experiment,
+    plan: &QuantPlan,
+    all: &mut [Ranges],
+    used: &[Method],
+    sink: &dyn Sink,
+) -> Result<(), PipelineError> {
+    let inputs = probe_inputs(p, exp, 32)?;
+    let t = Instant::now();
+    let todo: Vec<&mut Ranges> = all
+        .iter_mut()
+        .filter(|r| used.contains(&r.method))
+        .collect();
+    let n = todo.len();
+    for (i, r) in todo.into_iter().enumerate() {
+        sink.progress("bias correction", i, n);
+        r.bias_correction = crate::sensitivity::bias_corrections(p, plan, r, &inputs)?;
+    }
+    sink.log(&format!(
+        "bias correction for {n} method(s) in {:.0} ms",
+        t.elapsed().as_secs_f64() * 1e3
+    ));
+    Ok(())
 }
 
 /// Ranges of `method`, with per-tensor overrides from a mixed-precision plan.

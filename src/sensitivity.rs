@@ -266,6 +266,87 @@ pub fn layer_sqnr(
         .collect())
 }
 
+/// Empirical bias correction: per quantized layer and output channel, the mean of
+/// (FP32 output - output with only this layer quantized) over `inputs`. Added to the float
+/// bias, it removes the systematic shift quantization gives each channel.
+pub fn bias_corrections(
+    p: &Prepared,
+    plan: &QuantPlan,
+    ranges: &Ranges,
+    inputs: &[Vec<f32>],
+) -> Result<BTreeMap<String, Vec<f32>>, PipelineError> {
+    let (iso, pairs) = isolated_model(&p.model, plan, ranges).map_err(err)?;
+    let shape = p.model.input_shape(1, p.hw);
+    let mut names: Vec<String> = pairs.iter().map(|x| x.1.clone()).collect();
+    names.extend(pairs.iter().map(|x| x.2.clone()));
+    let m = TractModel::new(
+        &Model {
+            proto: iso,
+            ..p.model.clone()
+        }
+        .with_fixed_input(1, p.hw),
+        shape,
+        &names,
+    )
+    .map_err(|e| err(format!("{e:#}")))?;
+    let n = pairs.len();
+    let mut sums: Vec<Vec<f64>> = vec![vec![]; n];
+    let channels = |len: usize, k: usize| -> usize {
+        let node = p.model.graph().node.iter().find(|x| x.name == pairs[k].0);
+        let w = node
+            .and_then(|x| x.input.get(1))
+            .and_then(|w| p.model.initializer(w));
+        match (node.map(|x| x.op_type.as_str()), w) {
+            (Some("Gemm"), Some(w)) if node.and_then(|x| proto::attr_i(x, "transB")) == Some(1) => {
+                w.dims[0]
+            }
+            (Some("Gemm"), Some(w)) | (Some("MatMul"), Some(w)) => *w.dims.last().unwrap_or(&len),
+            (Some("ConvTranspose"), Some(w)) => {
+                w.dims[1]
+                    * proto::attr_i(node.unwrap_or(&Default::default()), "group").unwrap_or(1)
+                        as usize
+            }
+            (_, Some(w)) => w.dims[0],
+            _ => len,
+        }
+    };
+    for x in inputs {
+        let outs = outputs_of(&m, x)?;
+        for k in 0..n {
+            let (f, q) = (&outs[k], &outs[n + k]);
+            let c = channels(f.len(), k).max(1);
+            let per = f.len() / c;
+            if sums[k].is_empty() {
+                sums[k] = vec![0.0; c];
+            }
+            let last_axis = p
+                .model
+                .graph()
+                .node
+                .iter()
+                .any(|x| x.name == pairs[k].0 && x.op_type == "MatMul");
+            for (i, (a, b)) in f.iter().zip(q).enumerate() {
+                // Conv: NCHW (batch 1), channel-major blocks; Gemm [1, C]; MatMul: channel last.
+                let ch = if last_axis { i % c } else { i / per.max(1) };
+                sums[k][ch.min(c - 1)] += (a - b) as f64 / per.max(1) as f64;
+            }
+        }
+    }
+    Ok(pairs
+        .iter()
+        .enumerate()
+        .map(|(k, (node, _, _))| {
+            (
+                node.clone(),
+                sums[k]
+                    .iter()
+                    .map(|v| (v / inputs.len().max(1) as f64) as f32)
+                    .collect(),
+            )
+        })
+        .collect())
+}
+
 /// Evaluates one INT8 plan (Q/DQ model) on `samples` and returns the task metric.
 fn metric_of(
     backend: &dyn Backend,
@@ -377,6 +458,7 @@ fn per_tensor_choice(
             method: Method::Max,
             percentile: all[0].percentile,
             amax,
+            bias_correction: BTreeMap::new(),
         },
         chosen,
     )
@@ -387,6 +469,25 @@ fn per_tensor_choice(
 pub fn run(
     exp: &Experiment,
     opts: &SensitivityOptions,
+    sink: &dyn Sink,
+    cancel: &CancelToken,
+) -> Result<(SensitivityReport, QdqModel), PipelineError> {
+    run_with_cache(
+        exp,
+        opts,
+        &StatsCache {
+            dir: StatsCache::default_dir(),
+        },
+        sink,
+        cancel,
+    )
+}
+
+/// [`run`] with the statistics cache in `cache`.
+pub fn run_with_cache(
+    exp: &Experiment,
+    opts: &SensitivityOptions,
+    cache: &StatsCache,
     sink: &dyn Sink,
     cancel: &CancelToken,
 ) -> Result<(SensitivityReport, QdqModel), PipelineError> {
@@ -409,10 +510,7 @@ pub fn run(
     };
     let probe_eval = &samples[..opts.probe_eval_images.min(samples.len())];
     let plan = quant::plan(&p.model, &exp.exclude);
-    let cache = StatsCache {
-        dir: StatsCache::default_dir(),
-    };
-    let (stats, _, _) = pipeline::calibrate(&p, exp, &plan, &cache, sink, cancel)?;
+    let (stats, _, _) = pipeline::calibrate(&p, exp, &plan, cache, sink, cancel)?;
     let probe_inputs: Vec<Vec<f32>> = p
         .calib_images
         .iter()
@@ -426,10 +524,16 @@ pub fn run(
         .collect::<Result<_, _>>()?;
 
     let fp32 = fp32_metric(backend.as_ref(), &p, &samples, classes, sink, cancel)?;
-    let all: Vec<Ranges> = Method::ALL
+    let mut all: Vec<Ranges> = Method::ALL
         .iter()
         .map(|&m| stats.ranges(m, exp.percentile))
         .collect();
+    if exp.bias_correction {
+        for r in all.iter_mut() {
+            sink.progress("bias correction", 0, 1);
+            r.bias_correction = bias_corrections(&p, &plan, r, &probe_inputs)?;
+        }
+    }
     let methods: Vec<Method> = opts
         .method
         .map(|m| vec![m])
@@ -476,7 +580,10 @@ pub fn run(
         .cloned()
         .unwrap_or_else(|| all[0].clone());
     if opts.method.is_none() {
-        let (combo, chosen) = per_tensor_choice(&plan, &all, &sqnr_by_method, &p.model);
+        let (mut combo, chosen) = per_tensor_choice(&plan, &all, &sqnr_by_method, &p.model);
+        if exp.bias_correction {
+            combo.bias_correction = bias_corrections(&p, &plan, &combo, &probe_inputs)?;
+        }
         let qdq = quant::build_qdq(&p.model, &plan, Some(&combo)).map_err(err)?;
         let m = metric_of(
             backend.as_ref(),
@@ -620,9 +727,27 @@ pub fn run(
         }
         let met = budget.met(fp32, metric);
         if !met {
+            // No subset reaches it: keep every quantized layer in float, and say so.
+            kept = layers.iter().map(|l| l.node.clone()).collect();
+            let mut excl = exp.exclude.clone();
+            excl.extend(kept.iter().cloned());
+            let q = quant::build_qdq(&p.model, &quant::plan(&p.model, &excl), Some(&best_ranges))
+                .map_err(err)?;
+            metric = metric_of(
+                backend.as_ref(),
+                &p,
+                &q,
+                &samples,
+                classes,
+                sink,
+                cancel,
+                "mixed precision: every layer in float",
+            )?;
+            final_qdq = q;
             note = format!(
-                "the budget ({}) is not met even with every helpful layer in float; best reached {:.2} % against FP32 {:.2} %",
+                "the budget ({}) cannot be met: even with all {} quantized layers in float the metric is {:.2} % against FP32 {:.2} %",
                 budget.describe(),
+                kept.len(),
                 metric * 100.0,
                 fp32 * 100.0
             );

@@ -26,6 +26,11 @@ pub struct Ranges {
     pub method: Method,
     pub percentile: f64,
     pub amax: BTreeMap<String, f32>,
+    /// Per quantized node, a shift added to its float bias (per output channel) so that its
+    /// quantized output has the FP32 output's mean: empirical bias correction. Empty when
+    /// not computed.
+    #[serde(default)]
+    pub bias_correction: BTreeMap<String, Vec<f32>>,
 }
 
 impl Stats {
@@ -79,6 +84,7 @@ impl Stats {
             method,
             percentile,
             amax,
+            bias_correction: BTreeMap::new(),
         }
     }
 }

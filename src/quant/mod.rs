@@ -329,7 +329,15 @@ pub fn build_qdq(
             rename.insert(u, dq.clone());
         }
     }
+    let corrections = ranges.map(|r| &r.bias_correction);
     for (i, mut n) in nodes.into_iter().enumerate() {
+        // Only quantized layers carry a quantization shift; layers kept in float keep theirs.
+        if let Some(shift) = corrections
+            .and_then(|c| c.get(&n.name))
+            .filter(|_| plan.quantized_nodes.contains(&n.name))
+        {
+            correct_bias(g, &mut n, shift);
+        }
         if let Some(v) = before.remove(&i) {
             g.node.extend(v);
         }
@@ -347,6 +355,33 @@ pub fn build_qdq(
         method: ranges.map(|r| r.method),
         plan: plan.clone(),
     })
+}
+
+/// Adds `shift` (one value per output channel) to the node's float bias, as a new initializer
+/// (a bias may be shared), creating the bias when the node has none (Conv and Gemm only).
+fn correct_bias(g: &mut pb::GraphProto, n: &mut pb::NodeProto, shift: &[f32]) {
+    if !matches!(n.op_type.as_str(), "Conv" | "ConvTranspose" | "Gemm") {
+        return;
+    }
+    let old = n
+        .input
+        .get(2)
+        .filter(|s| !s.is_empty())
+        .and_then(|b| g.initializer.iter().find(|t| &t.name == b))
+        .and_then(proto::tensor_f32);
+    let mut b = old
+        .map(|t| t.data)
+        .unwrap_or_else(|| vec![0.0; shift.len()]);
+    if b.len() != shift.len() {
+        return;
+    }
+    for (v, d) in b.iter_mut().zip(shift) {
+        *v += d;
+    }
+    let name = format!("{}_bias_corrected", n.name);
+    g.initializer.push(proto::f32_tensor(&name, &[b.len()], &b));
+    n.input.resize(3, String::new());
+    n.input[2] = name;
 }
 
 /// Names of the float nodes of a Q/DQ model (for reports): every node that is not Q/DQ.

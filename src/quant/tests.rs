@@ -23,6 +23,7 @@ fn ranges_for(plan: &QuantPlan) -> Ranges {
         method: Method::Max,
         percentile: 99.99,
         amax: plan.tensors().into_iter().map(|t| (t, 2.0)).collect(),
+        bias_correction: Default::default(),
     }
 }
 
