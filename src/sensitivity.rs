@@ -347,11 +347,12 @@ pub fn bias_corrections(
         .collect())
 }
 
-/// Evaluates one INT8 plan (Q/DQ model) on `samples` and returns the task metric.
+/// Builds an engine and returns its task metric on `samples`.
+#[allow(clippy::too_many_arguments)]
 fn metric_of(
     backend: &dyn Backend,
     p: &Prepared,
-    qdq: &QdqModel,
+    input: BuildInput<'_>,
     samples: &[Sample],
     classes: usize,
     sink: &dyn Sink,
@@ -362,13 +363,7 @@ fn metric_of(
         .task
         .ok_or_else(|| err("the task is unknown: give an evaluation set"))?;
     let mut e = backend
-        .build(
-            BuildInput::Int8 {
-                model: &p.model,
-                qdq,
-            },
-            BuildSpec { batch: 1, hw: p.hw },
-        )
+        .build(input, BuildSpec { batch: 1, hw: p.hw })
         .map_err(err)?;
     let ev = pipeline::evaluate(
         e.as_mut(),
@@ -378,41 +373,6 @@ fn metric_of(
         None,
         sink,
         stage,
-        cancel,
-        &mut None,
-    )
-    .map_err(err)?;
-    ev.row.metric().ok_or_else(|| err("no metric"))
-}
-
-fn fp32_metric(
-    backend: &dyn Backend,
-    p: &Prepared,
-    samples: &[Sample],
-    classes: usize,
-    sink: &dyn Sink,
-    cancel: &CancelToken,
-) -> Result<f64, PipelineError> {
-    let task = p
-        .task
-        .ok_or_else(|| err("the task is unknown: give an evaluation set"))?;
-    let mut e = backend
-        .build(
-            BuildInput::Float {
-                model: &p.model,
-                precision: Precision::Fp32,
-            },
-            BuildSpec { batch: 1, hw: p.hw },
-        )
-        .map_err(err)?;
-    let ev = pipeline::evaluate(
-        e.as_mut(),
-        samples,
-        task,
-        classes,
-        None,
-        sink,
-        "evaluating FP32",
         cancel,
         &mut None,
     )
@@ -523,7 +483,19 @@ pub fn run_with_cache(
         })
         .collect::<Result<_, _>>()?;
 
-    let fp32 = fp32_metric(backend.as_ref(), &p, &samples, classes, sink, cancel)?;
+    let fp32 = metric_of(
+        backend.as_ref(),
+        &p,
+        BuildInput::Float {
+            model: &p.model,
+            precision: Precision::Fp32,
+        },
+        &samples,
+        classes,
+        sink,
+        cancel,
+        "evaluating FP32",
+    )?;
     let mut all: Vec<Ranges> = Method::ALL
         .iter()
         .map(|&m| stats.ranges(m, exp.percentile))
@@ -549,7 +521,10 @@ pub fn run_with_cache(
         let m = metric_of(
             backend.as_ref(),
             &p,
-            &qdq,
+            BuildInput::Int8 {
+                model: &p.model,
+                qdq: &qdq,
+            },
             &samples,
             classes,
             sink,
@@ -588,7 +563,10 @@ pub fn run_with_cache(
         let m = metric_of(
             backend.as_ref(),
             &p,
-            &qdq,
+            BuildInput::Int8 {
+                model: &p.model,
+                qdq: &qdq,
+            },
             &samples,
             classes,
             sink,
@@ -643,7 +621,10 @@ pub fn run_with_cache(
     let int8_probe = metric_of(
         backend.as_ref(),
         &p,
-        &base_qdq,
+        BuildInput::Int8 {
+            model: &p.model,
+            qdq: &base_qdq,
+        },
         probe_eval,
         classes,
         sink,
@@ -661,7 +642,10 @@ pub fn run_with_cache(
         let m = metric_of(
             backend.as_ref(),
             &p,
-            &q,
+            BuildInput::Int8 {
+                model: &p.model,
+                qdq: &q,
+            },
             probe_eval,
             classes,
             sink,
@@ -705,7 +689,10 @@ pub fn run_with_cache(
             let m = metric_of(
                 backend.as_ref(),
                 &p,
-                &q,
+                BuildInput::Int8 {
+                    model: &p.model,
+                    qdq: &q,
+                },
                 &samples,
                 classes,
                 sink,
@@ -736,7 +723,10 @@ pub fn run_with_cache(
             metric = metric_of(
                 backend.as_ref(),
                 &p,
-                &q,
+                BuildInput::Int8 {
+                    model: &p.model,
+                    qdq: &q,
+                },
                 &samples,
                 classes,
                 sink,

@@ -138,11 +138,7 @@ pub fn lower_qdq(p: &pb::ModelProto) -> Result<Lowered, String> {
                 continue;
             }
             let c = w_t.dims[0] as usize;
-            let ws: Vec<f32> = if w.scales.len() == 1 {
-                vec![w.scales[0]; c]
-            } else {
-                w.scales.clone()
-            };
+            let ws = per_channel(&w.scales, c);
             new_nodes.push(proto::node(
                 "ConvInteger",
                 name,
@@ -201,11 +197,7 @@ pub fn lower_qdq(p: &pb::ModelProto) -> Result<Lowered, String> {
                 }
                 (None, false) => (w.int8.clone(), w.scales.len()),
             };
-            let ws: Vec<f32> = if w.scales.len() == 1 {
-                vec![w.scales[0]; ncols]
-            } else {
-                w.scales.clone()
-            };
+            let ws = per_channel(&w.scales, ncols);
             new_nodes.push(proto::node(
                 "MatMulInteger",
                 name,
@@ -390,6 +382,15 @@ fn lower_quantize_pairs(
                 ],
             );
         }
+    }
+}
+
+/// A weight's scales, one per output channel (a per-tensor scale repeated `channels` times).
+fn per_channel(scales: &[f32], channels: usize) -> Vec<f32> {
+    if scales.len() == 1 {
+        vec![scales[0]; channels]
+    } else {
+        scales.to_vec()
     }
 }
 
