@@ -3,9 +3,9 @@
 //!
 //! Tolerances: FP32 within 1e-3 relative (max |gpu - cpu| / max |cpu| over the outputs);
 //! FP16 within 2e-2 relative (activations and weights stored in f16, f32 accumulation);
-//! INT8: top-1 (argmax per image, or per pixel for segmentation) agrees with the CPU INT8
-//! engine built from the same Q/DQ model on at least 99.5 % of images / pixels, which bounds
-//! the top-1 / mIoU difference at 0.5 pt.
+//! INT8: scored against the CPU FP32 engine's argmax (top-1 per image, pixel accuracy for
+//! segmentation; no labelled data here), the CUDA INT8 engine is within 0.5 pt of the CPU INT8
+//! engine built from the same Q/DQ model (plus one sample's worth where few are scored).
 
 use std::path::Path;
 
@@ -49,10 +49,22 @@ fn input_for(m: &Model, batch: usize, hw: [usize; 2], seed: u64) -> Vec<f32> {
 fn float_err(gpu: &CudaBackend, m: &Model, p: Precision, batch: usize, hw: [usize; 2]) -> f64 {
     let spec = BuildSpec { batch, hw };
     let mut cpu = CpuBackend
-        .build(BuildInput::Float { model: m, precision: Precision::Fp32 }, spec)
+        .build(
+            BuildInput::Float {
+                model: m,
+                precision: Precision::Fp32,
+            },
+            spec,
+        )
         .expect("cpu engine");
     let mut cuda = gpu
-        .build(BuildInput::Float { model: m, precision: p }, spec)
+        .build(
+            BuildInput::Float {
+                model: m,
+                precision: p,
+            },
+            spec,
+        )
         .unwrap_or_else(|e| panic!("cuda {p} engine: {e}"));
     let x = input_for(m, batch, hw, 7);
     let a = cuda.run(&x).expect("cuda run");
@@ -80,55 +92,125 @@ fn qdq_of(m: &Model, hw: [usize; 2], images: usize) -> quant::QdqModel {
     let probe = Probe::new(m, hw, &tensors).expect("probe");
     let mut stats = Stats::new("test".into(), &tensors);
     for k in 0..images {
-        let (_, acts) = probe.run(&input_for(m, 1, hw, 100 + k as u64)).expect("probe run");
+        let (_, acts) = probe
+            .run(&input_for(m, 1, hw, 100 + k as u64))
+            .expect("probe run");
         stats.add(&tensors, &acts);
     }
     let ranges = stats.ranges(Method::Max, 99.99);
     quant::build_qdq(m, &plan, Some(&ranges)).expect("qdq")
 }
 
-/// Argmax agreement (per image or per pixel) between CUDA INT8 and CPU INT8, and the max
-/// relative error of the outputs.
-fn int8_agreement(gpu: &CudaBackend, m: &Model, hw: [usize; 2], batch: usize, runs: usize) -> (f64, f64) {
+fn argmaxes(shape: &[usize], d: &[f32]) -> Vec<usize> {
+    let (c, inner) = if shape.len() == 4 {
+        (shape[1], shape[2] * shape[3])
+    } else {
+        (shape[1], 1)
+    };
+    let mut out = vec![];
+    for n in 0..shape[0] {
+        for p in 0..inner {
+            out.push(
+                (0..c)
+                    .max_by(|&i, &j| {
+                        d[(n * c + i) * inner + p].total_cmp(&d[(n * c + j) * inner + p])
+                    })
+                    .unwrap_or(0),
+            );
+        }
+    }
+    out
+}
+
+/// INT8 on both backends from the same Q/DQ model, scored against the CPU FP32 engine's
+/// argmax (top-1 per image, or pixel accuracy for segmentation): (CUDA INT8 score, CPU INT8
+/// score, images/pixels scored, CUDA-vs-CPU INT8 argmax agreement, max rel err).
+fn int8_scores(
+    gpu: &CudaBackend,
+    m: &Model,
+    hw: [usize; 2],
+    batch: usize,
+    runs: usize,
+) -> (f64, f64, usize, f64, f64) {
     let qdq = qdq_of(m, hw, 4);
     let spec = BuildSpec { batch, hw };
     let mut cpu = CpuBackend
-        .build(BuildInput::Int8 { model: m, qdq: &qdq }, spec)
+        .build(
+            BuildInput::Int8 {
+                model: m,
+                qdq: &qdq,
+            },
+            spec,
+        )
         .expect("cpu int8");
+    let mut cpu32 = CpuBackend
+        .build(
+            BuildInput::Float {
+                model: m,
+                precision: Precision::Fp32,
+            },
+            spec,
+        )
+        .expect("cpu fp32");
     let mut cuda = gpu
-        .build(BuildInput::Int8 { model: m, qdq: &qdq }, spec)
+        .build(
+            BuildInput::Int8 {
+                model: m,
+                qdq: &qdq,
+            },
+            spec,
+        )
         .unwrap_or_else(|e| panic!("cuda int8 engine: {e}"));
     eprintln!(
         "  int8 nodes {}, float nodes {}",
         cuda.info().int8_nodes,
         cuda.info().float_nodes.len()
     );
-    let (mut agree, mut total, mut err) = (0usize, 0usize, 0f64);
+    let (mut ok_gpu, mut ok_cpu, mut agree, mut total, mut err) =
+        (0usize, 0usize, 0usize, 0usize, 0f64);
     for r in 0..runs {
         let x = input_for(m, batch, hw, 500 + r as u64);
         let a = cuda.run(&x).expect("cuda run");
         let b = cpu.run(&x).expect("cpu run");
+        let f = cpu32.run(&x).expect("cpu fp32 run");
         err = err.max(rel_err(&a.data, &b.data));
-        let (c, inner) = if a.shape.len() == 4 {
-            (a.shape[1], a.shape[2] * a.shape[3])
-        } else {
-            (a.shape[1], 1)
-        };
-        for n in 0..a.shape[0] {
-            for p in 0..inner {
-                let arg = |d: &[f32]| {
-                    (0..c)
-                        .max_by(|&i, &j| {
-                            d[(n * c + i) * inner + p].total_cmp(&d[(n * c + j) * inner + p])
-                        })
-                        .unwrap_or(0)
-                };
-                agree += (arg(&a.data) == arg(&b.data)) as usize;
-                total += 1;
-            }
+        let (ga, cb, lf) = (
+            argmaxes(&a.shape, &a.data),
+            argmaxes(&b.shape, &b.data),
+            argmaxes(&f.shape, &f.data),
+        );
+        for k in 0..lf.len() {
+            ok_gpu += (ga[k] == lf[k]) as usize;
+            ok_cpu += (cb[k] == lf[k]) as usize;
+            agree += (ga[k] == cb[k]) as usize;
+            total += 1;
         }
     }
-    (agree as f64 / total as f64, err)
+    let t = total as f64;
+    (
+        ok_gpu as f64 / t,
+        ok_cpu as f64 / t,
+        total,
+        agree as f64 / t,
+        err,
+    )
+}
+
+/// The INT8 criterion: the CUDA score within 0.5 pt of the CPU INT8 score (plus one sample's
+/// worth where few samples are scored).
+fn check_int8(name: &str, s: (f64, f64, usize, f64, f64)) {
+    let (g, c, n, agree, err) = s;
+    eprintln!(
+        "{name} int8: score vs FP32 argmax cuda {:.2}% / cpu {:.2}% over {n} (diff {:.2} pt), cuda-vs-cpu int8 agreement {:.2}%, max rel err {err:.3e}",
+        g * 100.0,
+        c * 100.0,
+        (g - c).abs() * 100.0,
+        agree * 100.0
+    );
+    assert!(
+        (g - c).abs() <= 0.005 + 1.0 / n as f64,
+        "{name}: int8 score {g} vs cpu {c}"
+    );
 }
 
 #[test]
@@ -141,9 +223,7 @@ fn residual_classifier_fp32_fp16_int8_match_cpu() {
     let e16 = float_err(&g, &m, Precision::Fp16, 2, [16, 16]);
     eprintln!("residual_classifier fp16 max rel err {e16:.3e}");
     assert!(e16 <= 2e-2, "fp16 rel err {e16}");
-    let (agree, err) = int8_agreement(&g, &m, [16, 16], 8, 4);
-    eprintln!("residual_classifier int8 top-1 agreement {:.2}%, max rel err {err:.3e}", agree * 100.0);
-    assert!(agree >= 0.995 || err <= 2e-2, "int8 agreement {agree}, err {err}");
+    check_int8("residual_classifier", int8_scores(&g, &m, [16, 16], 8, 8));
 }
 
 /// A graph touching every op the backend lowers outside Conv/Gemm.
@@ -184,13 +264,21 @@ fn op_zoo() -> GraphBuilder {
     let mul = b.op("Mul", "mul", &[&mp, &sg]);
     let cat = {
         let out = "cat.out".to_string();
-        b.graph.node.push(proto::node("Concat", "cat", &[&mul, &mp], &[&out], vec![proto::int_attr("axis", 1)]));
+        b.graph.node.push(proto::node(
+            "Concat",
+            "cat",
+            &[&mul, &mp],
+            &[&out],
+            vec![proto::int_attr("axis", 1)],
+        ));
         out
     };
     // Depthwise dilated conv, then clip.
     let dw = {
         let w: Vec<f32> = values(16 * 9, 77).iter().map(|v| v * 0.3).collect();
-        b.graph.initializer.push(proto::f32_tensor("dw.w", &[16, 1, 3, 3], &w));
+        b.graph
+            .initializer
+            .push(proto::f32_tensor("dw.w", &[16, 1, 3, 3], &w));
         let out = "dw.out".to_string();
         b.graph.node.push(proto::node(
             "Conv",
@@ -207,14 +295,22 @@ fn op_zoo() -> GraphBuilder {
         out
     };
     let clip = {
-        b.graph.initializer.push(proto::f32_tensor("lo", &[], &[0.0]));
-        b.graph.initializer.push(proto::f32_tensor("hi", &[], &[0.5]));
+        b.graph
+            .initializer
+            .push(proto::f32_tensor("lo", &[], &[0.0]));
+        b.graph
+            .initializer
+            .push(proto::f32_tensor("hi", &[], &[0.5]));
         b.op("Clip", "clip", &[&dw, "lo", "hi"])
     };
     // Resize x2 bilinear (half_pixel) back to 12x12.
     let rs = {
-        b.graph.initializer.push(proto::f32_tensor("roi", &[0], &[]));
-        b.graph.initializer.push(proto::f32_tensor("scales", &[4], &[1.0, 1.0, 2.0, 2.0]));
+        b.graph
+            .initializer
+            .push(proto::f32_tensor("roi", &[0], &[]));
+        b.graph
+            .initializer
+            .push(proto::f32_tensor("scales", &[4], &[1.0, 1.0, 2.0, 2.0]));
         let out = "rs.out".to_string();
         let mut attrs = vec![];
         attrs.push(tract_onnx::pb::AttributeProto {
@@ -223,22 +319,42 @@ fn op_zoo() -> GraphBuilder {
             s: b"linear".to_vec(),
             ..Default::default()
         });
-        b.graph.node.push(proto::node("Resize", "rs", &[&clip, "roi", "scales"], &[&out], attrs));
+        b.graph.node.push(proto::node(
+            "Resize",
+            "rs",
+            &[&clip, "roi", "scales"],
+            &[&out],
+            attrs,
+        ));
         out
     };
     let pad = {
-        b.graph.initializer.push(proto::i64_tensor("pads", &[8], &[0, 0, 1, 1, 0, 0, 1, 1]));
+        b.graph
+            .initializer
+            .push(proto::i64_tensor("pads", &[8], &[0, 0, 1, 1, 0, 0, 1, 1]));
         b.op("Pad", "pad", &[&rs, "pads"])
     };
     let c2 = b.conv("c2", &pad, 16, 6, 3);
     let sm = {
         let out = "sm.out".to_string();
-        b.graph.node.push(proto::node("Softmax", "sm", &[&c2], &[&out], vec![proto::int_attr("axis", 1)]));
+        b.graph.node.push(proto::node(
+            "Softmax",
+            "sm",
+            &[&c2],
+            &[&out],
+            vec![proto::int_attr("axis", 1)],
+        ));
         out
     };
     let tr = {
         let out = "tr.out".to_string();
-        b.graph.node.push(proto::node("Transpose", "tr", &[&sm], &[&out], vec![proto::ints_attr("perm", &[0, 1, 3, 2])]));
+        b.graph.node.push(proto::node(
+            "Transpose",
+            "tr",
+            &[&sm],
+            &[&out],
+            vec![proto::ints_attr("perm", &[0, 1, 3, 2])],
+        ));
         out
     };
     b.output(&tr);
@@ -271,7 +387,12 @@ fn model_files() -> Vec<std::path::PathBuf> {
         }
     }
     if let Ok(extra) = std::env::var("QUANTSCOPE_TEST_MODELS") {
-        v.extend(extra.split(':').filter(|s| !s.is_empty()).map(std::path::PathBuf::from));
+        v.extend(
+            extra
+                .split(':')
+                .filter(|s| !s.is_empty())
+                .map(std::path::PathBuf::from),
+        );
     }
     v
 }
@@ -292,13 +413,9 @@ fn bundled_and_shared_models_match_cpu() {
         assert!(e <= 1e-3, "{}: fp32 rel err {e}", f.display());
         let e16 = float_err(&g, &m, Precision::Fp16, 1, hw);
         eprintln!("{} fp16 max rel err {e16:.3e}", f.display());
-        let (agree, err) = int8_agreement(&g, &m, hw, 1, 3);
-        eprintln!(
-            "{} int8 top-1 agreement with CPU INT8 {:.2}%, max rel err {err:.3e}",
-            f.display(),
-            agree * 100.0
-        );
-        assert!(agree >= 0.995, "{}: int8 agreement {agree}", f.display());
+        let seg = m.info.task == Some(quantscope::model::Task::Segmentation);
+        let runs = if seg { 3 } else { 64 };
+        check_int8(&f.display().to_string(), int8_scores(&g, &m, hw, 1, runs));
     }
 }
 
@@ -318,7 +435,10 @@ fn check_says_why_or_what() {
 fn models_lower_to_plans_without_a_gpu() {
     use quantscope::backend::cuda::plan;
     let mut models: Vec<(String, Model)> = vec![
-        ("residual_classifier".into(), residual_classifier(10).model()),
+        (
+            "residual_classifier".into(),
+            residual_classifier(10).model(),
+        ),
         ("op_zoo".into(), op_zoo().model()),
     ];
     for f in model_files() {
@@ -332,10 +452,18 @@ fn models_lower_to_plans_without_a_gpu() {
                 .unwrap_or_else(|e| panic!("{name} {p}: {e}"));
         }
         let qdq = qdq_of(&m, hw, 1);
-        let qm = Model { proto: qdq.proto.clone(), ..m.clone() };
+        let qm = Model {
+            proto: qdq.proto.clone(),
+            ..m.clone()
+        };
         let pl = plan::lower(&qm.with_fixed_input(1, hw), shape, Precision::Int8)
             .unwrap_or_else(|e| panic!("{name} int8: {e}"));
-        eprintln!("{name}: int8 plan with {} steps, {} int8 convs, {} float nodes", pl.steps.len(), pl.int8_nodes.len(), pl.float_nodes.len());
+        eprintln!(
+            "{name}: int8 plan with {} steps, {} int8 convs, {} float nodes",
+            pl.steps.len(),
+            pl.int8_nodes.len(),
+            pl.float_nodes.len()
+        );
         assert!(!pl.int8_nodes.is_empty());
     }
 }

@@ -2,10 +2,10 @@
 # Benchmarks quantscope's CUDA engines against PyTorch on the same GPU, in one run.
 # Usage: tools/bench_gpu.sh QUANTSCOPE_BIN OUT_DIR [--compile]
 #   Exports torchvision ResNet-50 (224) and DeepLabV3-ResNet50 (513), random weights, to
-#   ONNX (opset 13); writes 4 noise images for calibration; times PyTorch eager FP32/FP16
-#   (channels_last, cudnn.benchmark) and, with --compile, torch.compile max-autotune FP16;
-#   then `quantscope eval --backend cuda` FP32/FP16/INT8 (max calibration on the noise) at
-#   batch 1 and 32 (ResNet-50) and batch 1 (DeepLabV3). Prints a table; writes
+#   ONNX (opset 13); writes 4 noise images for calibration; runs `quantscope eval --backend cuda` FP32/FP16/INT8 (max calibration on the noise) at
+#   batch 1 and 32 (ResNet-50) and batch 1 (DeepLabV3); then times PyTorch eager FP32/FP16
+#   (channels_last, cudnn.benchmark) and, with --compile, torch.compile(mode="max-autotune")
+#   FP16 (ResNet-50; COMPILE_BUDGET_S caps the compile time). Prints a table; writes
 #   OUT_DIR/bench.json (and the quantscope reports next to it).
 set -euo pipefail
 QS=${1:?quantscope binary}; OUT=${2:?out dir}; COMPILE=${3:-}
@@ -21,14 +21,15 @@ rng = np.random.default_rng(0)
 for i in range(4):
     Image.fromarray(rng.integers(0, 256, (256, 256, 3), dtype=np.uint8)).save(f"{sys.argv[1]}/noise{i}.png")
 PYEOF
-"$PY" "$HERE/bench_torch.py" --out "$OUT/torch.json" --export "$WORK" ${COMPILE:+--compile}
+"$PY" "$HERE/bench_torch.py" --out "$OUT/torch.json" --export "$WORK" --export-only
 for spec in "resnet50 32" "deeplabv3_resnet50 1"; do
   set -- $spec
   "$QS" eval --model "$WORK/$1.onnx" --calib "$WORK/noise" --precisions fp32,fp16,int8 \
     --methods max --backend cuda --batch "$2" --min-runs 20 --min-time-ms 300 \
     --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225 \
-    --report "$OUT/quantscope_$1.json" 2>&1 | tail -n 30
+    --report "$OUT/quantscope_$1.json" 2>&1 | grep -v "^quantscope cuda:" | tail -n 30
 done
+"$PY" "$HERE/bench_torch.py" --out "$OUT/torch.json" ${COMPILE:+--compile} --compile-budget-s ${COMPILE_BUDGET_S:-240}
 "$PY" - "$OUT" <<'PYEOF'
 import json, sys, datetime, os
 out = sys.argv[1]

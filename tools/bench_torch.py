@@ -45,6 +45,8 @@ def main():
     ap.add_argument("--export", help="folder for ONNX files and noise images")
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--compile-budget-s", type=float, default=240)
+    ap.add_argument("--export-only", action="store_true")
+    ap.add_argument("--compile-models", default="resnet50", help="comma-separated")
     a = ap.parse_args()
     torch.backends.cudnn.benchmark = True
     res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "results": []}
@@ -56,6 +58,8 @@ def main():
             torch.onnx.export(m, torch.randn(1, 3, hw, hw), path, opset_version=13,
                               input_names=["input"], output_names=["output"], dynamo=False)
             print(f"exported {path}", flush=True)
+        if a.export_only:
+            continue
         m = m.cuda()
         for bs in batches:
             x = torch.randn(bs, 3, hw, hw, device="cuda")
@@ -67,7 +71,8 @@ def main():
                 m16 = m32.half()
                 xh = xf.half()
                 r["eager_fp16_ms"] = time_fn(m16, xh)
-                if a.compile and time.time() - t_start < a.compile_budget_s:
+                want = name in a.compile_models.split(",")
+                if a.compile and want and time.time() - t_start < a.compile_budget_s:
                     try:
                         t0 = time.time()
                         mc = torch.compile(m16, mode="max-autotune")
@@ -76,11 +81,13 @@ def main():
                         r["compile_fp16_ms"] = time_fn(mc, xh)
                     except Exception as e:  # noqa
                         r["compile_error"] = str(e)[:300]
-                elif a.compile:
+                elif a.compile and want:
                     r["compile_error"] = "skipped: compile time budget spent"
                 m.float()
                 print(json.dumps(r), flush=True)
                 res["results"].append(r)
+    if a.export_only:
+        return
     with open(a.out, "w") as f:
         json.dump(res, f, indent=1)
 

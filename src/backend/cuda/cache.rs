@@ -32,12 +32,27 @@ pub fn cache_dir() -> Option<PathBuf> {
 }
 
 /// File name for one engine: `<fingerprint>-<gpu>-<precision>-b<batch>-<h>x<w>.json`.
-pub fn file_name(fingerprint: &str, gpu: &str, precision: &str, batch: usize, hw: [usize; 2]) -> String {
+pub fn file_name(
+    fingerprint: &str,
+    gpu: &str,
+    precision: &str,
+    batch: usize,
+    hw: [usize; 2],
+) -> String {
     let gpu: String = gpu
         .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_lowercase() } else { '_' })
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
         .collect();
-    format!("{fingerprint}-{gpu}-{precision}-b{batch}-{}x{}.json", hw[0], hw[1])
+    format!(
+        "{fingerprint}-{gpu}-{precision}-b{batch}-{}x{}.json",
+        hw[0], hw[1]
+    )
 }
 
 pub fn load(name: &str) -> Choices {
@@ -92,8 +107,14 @@ mod tests {
         use super::super::engine::ConvImpl;
         for c in [
             ConvImpl::Direct,
-            ConvImpl::Gemm { algo: 2, im2col: true },
-            ConvImpl::Gemm { algo: 0, im2col: false },
+            ConvImpl::Gemm {
+                algo: 2,
+                im2col: true,
+            },
+            ConvImpl::Gemm {
+                algo: 0,
+                im2col: false,
+            },
             ConvImpl::Cudnn { algo: 6 },
         ] {
             assert_eq!(ConvImpl::parse(&c.key()), Some(c));

@@ -62,7 +62,10 @@ impl DevBuf {
     fn from_slice<T: Copy>(v: &[T]) -> DevResult<DevBuf> {
         let b = DevBuf::new(std::mem::size_of_val(v))?;
         if !v.is_empty() {
-            drv(unsafe { result::memcpy_htod_sync(b.ptr, v) }, "cuMemcpyHtoD")?;
+            drv(
+                unsafe { result::memcpy_htod_sync(b.ptr, v) },
+                "cuMemcpyHtoD",
+            )?;
         }
         Ok(b)
     }
@@ -104,8 +107,14 @@ struct Kernels {
 fn ptx(arch: &str) -> DevResult<String> {
     static PTX: OnceLock<Result<String, String>> = OnceLock::new();
     PTX.get_or_init(|| {
+        // cuda_fp16.h: NVRTC ships it, but older releases need the toolkit's include folder.
+        let include_paths: Vec<String> = super::libs::include_dirs()
+            .into_iter()
+            .map(|p| p.display().to_string())
+            .collect();
         let opts = cudarc::nvrtc::CompileOptions {
             options: vec![format!("--gpu-architecture={arch}"), "-std=c++17".into()],
+            include_paths,
             ..Default::default()
         };
         cudarc::nvrtc::compile_ptx_with_opts(KERNELS, opts)
@@ -195,7 +204,8 @@ impl Device {
             unsafe { dnn::cudnnSetStream(cudnn, stream.cu_stream() as _) },
             "cudnnSetStream",
         )?;
-        let lt = cudarc::cublaslt::result::create_handle().map_err(|e| format!("cublasLtCreate: {e}"))?;
+        let lt = cudarc::cublaslt::result::create_handle()
+            .map_err(|e| format!("cublasLtCreate: {e}"))?;
         Ok(Device {
             ctx,
             stream,
@@ -212,8 +222,13 @@ impl Device {
 pub enum ConvImpl {
     Direct,
     /// cuBLASLt GEMM: `algo` is the index in the heuristic list; `im2col` when not pointwise.
-    Gemm { algo: usize, im2col: bool },
-    Cudnn { algo: i32 },
+    Gemm {
+        algo: usize,
+        im2col: bool,
+    },
+    Cudnn {
+        algo: i32,
+    },
 }
 
 impl ConvImpl {
@@ -234,7 +249,9 @@ impl ConvImpl {
                 algo: a.parse().ok()?,
                 im2col: *m == "im2col",
             }),
-            ["cudnn", a] => Some(ConvImpl::Cudnn { algo: a.parse().ok()? }),
+            ["cudnn", a] => Some(ConvImpl::Cudnn {
+                algo: a.parse().ok()?,
+            }),
             _ => None,
         }
     }
@@ -428,7 +445,9 @@ impl CudaEngine {
         };
         for si in conv_ids {
             let chosen = eng.choose_conv(si, float, cached)?;
-            choices.convs.insert(eng.convs[&si].step.name.clone(), chosen.key());
+            choices
+                .convs
+                .insert(eng.convs[&si].step.name.clone(), chosen.key());
         }
         for rt in eng.convs.values() {
             weights_bytes += rt.direct_w.as_ref().map_or(0, |b| b.bytes as u64)
@@ -480,7 +499,9 @@ impl CudaEngine {
         // Set up every applicable implementation.
         let macs = (m * step.cout * step.reduction()) as f64;
         let gemm_ok = step.groups == 1
-            && (int8 || step.is_pointwise() || m * round_up(step.reduction(), 16) * float.bytes() <= 256 << 20);
+            && (int8
+                || step.is_pointwise()
+                || m * round_up(step.reduction(), 16) * float.bytes() <= 256 << 20);
         if gemm_ok {
             match self.setup_gemm(&step, m, float) {
                 Ok(g) => self.convs.get_mut(&si).expect("conv").gemm = Some(g),
@@ -513,7 +534,10 @@ impl CudaEngine {
                 Some(q) => DevBuf::from_slice(&q.w)?,
                 None => {
                     let v: Vec<f32> = if float == DType::F16 {
-                        step.w.iter().map(|&x| half::f16::from_f32(x).to_f32()).collect()
+                        step.w
+                            .iter()
+                            .map(|&x| half::f16::from_f32(x).to_f32())
+                            .collect()
                     } else {
                         step.w.clone()
                     };
@@ -632,9 +656,11 @@ impl CudaEngine {
             )
             .map_err(e)?;
         }
-        let a = r::create_matrix_layout(ab_t, kpad as u64, cout_pad as u64, kpad as i64).map_err(e)?;
+        let a =
+            r::create_matrix_layout(ab_t, kpad as u64, cout_pad as u64, kpad as i64).map_err(e)?;
         let b = r::create_matrix_layout(ab_t, kpad as u64, m as u64, kpad as i64).map_err(e)?;
-        let d = r::create_matrix_layout(d_t, cout_pad as u64, m as u64, cout_pad as i64).map_err(e)?;
+        let d =
+            r::create_matrix_layout(d_t, cout_pad as u64, m as u64, cout_pad as i64).map_err(e)?;
         let pref = r::create_matmul_pref().map_err(e)?;
         let ws = LIB_WORKSPACE_BYTES as u64;
         unsafe {
@@ -720,17 +746,44 @@ impl CudaEngine {
             dnn_ok(dnn::cudnnCreateTensorDescriptor(&mut s.x), "create x")?;
             dnn_ok(dnn::cudnnCreateTensorDescriptor(&mut s.y), "create y")?;
             dnn_ok(dnn::cudnnCreateFilterDescriptor(&mut s.w_desc), "create w")?;
-            dnn_ok(dnn::cudnnCreateConvolutionDescriptor(&mut s.conv), "create conv")?;
             dnn_ok(
-                dnn::cudnnSetTensor4dDescriptor(s.x, nhwc, t, i(xd.shape[0]), i(xd.shape[1]), i(xd.shape[2]), i(xd.shape[3])),
+                dnn::cudnnCreateConvolutionDescriptor(&mut s.conv),
+                "create conv",
+            )?;
+            dnn_ok(
+                dnn::cudnnSetTensor4dDescriptor(
+                    s.x,
+                    nhwc,
+                    t,
+                    i(xd.shape[0]),
+                    i(xd.shape[1]),
+                    i(xd.shape[2]),
+                    i(xd.shape[3]),
+                ),
                 "x descriptor",
             )?;
             dnn_ok(
-                dnn::cudnnSetTensor4dDescriptor(s.y, nhwc, t, i(od.shape[0]), i(od.shape[1]), i(od.shape[2]), i(od.shape[3])),
+                dnn::cudnnSetTensor4dDescriptor(
+                    s.y,
+                    nhwc,
+                    t,
+                    i(od.shape[0]),
+                    i(od.shape[1]),
+                    i(od.shape[2]),
+                    i(od.shape[3]),
+                ),
                 "y descriptor",
             )?;
             dnn_ok(
-                dnn::cudnnSetFilter4dDescriptor(s.w_desc, t, nhwc, i(c.cout), i(c.cin / c.groups), i(c.k[0]), i(c.k[1])),
+                dnn::cudnnSetFilter4dDescriptor(
+                    s.w_desc,
+                    t,
+                    nhwc,
+                    i(c.cout),
+                    i(c.cin / c.groups),
+                    i(c.k[0]),
+                    i(c.k[1]),
+                ),
                 "filter descriptor",
             )?;
             dnn_ok(
@@ -747,7 +800,10 @@ impl CudaEngine {
                 ),
                 "conv descriptor",
             )?;
-            dnn_ok(dnn::cudnnSetConvolutionGroupCount(s.conv, i(c.groups)), "group count")?;
+            dnn_ok(
+                dnn::cudnnSetConvolutionGroupCount(s.conv, i(c.groups)),
+                "group count",
+            )?;
             let math = if float == DType::F16 {
                 dnn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH
             } else {
@@ -782,7 +838,8 @@ impl CudaEngine {
                 .filter(|p| {
                     p.status == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS
                         && p.memory <= LIB_WORKSPACE_BYTES
-                        && (float == DType::F16 || p.mathType != dnn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH)
+                        && (float == DType::F16
+                            || p.mathType != dnn::cudnnMathType_t::CUDNN_TENSOR_OP_MATH)
                 })
                 .map(|p| (p.algo as i32, p.memory))
                 .collect();
@@ -822,10 +879,9 @@ impl CudaEngine {
                     let p = if c.int8.is_some() { "int8" } else { "float" };
                     let what = match &rt.chosen {
                         ConvImpl::Direct => "direct kernel".to_string(),
-                        ConvImpl::Gemm { im2col, .. } => format!(
-                            "cuBLASLt GEMM{}",
-                            if *im2col { " + im2col" } else { "" }
-                        ),
+                        ConvImpl::Gemm { im2col, .. } => {
+                            format!("cuBLASLt GEMM{}", if *im2col { " + im2col" } else { "" })
+                        }
                         ConvImpl::Cudnn { algo } => format!("cuDNN algo {algo}"),
                     };
                     let out = if self.plan.tensors[c.out].dtype == DType::I8 {
@@ -875,7 +931,8 @@ impl CudaEngine {
 
     fn run_steps(&self) -> DevResult<()> {
         for si in 0..self.plan.steps.len() {
-            self.run_step(si).map_err(|e| format!("step `{}`: {e}", self.plan.steps[si].name()))?;
+            self.run_step(si)
+                .map_err(|e| format!("step `{}`: {e}", self.plan.steps[si].name()))?;
         }
         Ok(())
     }
@@ -1044,7 +1101,11 @@ impl CudaEngine {
         let xd = &self.plan.tensors[c.input];
         let od = &self.plan.tensors[c.out];
         let (res_p, res_t, res_s) = match c.residual {
-            Some(r) => (self.ptr(r), self.plan.tensors[r].dtype.code(), self.plan.tensors[r].scale),
+            Some(r) => (
+                self.ptr(r),
+                self.plan.tensors[r].dtype.code(),
+                self.plan.tensors[r].scale,
+            ),
             None => (0u64, -1i32, 1.0f32),
         };
         let (act, a0, a1) = c.act.code();
@@ -1074,7 +1135,7 @@ impl CudaEngine {
                 let g = rt.gemm.as_ref().ok_or("GEMM setup missing")?;
                 let b_ptr = if *im2col {
                     let n = rt.m * g.kpad;
-                    launch!(st, k.im2col, n; self.ptr(c.input), xd.dtype.bytes() as i32, self.col_ptr(),
+                    launch!(st, k.im2col, n; self.ptr(c.input), self.col_ptr(), xd.dtype.bytes() as i32,
                         u(xd.shape[0]), u(h), u(w), u(c.cin), u(rt.oh), u(rt.ow), u(c.k[0]), u(c.k[1]),
                         u(c.stride[0]), u(c.stride[1]), u(c.pads[0]), u(c.pads[1]), u(c.dilation[0]), u(c.dilation[1]), g.kpad as i64)?;
                     self.col_ptr()
@@ -1117,7 +1178,8 @@ impl CudaEngine {
             ConvImpl::Cudnn { algo } => {
                 let cd = rt.cudnn.as_ref().ok_or("cuDNN setup missing")?;
                 let (one, zero) = (1.0f32, 0.0f32);
-                let algo_e: dnn::cudnnConvolutionFwdAlgo_t = unsafe { std::mem::transmute(*algo as u32) };
+                let algo_e: dnn::cudnnConvolutionFwdAlgo_t =
+                    unsafe { std::mem::transmute(*algo as u32) };
                 dnn_ok(
                     unsafe {
                         dnn::cudnnConvolutionForward(
@@ -1178,7 +1240,11 @@ impl Engine for CudaEngine {
         let n = self.plan.tensors[self.plan.output].numel();
         let mut out = vec![0f32; n];
         unsafe {
-            result::memcpy_dtoh_async(&mut out, self.ptr(self.plan.output), self.dev.stream.cu_stream())
+            result::memcpy_dtoh_async(
+                &mut out,
+                self.ptr(self.plan.output),
+                self.dev.stream.cu_stream(),
+            )
         }
         .map_err(|e| BackendError::Run(format!("copying the output: {e:?}")))?;
         drv(self.dev.stream.synchronize(), "synchronize").map_err(run_err)?;

@@ -4,6 +4,7 @@
 #include <cuda_fp16.h>
 
 typedef long long i64;
+#define QS_INF __int_as_float(0x7f800000)
 
 __device__ __forceinline__ float ld(const void* p, int t, i64 i, float scale) {
   switch (t) {
@@ -190,7 +191,7 @@ extern "C" __global__ void pool(const void* x, int x_t, float x_scale, void* y, 
   int ox = t % ow; t /= ow;
   int oy = t % oh;
   int b = t / oh;
-  float acc = kind == 0 ? -INFINITY : 0.f;
+  float acc = kind == 0 ? -QS_INF : 0.f;
   int cnt = 0;
   for (int ky = 0; ky < kh; ky++) {
     int iy = oy * sh - ph + ky;
@@ -291,7 +292,7 @@ extern "C" __global__ void softmax(const void* x, int x_t, float x_scale, void* 
   if (i >= outer * inner) return;
   i64 o = i / inner, k = i % inner;
   i64 base = o * len * inner + k;
-  float m = -INFINITY;
+  float m = -QS_INF;
   for (i64 j = 0; j < len; j++) m = fmaxf(m, ld(x, x_t, base + j * inner, x_scale));
   float s = 0.f;
   for (i64 j = 0; j < len; j++) s += expf(ld(x, x_t, base + j * inner, x_scale) - m);

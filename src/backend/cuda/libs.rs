@@ -26,15 +26,12 @@ pub const LIBS: [&str; 4] = [
     "libcudnn.so.9",
 ];
 
-/// Folders searched, in order: the environment variable, LD_LIBRARY_PATH, the PyTorch venv's
-/// NVIDIA wheels, the CUDA toolkit, the usual system folders.
+/// Folders searched, in order: the environment variable, the PyTorch venv's NVIDIA wheels,
+/// the CUDA toolkit, LD_LIBRARY_PATH, the usual system folders.
 pub fn search_dirs(env_dirs: Option<&str>) -> Vec<PathBuf> {
     let mut dirs: Vec<PathBuf> = vec![];
     if let Some(e) = env_dirs {
         dirs.extend(e.split(':').filter(|s| !s.is_empty()).map(PathBuf::from));
-    }
-    if let Ok(ld) = std::env::var("LD_LIBRARY_PATH") {
-        dirs.extend(ld.split(':').filter(|s| !s.is_empty()).map(PathBuf::from));
     }
     for venv in ["/opt/torch/.venv/lib"] {
         if let Ok(rd) = std::fs::read_dir(venv) {
@@ -42,28 +39,63 @@ pub fn search_dirs(env_dirs: Option<&str>) -> Vec<PathBuf> {
             pys.sort();
             for py in pys {
                 let nv = py.join("site-packages/nvidia");
-                for sub in ["cudnn/lib", "cu13/lib", "cublas/lib", "cuda_nvrtc/lib", "cuda_runtime/lib"] {
+                for sub in [
+                    "cudnn/lib",
+                    "cu13/lib",
+                    "cublas/lib",
+                    "cuda_nvrtc/lib",
+                    "cuda_runtime/lib",
+                ] {
                     dirs.push(nv.join(sub));
                 }
             }
         }
     }
+    // LD_LIBRARY_PATH after the venv: a complete cuDNN (all sub-libraries of one version)
+    // lives there; a lone libcudnn.so.9 elsewhere mixed with them fails with
+    // CUDNN_STATUS_SUBLIBRARY_VERSION_MISMATCH.
     dirs.extend(
         [
             "/usr/local/cuda/lib64",
             "/usr/local/cuda/targets/x86_64-linux/lib",
-            "/usr/lib/x86_64-linux-gnu",
-            "/usr/lib64",
-            "/usr/lib",
         ]
         .map(PathBuf::from),
     );
+    if let Ok(ld) = std::env::var("LD_LIBRARY_PATH") {
+        dirs.extend(ld.split(':').filter(|s| !s.is_empty()).map(PathBuf::from));
+    }
+    dirs.extend(["/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib"].map(PathBuf::from));
     dirs.dedup();
     dirs
 }
 
+/// Folders holding `cuda_fp16.h` (toolkit, or the venv's NVIDIA wheel), for NVRTC.
+pub fn include_dirs() -> Vec<PathBuf> {
+    let mut v = vec![];
+    let mut cands: Vec<PathBuf> = vec![PathBuf::from("/usr/local/cuda/include")];
+    for d in search_dirs(std::env::var(ENV_DIRS).ok().as_deref()) {
+        if let Some(parent) = d.parent() {
+            cands.push(parent.join("include"));
+        }
+    }
+    for c in cands {
+        if c.join("cuda_fp16.h").is_file() && !v.contains(&c) {
+            v.push(c);
+        }
+    }
+    v.truncate(1);
+    v
+}
+
 /// First folder in `dirs` holding `lib`.
 pub fn find(lib: &str, dirs: &[PathBuf]) -> Option<PathBuf> {
+    if lib == "libcudnn.so.9"
+        && let Some(d) = dirs
+            .iter()
+            .find(|d| d.join(lib).is_file() && d.join("libcudnn_cnn.so.9").is_file())
+    {
+        return Some(d.join(lib));
+    }
     dirs.iter().map(|d| d.join(lib)).find(|p| p.is_file())
 }
 
@@ -128,7 +160,10 @@ mod tests {
         let dirs = search_dirs(Some(&env));
         assert_eq!(dirs[0], PathBuf::from("/nonexistent"));
         assert_eq!(dirs[1], tmp.path());
-        assert_eq!(find("libcudnn.so.9", &dirs), Some(tmp.path().join("libcudnn.so.9")));
+        assert_eq!(
+            find("libcudnn.so.9", &dirs),
+            Some(tmp.path().join("libcudnn.so.9"))
+        );
         assert!(dirs.iter().any(|d| d.ends_with("cuda/lib64")));
     }
 }

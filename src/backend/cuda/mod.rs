@@ -44,7 +44,9 @@ fn probe() -> Result<String, String> {
     let mut ver = 0i32;
     let r = unsafe { cudarc::driver::sys::cuInit(0) };
     if r != cudarc::driver::sys::cudaError_enum::CUDA_SUCCESS {
-        return Err(format!("the NVIDIA driver is present but cuInit failed: {r:?} (no GPU visible?)"));
+        return Err(format!(
+            "the NVIDIA driver is present but cuInit failed: {r:?} (no GPU visible?)"
+        ));
     }
     unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut ver) };
     let count = cudarc::driver::result::device::get_count().map_err(|e| format!("{e:?}"))?;
@@ -80,9 +82,21 @@ fn probe() -> Result<String, String> {
         }
     };
     unsafe {
-        need(cudarc::nvrtc::sys::is_culib_present(), "libnvrtc.so.13", "NVRTC")?;
-        need(cudarc::cublaslt::sys::is_culib_present(), "libcublasLt.so.13", "cuBLASLt")?;
-        need(cudarc::cudnn::sys::is_culib_present(), "libcudnn.so.9", "cuDNN 9")?;
+        need(
+            cudarc::nvrtc::sys::is_culib_present(),
+            "libnvrtc.so.13",
+            "NVRTC",
+        )?;
+        need(
+            cudarc::cublaslt::sys::is_culib_present(),
+            "libcublasLt.so.13",
+            "cuBLASLt",
+        )?;
+        need(
+            cudarc::cudnn::sys::is_culib_present(),
+            "libcudnn.so.9",
+            "cuDNN 9",
+        )?;
     }
     let _ = missing;
     let cudnn_v = unsafe { cudarc::cudnn::sys::cudnnGetVersion() };
@@ -143,10 +157,16 @@ impl Backend for CudaBackend {
         let plan = plan::lower(&p, shape, precision).map_err(build_err)?;
         let dev = engine::Device::new().map_err(build_err)?;
         let fingerprint = blake3::hash(&p.encode_to_vec()).to_hex()[..16].to_string();
-        let name = cache::file_name(&fingerprint, &dev.name, precision.name(), spec.batch, spec.hw);
+        let name = cache::file_name(
+            &fingerprint,
+            &dev.name,
+            precision.name(),
+            spec.batch,
+            spec.hw,
+        );
         let cached = cache::load(&name);
-        let (eng, choices) =
-            engine::CudaEngine::build(dev, plan, precision, spec.batch, &cached).map_err(build_err)?;
+        let (eng, choices) = engine::CudaEngine::build(dev, plan, precision, spec.batch, &cached)
+            .map_err(build_err)?;
         if choices != cached {
             cache::store(&name, &choices);
         }

@@ -64,11 +64,7 @@ impl TensorDesc {
     /// (N, C, H*W) of a rank-4 (or rank-2 as [N, C, 1]) tensor.
     pub fn nchw(&self) -> (usize, usize, usize) {
         match self.shape.len() {
-            4 => (
-                self.shape[0],
-                self.shape[1],
-                self.shape[2] * self.shape[3],
-            ),
+            4 => (self.shape[0], self.shape[1], self.shape[2] * self.shape[3]),
             2 => (self.shape[0], self.shape[1], 1),
             1 => (1, self.shape[0], 1),
             _ => (1, self.numel(), 1),
@@ -307,7 +303,10 @@ pub type PlanResult<T> = Result<T, String>;
 #[derive(Clone, Debug)]
 enum Value {
     Tensor(usize),
-    Dequant { src: usize, scale: f32 },
+    Dequant {
+        src: usize,
+        scale: f32,
+    },
     Const(proto::F32Tensor),
     /// Int8 constant (a quantized weight) with its per-axis scales.
     ConstI8 {
@@ -362,7 +361,13 @@ pub fn lower(
         shapes: HashMap::new(),
     };
     let in_name = &gp.input.first().ok_or("the graph has no input")?.name;
-    let host_in = b.tensor(in_name, input_shape.to_vec(), Layout::Plain, DType::F32, 1.0);
+    let host_in = b.tensor(
+        in_name,
+        input_shape.to_vec(),
+        Layout::Plain,
+        DType::F32,
+        1.0,
+    );
     b.plan.input = host_in;
     b.values.insert(in_name.clone(), Value::Tensor(host_in));
     for t in &gp.initializer {
@@ -499,7 +504,9 @@ impl Builder<'_> {
             Some(Value::Const(_)) | Some(Value::ConstI8 { .. }) => Err(format!(
                 "tensor `{name}` ({why}) is a constant; the CUDA backend needs it computed (fold it before export)"
             )),
-            None => Err(format!("tensor `{name}` ({why}) is not produced by any node")),
+            None => Err(format!(
+                "tensor `{name}` ({why}) is not produced by any node"
+            )),
         }
     }
 
@@ -562,6 +569,24 @@ impl Builder<'_> {
             "QuantizeLinear" => self.quantize(i),
             "DequantizeLinear" => self.dequantize(i),
             "Conv" | "Gemm" | "MatMul" => self.conv(i),
+            "Identity" | "Dropout"
+                if !matches!(self.values.get(&n.input[0]), Some(Value::Tensor(_))) =>
+            {
+                // Pass-through of a constant (exporters share weights this way) or of a lazy value.
+                let v = self
+                    .values
+                    .get(&n.input[0])
+                    .cloned()
+                    .ok_or_else(|| err(n, "input unknown"))?;
+                if let Some(Value::ConstI8 { .. }) =
+                    self.values.get(&format!("{}#int8", n.input[0]))
+                {
+                    let q = self.values[&format!("{}#int8", n.input[0])].clone();
+                    self.values.insert(format!("{}#int8", n.output[0]), q);
+                }
+                self.values.insert(n.output[0].clone(), v);
+                Ok(())
+            }
             "Relu" | "Clip" | "Sigmoid" | "HardSwish" | "HardSigmoid" | "Identity" | "Dropout" => {
                 let act = self.act_of(n)?;
                 let x = self.float_tensor_of(&n.input[0], "activation input")?;
@@ -625,13 +650,7 @@ impl Builder<'_> {
                 n.name
             )),
         };
-        res.map_err(|e| {
-            if e.contains(&n.name) {
-                e
-            } else {
-                err(n, e)
-            }
-        })
+        res.map_err(|e| if e.contains(&n.name) { e } else { err(n, e) })
     }
 
     fn act_of(&self, n: &pb::NodeProto) -> PlanResult<Act> {
@@ -690,7 +709,10 @@ impl Builder<'_> {
                 return Err(err(n, "only symmetric int8 (zero point 0) is supported"));
             }
         } else {
-            return Err(err(n, "uint8 quantization (no zero point) is not supported"));
+            return Err(err(
+                n,
+                "uint8 quantization (no zero point) is not supported",
+            ));
         }
         if !self.int8 {
             return Err(err(n, "QuantizeLinear in a float engine"));
@@ -718,11 +740,7 @@ impl Builder<'_> {
             Some(Value::ConstI8 { data, dims, .. }) => {
                 // A quantized weight: keep the int8 data and also its float value.
                 let axis = proto::attr_i(n, "axis").unwrap_or(1) as usize;
-                let per = if scales.len() == 1 {
-                    None
-                } else {
-                    Some(axis)
-                };
+                let per = if scales.len() == 1 { None } else { Some(axis) };
                 let f: Vec<f32> = data
                     .iter()
                     .enumerate()
@@ -854,9 +872,19 @@ impl Builder<'_> {
             if cig * groups != cin || co % groups != 0 {
                 return Err(err(n, "channel/group mismatch"));
             }
-            let pads = conv_pads(n, [h, wd], [kh, kw], [strides[0] as usize, strides[1] as usize], [dil[0] as usize, dil[1] as usize])?;
-            let oh = (h + pads[0] + pads[2] - (dil[0] as usize * (kh - 1) + 1)) / strides[0] as usize + 1;
-            let ow = (wd + pads[1] + pads[3] - (dil[1] as usize * (kw - 1) + 1)) / strides[1] as usize + 1;
+            let pads = conv_pads(
+                n,
+                [h, wd],
+                [kh, kw],
+                [strides[0] as usize, strides[1] as usize],
+                [dil[0] as usize, dil[1] as usize],
+            )?;
+            let oh = (h + pads[0] + pads[2] - (dil[0] as usize * (kh - 1) + 1))
+                / strides[0] as usize
+                + 1;
+            let ow = (wd + pads[1] + pads[3] - (dil[1] as usize * (kw - 1) + 1))
+                / strides[1] as usize
+                + 1;
             out_shape = vec![nb, co, oh, ow];
             step.cin = cin;
             step.cout = co;
@@ -873,7 +901,10 @@ impl Builder<'_> {
         } else {
             // Gemm / MatMul: [N, K] x B -> [N, M], as a 1x1 conv over H = W = 1.
             if xd.shape.len() != 2 || w.dims.len() != 2 {
-                return Err(err(n, "only 2-D Gemm/MatMul with a constant B is supported"));
+                return Err(err(
+                    n,
+                    "only 2-D Gemm/MatMul with a constant B is supported",
+                ));
             }
             let trans_a = proto::attr_i(n, "transA").unwrap_or(0) == 1;
             if trans_a {
@@ -1026,10 +1057,22 @@ impl Builder<'_> {
                 .collect();
             if !scales.is_empty()
                 && scales.iter().all(|s| s.is_some() && *s == scales[0])
-                && cons.iter().all(|&(ci, _)| !self.g.is_graph_output(&self.g.node(ci).output[0]))
+                && cons
+                    .iter()
+                    .all(|&(ci, _)| !self.g.is_graph_output(&self.g.node(ci).output[0]))
             {
                 out_dtype = DType::I8;
                 out_scale = scales[0].unwrap_or(1.0);
+                // Bias through int32 at x_scale * w_scale, as an int8-out conv (QLinearConv on
+                // the CPU, TensorRT's int32 bias) computes it.
+                if let Some(q) = &step.int8 {
+                    for (c, b) in step.bias.iter_mut().enumerate() {
+                        let s = q.x_scale * q.w_scales[c];
+                        if s > 0.0 {
+                            *b = (*b / s).round_ties_even() * s;
+                        }
+                    }
+                }
                 q_nodes = cons.iter().map(|c| c.0).collect();
             }
         }
@@ -1072,7 +1115,10 @@ impl Builder<'_> {
         if a_const && (op == 0 || op == 1) {
             std::mem::swap(&mut a_name, &mut b_name);
         } else if a_const {
-            return Err(err(n, "a constant first operand of Sub/Div is not supported"));
+            return Err(err(
+                n,
+                "a constant first operand of Sub/Div is not supported",
+            ));
         }
         let a = self.float_tensor_of(&a_name, "first operand")?;
         let ad = self.desc(a).clone();
@@ -1153,15 +1199,19 @@ impl Builder<'_> {
         let k: Vec<f32> = (0..s.len())
             .map(|c| s.data[c] / (v.data[c] + eps).sqrt())
             .collect();
-        let sh: Vec<f32> = (0..s.len())
-            .map(|c| b.data[c] - m.data[c] * k[c])
-            .collect();
+        let sh: Vec<f32> = (0..s.len()).map(|c| b.data[c] - m.data[c] * k[c]).collect();
         let x = self.float_tensor_of(&n.input[0], "batch norm input")?;
         let d = self.desc(x).clone();
         if d.nchw().1 != k.len() {
             return Err(err(n, "channel count differs from the parameters"));
         }
-        let t = self.tensor(&format!("{}.scaled", n.output[0]), d.shape.clone(), d.layout, self.float, 1.0);
+        let t = self.tensor(
+            &format!("{}.scaled", n.output[0]),
+            d.shape.clone(),
+            d.layout,
+            self.float,
+            1.0,
+        );
         self.plan.steps.push(Step::Binary {
             name: format!("{}.scale", n.name),
             a: x,
@@ -1239,10 +1289,7 @@ impl Builder<'_> {
                     axis += r;
                 }
                 let a = axis as usize;
-                vec![
-                    d.shape[..a].iter().product(),
-                    d.shape[a..].iter().product(),
-                ]
+                vec![d.shape[..a].iter().product(), d.shape[a..].iter().product()]
             }
             "Reshape" => {
                 let spec = n
@@ -1250,7 +1297,8 @@ impl Builder<'_> {
                     .get(1)
                     .and_then(|s| self.ints_const(s))
                     .ok_or_else(|| err(n, "the target shape must be a constant"))?;
-                reshape_dims(&d.shape, &spec).ok_or_else(|| err(n, format!("cannot reshape {:?} to {spec:?}", d.shape)))?
+                reshape_dims(&d.shape, &spec)
+                    .ok_or_else(|| err(n, format!("cannot reshape {:?} to {spec:?}", d.shape)))?
             }
             "Squeeze" | "Unsqueeze" => {
                 let axes = proto::attr_ints(n, "axes")
@@ -1262,7 +1310,10 @@ impl Builder<'_> {
             _ => unreachable!(),
         };
         // Only a plain (row-major) tensor can be viewed under a new shape.
-        let needs_plain = !(d.layout == Layout::Nhwc && d.shape.len() == 4 && d.shape[2] * d.shape[3] == 1 && new_shape.len() != 4);
+        let needs_plain = !(d.layout == Layout::Nhwc
+            && d.shape.len() == 4
+            && d.shape[2] * d.shape[3] == 1
+            && new_shape.len() != 4);
         let src = if d.layout == Layout::Nhwc && d.shape.len() == 4 && needs_plain {
             self.to_layout(x, Layout::Plain, "reshape")?
         } else {
@@ -1408,14 +1459,23 @@ impl Builder<'_> {
             m => return Err(err(n, format!("mode `{m}` is not supported"))),
         };
         let coord = match proto::attr_str(n, "coordinate_transformation_mode")
-            .unwrap_or(if n.op_type == "Upsample" { "asymmetric".into() } else { "half_pixel".into() })
+            .unwrap_or(if n.op_type == "Upsample" {
+                "asymmetric".into()
+            } else {
+                "half_pixel".into()
+            })
             .as_str()
         {
             "half_pixel" => 0,
             "asymmetric" => 1,
             "align_corners" => 2,
             "pytorch_half_pixel" => 3,
-            m => return Err(err(n, format!("coordinate_transformation_mode `{m}` is not supported"))),
+            m => {
+                return Err(err(
+                    n,
+                    format!("coordinate_transformation_mode `{m}` is not supported"),
+                ));
+            }
         };
         let nearest = match proto::attr_str(n, "nearest_mode")
             .unwrap_or("round_prefer_floor".into())
@@ -1503,7 +1563,10 @@ impl Builder<'_> {
         let x = self.to_layout(x, Layout::Nhwc, "pad")?;
         let d = self.desc(x).clone();
         if d.shape.len() != 4 || pads.len() != 8 || pads.iter().any(|&p| p < 0) {
-            return Err(err(n, "only non-negative spatial padding of rank-4 tensors"));
+            return Err(err(
+                n,
+                "only non-negative spatial padding of rank-4 tensors",
+            ));
         }
         if pads[0] != 0 || pads[1] != 0 || pads[4] != 0 || pads[5] != 0 {
             return Err(err(n, "padding N or C is not supported"));
@@ -1539,7 +1602,8 @@ fn const_operand(c: &proto::F32Tensor, a: &TensorDesc) -> Option<(Operand, i32)>
         && match a.shape.len() {
             4 => {
                 let r = c.dims.len();
-                r >= 3 && c.dims[r - 3] == ch || (r == 1 && ch == a.shape[3] && a.shape[3] == ch && false)
+                r >= 3 && c.dims[r - 3] == ch
+                    || (r == 1 && ch == a.shape[3] && a.shape[3] == ch && false)
             }
             2 => c.dims.last() == Some(&ch),
             _ => false,
@@ -1555,7 +1619,8 @@ fn const_operand(c: &proto::F32Tensor, a: &TensorDesc) -> Option<(Operand, i32)>
                 for k in 0..cc {
                     for y in 0..h {
                         for x in 0..w {
-                            v[((b * h + y) * w + x) * cc + k] = c.data[((b * cc + k) * h + y) * w + x];
+                            v[((b * h + y) * w + x) * cc + k] =
+                                c.data[((b * cc + k) * h + y) * w + x];
                         }
                     }
                 }
@@ -1654,7 +1719,10 @@ pub fn reshape_dims(input: &[usize], spec: &[i64]) -> Option<Vec<usize>> {
 fn squeeze_dims(input: &[usize], axes: &[i64], squeeze: bool) -> Option<Vec<usize>> {
     if squeeze {
         let r = input.len() as i64;
-        let ax: HashSet<usize> = axes.iter().map(|&a| (if a < 0 { a + r } else { a }) as usize).collect();
+        let ax: HashSet<usize> = axes
+            .iter()
+            .map(|&a| (if a < 0 { a + r } else { a }) as usize)
+            .collect();
         Some(
             input
                 .iter()
@@ -1665,10 +1733,19 @@ fn squeeze_dims(input: &[usize], axes: &[i64], squeeze: bool) -> Option<Vec<usiz
         )
     } else {
         let r = (input.len() + axes.len()) as i64;
-        let ax: HashSet<usize> = axes.iter().map(|&a| (if a < 0 { a + r } else { a }) as usize).collect();
+        let ax: HashSet<usize> = axes
+            .iter()
+            .map(|&a| (if a < 0 { a + r } else { a }) as usize)
+            .collect();
         let mut it = input.iter();
         (0..r as usize)
-            .map(|k| if ax.contains(&k) { Some(1) } else { it.next().copied() })
+            .map(|k| {
+                if ax.contains(&k) {
+                    Some(1)
+                } else {
+                    it.next().copied()
+                }
+            })
             .collect()
     }
 }
@@ -1710,7 +1787,10 @@ pub fn assign_buffers(plan: &Plan) -> (Vec<usize>, Vec<usize>) {
                 .filter(|(_, sl)| sizes[**sl] >= need)
                 .min_by_key(|(_, sl)| sizes[**sl])
                 .map(|(k, _)| k)
-                .or_else(|| (!free.is_empty()).then(|| (0..free.len()).max_by_key(|&k| sizes[free[k]]).unwrap_or(0)));
+                .or_else(|| {
+                    (!free.is_empty())
+                        .then(|| (0..free.len()).max_by_key(|&k| sizes[free[k]]).unwrap_or(0))
+                });
             let sl = match pick {
                 Some(k) => free.swap_remove(k),
                 None => {
@@ -1749,7 +1829,12 @@ mod tests {
 
     fn plan_of(b: &GraphBuilder, shape: [usize; 4], p: Precision) -> Plan {
         let m = b.model();
-        lower(&m.with_fixed_input(shape[0], [shape[2], shape[3]]), shape, p).expect("lowers")
+        lower(
+            &m.with_fixed_input(shape[0], [shape[2], shape[3]]),
+            shape,
+            p,
+        )
+        .expect("lowers")
     }
 
     #[test]
@@ -1768,7 +1853,10 @@ mod tests {
         // stem: BN folded by Model::load, relu fused.
         assert_eq!(convs[0].act, Act::Relu);
         // block.conv2 + add + relu in one step.
-        let c2 = convs.iter().find(|c| c.name == "block.conv2").expect("conv2");
+        let c2 = convs
+            .iter()
+            .find(|c| c.name == "block.conv2")
+            .expect("conv2");
         assert!(c2.residual.is_some());
         assert_eq!(c2.act, Act::Relu);
         assert_eq!(c2.fused, vec!["block.add", "block.relu2"]);
@@ -1779,7 +1867,10 @@ mod tests {
         assert_eq!(out.dtype, DType::F32);
         // conv activations are NHWC with NCHW logical shapes.
         let t = &plan.tensors[convs[1].out];
-        assert_eq!((t.layout, t.shape.clone()), (Layout::Nhwc, vec![2, 8, 16, 16]));
+        assert_eq!(
+            (t.layout, t.shape.clone()),
+            (Layout::Nhwc, vec![2, 8, 16, 16])
+        );
     }
 
     #[test]
@@ -1804,8 +1895,12 @@ mod tests {
         let y = b.op("Erf", "weird", &["x"]);
         b.output(&y);
         let m = b.model();
-        let e = lower(&m.with_fixed_input(1, [8, 8]), [1, 3, 8, 8], Precision::Fp32)
-            .expect_err("Erf unsupported");
+        let e = lower(
+            &m.with_fixed_input(1, [8, 8]),
+            [1, 3, 8, 8],
+            Precision::Fp32,
+        )
+        .expect_err("Erf unsupported");
         assert!(e.contains("Erf") && e.contains("weird"), "{e}");
     }
 
@@ -1829,7 +1924,11 @@ mod tests {
         let f = b.op("Flatten", "f", &[&c]);
         b.output(&f);
         let plan = plan_of(&b, [1, 3, 4, 4], Precision::Fp32);
-        assert!(plan.steps.iter().any(|s| matches!(s, Step::Transpose { perm, .. } if perm == &vec![0, 3, 1, 2])));
+        assert!(
+            plan.steps
+                .iter()
+                .any(|s| matches!(s, Step::Transpose { perm, .. } if perm == &vec![0, 3, 1, 2]))
+        );
         assert_eq!(plan.tensors[plan.output].shape, vec![1, 64]);
     }
 
