@@ -86,6 +86,8 @@ def main():
                 m.float()
                 print(json.dumps(r), flush=True)
                 res["results"].append(r)
+                with open(a.out, "w") as f:  # incrementally: a time limit keeps what was measured
+                    json.dump(res, f, indent=1)
     if a.export_only:
         return
     with open(a.out, "w") as f:
