@@ -4,8 +4,8 @@
 //! Tolerances: FP32 within 1e-3 relative (max |gpu - cpu| / max |cpu| over the outputs);
 //! FP16 within 2e-2 relative (activations and weights stored in f16, f32 accumulation);
 //! INT8: scored against the CPU FP32 engine's argmax (top-1 per image, pixel accuracy for
-//! segmentation; no labelled data here), the CUDA INT8 engine is within 0.5 pt of the CPU INT8
-//! engine built from the same Q/DQ model (plus one sample's worth where few are scored).
+//! segmentation; no labelled data here), the CUDA INT8 engine is at most 0.5 pt below the CPU
+//! INT8 engine built from the same Q/DQ model (plus one sample's worth where few are scored).
 
 use std::path::Path;
 
@@ -196,8 +196,9 @@ fn int8_scores(
     )
 }
 
-/// The INT8 criterion: the CUDA score within 0.5 pt of the CPU INT8 score (plus one sample's
-/// worth where few samples are scored).
+/// The INT8 criterion: the CUDA score no more than 0.5 pt below the CPU INT8 score (plus one
+/// sample's worth where few are scored). One-sided: on the MobileNetV2 DeepLab the CUDA engine
+/// (exact i32 accumulation, f32 requantization) lands closer to FP32 than tract's QLinearConv.
 fn check_int8(name: &str, s: (f64, f64, usize, f64, f64)) {
     let (g, c, n, agree, err) = s;
     eprintln!(

@@ -116,7 +116,23 @@ pub fn preload() -> &'static (Vec<Found>, Vec<String>) {
         let dirs = search_dirs(std::env::var(ENV_DIRS).ok().as_deref());
         let mut found = vec![];
         let mut errors = vec![];
+        let env_set = std::env::var_os(ENV_DIRS).is_some();
         for lib in LIBS {
+            // cudarc tries the unversioned name (`libcudnn.so`) first: when the default loader
+            // resolves it, that library is the one cudarc will use, so we must not preload
+            // sub-libraries of another version next to it (measured on the H200 machine:
+            // system cuDNN 9.14 + venv sub-libraries -> SUBLIBRARY_VERSION_MISMATCH).
+            let unversioned = lib.split(".so").next().map(|b| format!("{b}.so"));
+            if !env_set
+                && let Some(u) = &unversioned
+                && unsafe { libloading::Library::new(u) }.is_ok()
+            {
+                found.push(Found {
+                    lib,
+                    path: Some(PathBuf::from(u)),
+                });
+                continue;
+            }
             let path = find(lib, &dirs);
             if let Some(p) = &path {
                 if lib == "libcudnn.so.9" {
