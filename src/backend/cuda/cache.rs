@@ -1,0 +1,124 @@
+//! On-disk cache of a built engine's choices (which implementation each convolution uses),
+//! keyed by model fingerprint, GPU, precision, batch and input size, so a second build skips
+//! the timing. Kernels are not cached (NVRTC compiles them once per process).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Choices {
+    pub version: u32,
+    /// Conv node name -> implementation key (`direct`, `gemm:<i>:<rows|im2col>`, `cudnn:<algo>`).
+    pub convs: BTreeMap<String, String>,
+}
+
+pub const VERSION: u32 = 1;
+
+/// `~/.cache/quantscope/cuda` (or `$XDG_CACHE_HOME/quantscope/cuda`); QUANTSCOPE_CUDA_CACHE
+/// overrides the folder, `QUANTSCOPE_CUDA_CACHE=off` disables the cache.
+pub fn cache_dir() -> Option<PathBuf> {
+    match std::env::var("QUANTSCOPE_CUDA_CACHE") {
+        Ok(v) if v == "off" || v == "0" => return None,
+        Ok(v) if !v.is_empty() => return Some(PathBuf::from(v)),
+        _ => {}
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))?;
+    Some(base.join("quantscope").join("cuda"))
+}
+
+/// File name for one engine: `<fingerprint>-<gpu>-<precision>-b<batch>-<h>x<w>.json`.
+pub fn file_name(
+    fingerprint: &str,
+    gpu: &str,
+    precision: &str,
+    batch: usize,
+    hw: [usize; 2],
+) -> String {
+    let gpu: String = gpu
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!(
+        "{fingerprint}-{gpu}-{precision}-b{batch}-{}x{}.json",
+        hw[0], hw[1]
+    )
+}
+
+pub fn load(name: &str) -> Choices {
+    let Some(dir) = cache_dir() else {
+        return Choices::default();
+    };
+    std::fs::read_to_string(dir.join(name))
+        .ok()
+        .and_then(|s| serde_json::from_str::<Choices>(&s).ok())
+        .filter(|c| c.version == VERSION)
+        .unwrap_or_default()
+}
+
+/// Best effort: a cache that cannot be written only costs the next build its timing.
+pub fn store(name: &str, c: &Choices) {
+    let Some(dir) = cache_dir() else { return };
+    if std::fs::create_dir_all(&dir).is_err() {
+        return;
+    }
+    let c = Choices {
+        version: VERSION,
+        ..c.clone()
+    };
+    if let Ok(s) = serde_json::to_string_pretty(&c) {
+        let tmp = dir.join(format!("{name}.tmp"));
+        if std::fs::write(&tmp, s).is_ok() {
+            let _ = std::fs::rename(tmp, dir.join(name));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn choices_round_trip_and_names_are_safe() {
+        let mut c = Choices {
+            version: VERSION,
+            ..Default::default()
+        };
+        c.convs.insert("conv1".into(), "cudnn:1".into());
+        c.convs.insert("fc".into(), "gemm:0:rows".into());
+        let s = serde_json::to_string(&c).expect("ser");
+        assert_eq!(serde_json::from_str::<Choices>(&s).expect("de"), c);
+        let n = file_name("abcd", "NVIDIA H200 NVL", "int8", 32, [224, 224]);
+        assert_eq!(n, "abcd-nvidia_h200_nvl-int8-b32-224x224.json");
+    }
+
+    #[test]
+    fn impl_keys_parse_back() {
+        use super::super::engine::ConvImpl;
+        for c in [
+            ConvImpl::Direct,
+            ConvImpl::Gemm {
+                algo: 2,
+                im2col: true,
+            },
+            ConvImpl::Gemm {
+                algo: 0,
+                im2col: false,
+            },
+            ConvImpl::Cudnn { algo: 6 },
+        ] {
+            assert_eq!(ConvImpl::parse(&c.key()), Some(c));
+        }
+        assert_eq!(ConvImpl::parse("bogus"), None);
+    }
+}
