@@ -15,7 +15,7 @@ use cudarc::driver::{
 };
 
 use super::cache::Choices;
-use super::plan::{Act, ConvStep, DType, Layout, Operand, Plan, Step, assign_buffers};
+use super::plan::{ConvStep, DType, Layout, Operand, Plan, Step, assign_buffers};
 use crate::backend::{BackendError, Engine, EngineInfo, LayerTime, Output, Precision};
 
 const KERNELS: &str = include_str!("kernels.cu");
@@ -1266,10 +1266,4 @@ impl Engine for CudaEngine {
         let ms = drv(e0.elapsed_ms(&e1), "event elapsed").map_err(run_err)?;
         Ok(ms as f64)
     }
-}
-
-/// Unused-act guard so `Act` stays imported for readers of this file.
-#[allow(dead_code)]
-fn _act_is_copy(a: Act) -> Act {
-    a
 }
