@@ -204,7 +204,7 @@ pub struct SensitivityArgs {
     #[arg(long, default_value_t = 32)]
     pub probe_images: usize,
     /// Evaluation images used to rank candidates (budgets are checked on all of them).
-    #[arg(long, default_value_t = 48)]
+    #[arg(long, default_value_t = 128)]
     pub probe_eval_images: usize,
     /// Use this calibration method only (default: try all four and a per-tensor choice).
     #[arg(long)]

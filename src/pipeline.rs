@@ -227,7 +227,7 @@ pub fn calibrate(
     let channels = p.model.info.input_chw[0];
     let n = p.calib_images.len();
     // Histograms are filled on a second thread while the next image runs.
-    let (tx, rx) = crossbeam_channel::bounded::<Vec<Vec<f32>>>(2);
+    let (tx, rx) = crossbeam_channel::bounded::<Vec<backend::cpu::Activation>>(2);
     let result = std::thread::scope(|s| -> Result<(), PipelineError> {
         let names = &tensors;
         let stats = &mut stats;

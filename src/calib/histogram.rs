@@ -82,10 +82,15 @@ impl std::fmt::Display for Method {
 impl Histogram {
     /// Adds the absolute values of one batch. Non-finite values are ignored.
     pub fn add(&mut self, values: &[f32]) {
-        let batch_max = values
-            .iter()
-            .filter(|v| v.is_finite())
-            .fold(0f32, |m, v| m.max(v.abs()));
+        // A plain fold vectorises; non-finite values (rare) take the filtered path.
+        let mut batch_max = values.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let all_finite = batch_max.is_finite() && !values.iter().any(|v| v.is_nan());
+        if !all_finite {
+            batch_max = values
+                .iter()
+                .filter(|v| v.is_finite())
+                .fold(0f32, |m, v| m.max(v.abs()));
+        }
         if self.counts.is_empty() {
             if batch_max == 0.0 {
                 self.zeros_pending += values.len() as u64;
@@ -106,10 +111,28 @@ impl Histogram {
         }
         let inv = 1.0 / self.bin_width;
         let last = self.counts.len() - 1;
-        for v in values {
-            if v.is_finite() {
-                let b = ((v.abs() * inv) as usize).min(last);
-                self.counts[b] += 1;
+        let bin = |v: f32| ((v.abs() * inv) as usize).min(last);
+        if all_finite {
+            // Four interleaved tallies: after a ReLU most values land in bin 0, and one tally
+            // would make every increment wait for the previous one.
+            let mut t = vec![0u32; 4 * (last + 1)];
+            let n = last + 1;
+            let chunks = values.chunks_exact(4);
+            for v in chunks.remainder() {
+                t[bin(*v)] += 1;
+            }
+            for c in chunks {
+                t[bin(c[0])] += 1;
+                t[n + bin(c[1])] += 1;
+                t[2 * n + bin(c[2])] += 1;
+                t[3 * n + bin(c[3])] += 1;
+            }
+            for (i, c) in self.counts.iter_mut().enumerate() {
+                *c += (t[i] + t[n + i] + t[2 * n + i] + t[3 * n + i]) as u64;
+            }
+        } else {
+            for v in values.iter().filter(|v| v.is_finite()) {
+                self.counts[bin(*v)] += 1;
             }
         }
     }

@@ -46,10 +46,10 @@ impl Stats {
     }
 
     /// Adds one image's activations, in the order of `names`.
-    pub fn add(&mut self, names: &[String], values: &[Vec<f32>]) {
+    pub fn add<T: AsRef<[f32]>>(&mut self, names: &[String], values: &[T]) {
         for (n, v) in names.iter().zip(values) {
             if let Some(h) = self.tensors.get_mut(n) {
-                h.add(v);
+                h.add(v.as_ref());
             }
         }
         self.images += 1;

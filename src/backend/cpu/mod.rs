@@ -147,15 +147,17 @@ fn peak_activation_bytes(m: &TypedModel) -> TractResult<u64> {
 }
 
 fn to_output(v: &TValue) -> Result<Output, BackendError> {
-    let v = v
-        .cast_to::<f32>()
-        .map_err(|e| BackendError::Run(format!("{e:#}")))?;
-    let view = v
-        .to_plain_array_view::<f32>()
-        .map_err(|e| BackendError::Run(format!("{e:#}")))?;
+    let run_err = |e: TractError| BackendError::Run(format!("{e:#}"));
+    let v = v.cast_to::<f32>().map_err(run_err)?;
+    let data = v
+        .try_as_plain_ram()
+        .map_err(run_err)?
+        .as_slice::<f32>()
+        .map_err(run_err)?
+        .to_vec();
     Ok(Output {
-        shape: view.shape().to_vec(),
-        data: view.iter().copied().collect(),
+        shape: v.shape().to_vec(),
+        data,
     })
 }
 
@@ -377,18 +379,39 @@ impl Probe {
         })
     }
 
-    /// The model output and then each requested tensor, flattened.
-    pub fn run(&self, input: &[f32]) -> Result<(Output, Vec<Vec<f32>>), BackendError> {
-        let outs = self
-            .model
-            .run_all(input)
-            .map_err(|e| BackendError::Run(format!("{e:#}")))?;
+    /// The model output and then each requested tensor. The tensors are moved out of tract,
+    /// not copied: they are large (every quantized activation of the model) and `Send`.
+    pub fn run(&self, input: &[f32]) -> Result<(Output, Vec<Activation>), BackendError> {
+        let run_err = |e: TractError| BackendError::Run(format!("{e:#}"));
+        let mut outs = self.model.run_all(input).map_err(run_err)?;
         let first = to_output(&outs[0])?;
-        let rest = outs[1..]
-            .iter()
-            .map(|v| to_output(v).map(|o| o.data))
+        let rest = outs
+            .drain(1..)
+            .map(|v| {
+                let t = v.into_tensor();
+                if t.datum_type() == DatumType::F32 {
+                    Ok(Activation(t))
+                } else {
+                    t.cast_to::<f32>()
+                        .map(|c| Activation(c.into_owned()))
+                        .map_err(run_err)
+                }
+            })
             .collect::<Result<_, _>>()?;
         Ok((first, rest))
+    }
+}
+
+/// One f32 activation handed out by the probe.
+pub struct Activation(Tensor);
+
+impl AsRef<[f32]> for Activation {
+    fn as_ref(&self) -> &[f32] {
+        self.0
+            .try_as_plain_ram()
+            .ok()
+            .and_then(|p| p.as_slice::<f32>().ok())
+            .unwrap_or(&[])
     }
 }
 
