@@ -197,7 +197,7 @@ pub struct EvalArgs {
 pub struct SensitivityArgs {
     #[command(flatten)]
     pub eval: EvalArgs,
-    /// Layers (lowest SQNR first) whose effect on the metric is measured.
+    /// Layers (lowest SQNR first) whose effect on the metric is measured (0 = every layer).
     #[arg(long, default_value_t = 8)]
     pub candidates: usize,
     /// Calibration images used as the SQNR probe set.

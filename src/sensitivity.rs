@@ -52,7 +52,7 @@ impl Budget {
 pub struct SensitivityOptions {
     /// Calibration images used as the probe set for SQNR.
     pub probe_images: usize,
-    /// Layers (lowest isolated SQNR first) whose metric effect is measured.
+    /// Layers (lowest isolated SQNR first) whose metric effect is measured; 0 = all.
     pub candidates: usize,
     /// Evaluation images used to rank candidates (the budget is checked on all of them).
     pub probe_eval_images: usize,
@@ -631,7 +631,9 @@ pub fn run_with_cache(
         cancel,
         "ranking: all INT8",
     )?;
-    for (k, l) in layers.iter_mut().take(opts.candidates).enumerate() {
+    // 0 candidates = measure every layer (slower, but the metric, not SQNR, decides).
+    let n_candidates = if opts.candidates == 0 { layers.len() } else { opts.candidates };
+    for (k, l) in layers.iter_mut().take(n_candidates).enumerate() {
         if cancel.is_cancelled() {
             return Err(PipelineError::Cancelled);
         }
@@ -650,7 +652,7 @@ pub fn run_with_cache(
             classes,
             sink,
             cancel,
-            &format!("ranking candidate {}/{}", k + 1, opts.candidates),
+            &format!("ranking candidate {}/{}", k + 1, n_candidates),
         )?;
         l.metric_gain_pt = Some((m - int8_probe) * 100.0);
     }
