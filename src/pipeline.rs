@@ -416,8 +416,9 @@ fn run_row(
         backend: backend.kind().name().into(),
         ..Default::default()
     };
+    // Engine memory = growth over the build + peak growth while timing. Evaluation is left
+    // out: it holds the FP32 outputs kept for SQNR, which are not the engine's.
     let (rss_before, _) = bench::rss_bytes();
-    bench::reset_peak_rss();
     let t = Instant::now();
     let spec = BuildSpec { batch: 1, hw: p.hw };
     let model_ref = input.model().clone();
@@ -438,6 +439,7 @@ fn run_row(
         }
     };
     row.build_ms = Some(t.elapsed().as_secs_f64() * 1e3);
+    let built_growth = bench::rss_bytes().0.saturating_sub(rss_before);
     let mut predictions = vec![];
     if let Some(task) = p.task.filter(|_| !samples.is_empty()) {
         match evaluate(
@@ -467,7 +469,11 @@ fn run_row(
     }
     let keep_going = || !cancel.is_cancelled();
     sink.progress(&format!("timing {label}"), 0, 1);
-    match bench::measure(engine.as_mut(), bench_input, bench_spec, &keep_going) {
+    bench::reset_peak_rss();
+    let (rss_timing, _) = bench::rss_bytes();
+    let timed = bench::measure(engine.as_mut(), bench_input, bench_spec, &keep_going);
+    let peak_rss = built_growth + bench::rss_bytes().1.saturating_sub(rss_timing);
+    match timed {
         Ok(l) => {
             row.throughput_ips = (l.median > 0.0).then(|| 1e3 / l.median);
             row.latency_ms = Some(l);
@@ -506,11 +512,10 @@ fn run_row(
             Err(e) => sink.log(&format!("{label}: batch {b} engine: {e}")),
         }
     }
-    let (_, peak) = bench::rss_bytes();
     row.memory_bytes = Some(MemoryBytes {
         weights: info.weights_bytes,
         activations: info.activations_bytes,
-        peak_rss: peak.saturating_sub(rss_before),
+        peak_rss,
     });
     row.simulated = info.simulated;
     if precision == Precision::Int8 {

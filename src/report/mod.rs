@@ -20,7 +20,8 @@ pub use masks::{class_color, overlay_png, write_mask_overlays};
 pub struct MemoryBytes {
     pub weights: u64,
     pub activations: u64,
-    /// Growth of the process's peak resident memory while building and running the engine.
+    /// What the engine adds to the process's resident memory: growth over its build plus the
+    /// peak growth while it is timed (evaluation buffers are not counted).
     pub peak_rss: u64,
 }
 
