@@ -632,7 +632,11 @@ pub fn run_with_cache(
         "ranking: all INT8",
     )?;
     // 0 candidates = measure every layer (slower, but the metric, not SQNR, decides).
-    let n_candidates = if opts.candidates == 0 { layers.len() } else { opts.candidates };
+    let n_candidates = if opts.candidates == 0 {
+        layers.len()
+    } else {
+        opts.candidates
+    };
     for (k, l) in layers.iter_mut().take(n_candidates).enumerate() {
         if cancel.is_cancelled() {
             return Err(PipelineError::Cancelled);
