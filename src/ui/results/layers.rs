@@ -313,6 +313,7 @@ fn chart_ui(r: &SensitivityReport, keep_float: &[String], ui: &mut egui::Ui) {
     };
     let measured = r.layers.iter().any(|l| l.metric_gain_pt.is_some());
     let height = 200.0;
+    let n_layers = r.layers.len();
     let plot = |id: &str, y: &str| {
         Plot::new(id.to_string())
             .height(height)
@@ -322,6 +323,8 @@ fn chart_ui(r: &SensitivityReport, keep_float: &[String], ui: &mut egui::Ui) {
             .allow_boxed_zoom(false)
             .allow_double_click_reset(false)
             .include_y(0.0)
+            .include_x(-0.5)
+            .include_x(n_layers as f64 - 0.5)
             .x_axis_label("layer (graph order)")
             .y_axis_label(y.to_string())
             .legend(Legend::default())
@@ -364,7 +367,7 @@ fn chart_ui(r: &SensitivityReport, keep_float: &[String], ui: &mut egui::Ui) {
                         )
                     })
                     .collect();
-                p.bar_chart(BarChart::new("gain in float", bars));
+                p.bar_chart(BarChart::new("gain in float", bars).color(INT8_COLOR));
             });
         }
     });
