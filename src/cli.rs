@@ -484,7 +484,7 @@ fn sensitivity(
 }
 
 /// The experiment setting that reproduces a sensitivity run's mixed-precision plan.
-fn mixed_from(r: &crate::sensitivity::SensitivityReport) -> crate::experiment::MixedPrecision {
+pub fn mixed_from(r: &crate::sensitivity::SensitivityReport) -> crate::experiment::MixedPrecision {
     let best_single = r
         .methods
         .iter()

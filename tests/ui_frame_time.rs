@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use eframe::egui;
 use egui_kittest::Harness;
+use egui_kittest::kittest::Queryable;
 use quantscope::backend::Precision;
 use quantscope::experiment::Experiment;
 use quantscope::model::testing::residual_classifier;
@@ -156,4 +157,85 @@ fn cancel_stops_within_a_second_and_keeps_finished_rows() {
     );
     assert!(!wb.results.rows().is_empty(), "finished rows are kept");
     assert!(wb.results.rows().len() < 6);
+}
+
+/// Steps frames until no job runs; returns the worst frame (after the first) in ms.
+fn run_to_end(h: &mut Harness<'static, Workbench>, what: &str) -> f64 {
+    let start = Instant::now();
+    let mut frames_ms = vec![];
+    loop {
+        let t = Instant::now();
+        h.step();
+        frames_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        if !h.state().is_running() {
+            break;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(300),
+            "{what} never finished"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    frames_ms.iter().skip(1).copied().fold(0.0, f64::max)
+}
+
+#[test]
+fn layer_analysis_runs_on_the_worker_and_a_toggled_layer_becomes_an_engine() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut exp = experiment(dir.path(), 20.0);
+    exp.methods = vec![quantscope::calib::Method::Max];
+    let mut wb = Workbench::new(None, Settings::default());
+    wb.apply(Command::SetExperiment(Box::new(exp)));
+    wb.tab = quantscope::ui::Tab::Layers;
+    wb.layers.find_mixed = false;
+    let mut h = harness(wb);
+    h.state_mut().push(Command::AnalyseSensitivity);
+    h.step();
+    assert!(h.state().run.as_ref().is_some_and(|r| r.sensitivity));
+    let worst_ms = run_to_end(&mut h, "the analysis");
+    assert!(
+        worst_ms < FRAME_BUDGET_MS,
+        "worst frame {worst_ms:.1} ms while analysing"
+    );
+    let errors: Vec<&String> = h
+        .state()
+        .log
+        .iter()
+        .filter(|l| l.error)
+        .map(|l| &l.text)
+        .collect();
+    assert!(errors.is_empty(), "errors: {errors:?}");
+    let report = h
+        .state()
+        .layers
+        .report
+        .clone()
+        .expect("a sensitivity report");
+    assert!(!report.layers.is_empty());
+    // The table shows the layers; toggling the first puts it in the experiment.
+    h.run();
+    let first = report.layers[0].node.clone();
+    h.get_by_label(&first);
+    h.get_all_by_label("int8")
+        .next()
+        .expect("a precision button")
+        .click();
+    h.run();
+    let mp = h.state().exp.mixed_precision.clone().expect("a plan");
+    assert_eq!(mp.keep_float, vec![first]);
+    h.get_by_label("Re-run").click();
+    h.run();
+    run_to_end(&mut h, "the run");
+    let rows = h.state().results.rows().to_vec();
+    assert_eq!(
+        rows.len(),
+        2 + 1 + 1,
+        "FP32, FP16, INT8 max, INT8 max + 1 float"
+    );
+    assert!(
+        rows.iter()
+            .any(|r| r.kept_float.len() == 1 && r.error.is_none()),
+        "the mixed-precision engine: {:?}",
+        rows.iter().map(|r| r.label()).collect::<Vec<_>>()
+    );
 }

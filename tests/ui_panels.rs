@@ -7,8 +7,8 @@ use egui_kittest::kittest::{NodeT, Queryable};
 use quantscope::backend::Precision;
 use quantscope::calib::Method;
 use quantscope::data::{Normalize, ResizeMode};
-use quantscope::ui::testing::sample_workbench;
-use quantscope::ui::{Command, Tab, Workbench};
+use quantscope::ui::testing::{sample_sensitivity, sample_workbench};
+use quantscope::ui::{Command, LayerSort, Tab, Workbench};
 
 fn harness(wb: Workbench) -> Harness<'static, Workbench> {
     Harness::builder()
@@ -209,4 +209,161 @@ fn reports_and_mask_composites_export() {
         assert!(dir.path().join(name).is_file(), "{name} written");
     }
     assert!(!wb.log.iter().any(|l| l.error));
+}
+
+fn layers_workbench() -> Workbench {
+    let mut wb = sample_workbench();
+    wb.set_sensitivity(sample_sensitivity());
+    wb.tab = Tab::Layers;
+    wb
+}
+
+/// The node names in the table, top to bottom.
+fn layer_order(h: &Harness<'_, Workbench>) -> Vec<String> {
+    let mut nodes: Vec<(f32, String)> = sample_sensitivity()
+        .layers
+        .iter()
+        .map(|l| (h.get_by_label(&l.node).rect().min.y, l.node.clone()))
+        .collect();
+    nodes.sort_by(|a, b| a.0.total_cmp(&b.0));
+    nodes.into_iter().map(|n| n.1).collect()
+}
+
+#[test]
+fn layers_tab_shows_the_layers_and_a_summary() {
+    let mut h = harness(layers_workbench());
+    h.run();
+    for node in [
+        "stem/conv",
+        "block1/conv",
+        "block1/add",
+        "head/conv",
+        "head/matmul",
+    ] {
+        h.get_by_label(node);
+    }
+    h.get_by_label_contains("FP32 mIoU 72.00 %");
+    h.get_by_label_contains("calibration entropy");
+    h.get_by_label("Analyse sensitivity");
+    assert_eq!(h.get_all_by_label("int8").count(), 5);
+    // Without a worker the analysis is refused with a logged error, not a panic.
+    h.get_by_label("Analyse sensitivity").click();
+    h.run();
+    assert!(applied(&h, |c| *c == Command::AnalyseSensitivity));
+    assert!(h.state().log.iter().any(|l| l.error));
+}
+
+#[test]
+fn layers_tab_sorts_by_a_clicked_header() {
+    let mut h = harness(layers_workbench());
+    h.run();
+    assert_eq!(
+        layer_order(&h),
+        [
+            "stem/conv",
+            "block1/conv",
+            "block1/add",
+            "head/conv",
+            "head/matmul"
+        ]
+    );
+    h.get_by_label("SQNR isolated dB").click();
+    h.run();
+    assert_eq!(h.state().layers.sort, LayerSort::SqnrIsolated);
+    assert_eq!(
+        layer_order(&h),
+        [
+            "block1/add",
+            "head/conv",
+            "block1/conv",
+            "stem/conv",
+            "head/matmul"
+        ]
+    );
+    // The same header again flips the order.
+    h.get_by_label("SQNR isolated dB (asc)").click();
+    h.run();
+    assert_eq!(
+        layer_order(&h),
+        [
+            "head/matmul",
+            "stem/conv",
+            "block1/conv",
+            "head/conv",
+            "block1/add"
+        ]
+    );
+    // Metric gain: largest first, unmeasured layers last.
+    h.get_by_label("gain in float pt").click();
+    h.run();
+    assert_eq!(
+        layer_order(&h),
+        [
+            "block1/add",
+            "stem/conv",
+            "head/conv",
+            "block1/conv",
+            "head/matmul"
+        ]
+    );
+}
+
+#[test]
+fn layers_tab_toggles_a_layer_into_float_and_back() {
+    let mut h = harness(layers_workbench());
+    h.run();
+    assert!(h.state().exp.mixed_precision.is_none());
+    // Rows are in graph order: the third precision button is block1/add's.
+    h.get_all_by_label("int8")
+        .nth(2)
+        .expect("a precision button")
+        .click();
+    h.run();
+    assert!(applied(
+        &h,
+        |c| matches!(c, Command::ToggleLayerFloat(n) if n == "block1/add")
+    ));
+    let mp = h
+        .state()
+        .exp
+        .mixed_precision
+        .clone()
+        .expect("a mixed-precision plan");
+    assert_eq!(mp.keep_float, vec!["block1/add".to_string()]);
+    assert_eq!(mp.method, Some(Method::Entropy), "the best single method");
+    h.get_by_label_contains("1 layer(s) kept in float");
+    h.get_by_label("float").click();
+    h.run();
+    assert!(h.state().exp.mixed_precision.is_none());
+    // Re-run runs the experiment (refused here: no worker).
+    h.get_by_label("Re-run").click();
+    h.run();
+    assert!(applied(&h, |c| *c == Command::Run));
+}
+
+#[test]
+fn a_mixed_precision_plan_goes_into_the_experiment() {
+    let mut report = sample_sensitivity();
+    report.amp = Some(quantscope::sensitivity::AmpResult {
+        met: true,
+        kept_float: vec!["block1/add".into(), "head/conv".into()],
+        metric: 0.715,
+        note: String::new(),
+        ..Default::default()
+    });
+    let mut wb = sample_workbench();
+    wb.set_sensitivity(report);
+    let mp = wb.exp.mixed_precision.clone().expect("the plan is applied");
+    assert_eq!(mp.keep_float, vec!["block1/add", "head/conv"]);
+    assert_eq!(
+        wb.rows_expected(),
+        7,
+        "FP32, FP16, four INT8 and the mixed engine"
+    );
+    wb.tab = Tab::Layers;
+    let mut h = harness(wb);
+    h.run();
+    h.get_by_label_contains("2 in float, 71.50 %, budget met");
+    h.get_by_label_contains("press Run to compare it");
+    assert_eq!(h.get_all_by_label("float").count(), 2);
 }

@@ -31,3 +31,11 @@ fn masks_view() {
 fn calibration_view() {
     snapshot("calibration", |wb| wb.tab = Tab::Calibration);
 }
+
+#[test]
+fn layers_view() {
+    snapshot("layers", |wb| {
+        wb.set_sensitivity(quantscope::ui::testing::sample_sensitivity());
+        wb.tab = Tab::Layers;
+    });
+}

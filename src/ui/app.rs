@@ -9,13 +9,15 @@ use std::time::Instant;
 use egui::{Key, KeyboardShortcut, Modifiers};
 
 use super::{
-    DialogPurpose, MAX_RECENT, MaskViewState, Results, RunState, Scan, Tab, Workbench, theme,
+    DialogPurpose, LayerSort, MAX_RECENT, MaskViewState, Results, RunState, Scan, Tab, Workbench,
+    theme,
 };
 use crate::backend::Precision;
 use crate::calib::Method;
 use crate::experiment::Experiment;
 use crate::model::Task;
 use crate::report::Report;
+use crate::sensitivity::{Budget, SensitivityOptions, SensitivityReport};
 use crate::worker::{DialogKind, Event, FileDialog, IoRequest};
 
 pub const SC_OPEN: KeyboardShortcut = KeyboardShortcut::new(Modifiers::COMMAND, Key::O);
@@ -67,6 +69,13 @@ pub enum Command {
     Rescan,
     Run,
     Cancel,
+    /// Per-layer sensitivity of the current experiment (and a mixed-precision search when
+    /// the Layers tab asks for one), on the worker thread.
+    AnalyseSensitivity,
+    /// Sort the Layers table by a column; the same column again flips the order.
+    SortLayers(LayerSort),
+    /// Keep a layer (node name) in float in the mixed-precision engine, or quantize it again.
+    ToggleLayerFloat(String),
     SetTab(Tab),
     SelectImage(usize),
     NextImage,
@@ -155,6 +164,18 @@ impl Workbench {
                     self.log_info("cancel requested; keeping the rows already finished");
                 }
             }
+            Command::AnalyseSensitivity => self.start_sensitivity(),
+            Command::SortLayers(col) => {
+                if self.layers.sort == col {
+                    self.layers.descending = !self.layers.descending;
+                } else {
+                    self.layers.sort = col;
+                    // Worst first for the measures, A to Z for names.
+                    self.layers.descending =
+                        matches!(col, LayerSort::MetricGain | LayerSort::Precision);
+                }
+            }
+            Command::ToggleLayerFloat(node) => self.toggle_layer_float(node),
             Command::SetTab(t) => self.tab = t,
             Command::SelectImage(i) => {
                 self.masks.image = i;
@@ -339,6 +360,7 @@ impl Workbench {
             self.run = None;
             self.results = Results::default();
             self.masks = MaskViewState::default();
+            self.layers.report = None;
             self.inspect_model();
         }
         let calib_changed = old.calibration != self.exp.calibration;
@@ -455,8 +477,124 @@ impl Workbench {
         }
         if e.precisions.contains(&Precision::Int8) {
             n += e.methods.len().max(1);
+            if e.mixed_precision.is_some() {
+                n += 1;
+            }
         }
         n
+    }
+
+    /// The model's task, from the last results, the model or the experiment.
+    pub fn task(&self) -> Option<Task> {
+        self.layers
+            .report
+            .as_ref()
+            .and_then(|r| r.task)
+            .or(self.results.report.as_ref().and_then(|r| r.model.task))
+            .or(self.model.info.as_ref().and_then(|i| i.task))
+            .or(self.exp.evaluation.task.fixed())
+    }
+
+    /// The accuracy budget the Layers tab's fields describe, for this model's task.
+    pub fn layers_budget(&self) -> Budget {
+        match self.task() {
+            Some(Task::Classification) => Budget::Top1Points(self.layers.budget_top1_pt),
+            _ => Budget::MiouRelativePercent(self.layers.budget_miou_pct),
+        }
+    }
+
+    fn start_sensitivity(&mut self) {
+        if self.exp.model.as_os_str().is_empty() {
+            self.log_error("nothing to analyse: open a model or an experiment first");
+            return;
+        }
+        if self.is_running() {
+            self.log_error("a job is running: cancel it or wait before analysing layers");
+            return;
+        }
+        let budget = self.layers.find_mixed.then(|| self.layers_budget());
+        let options = SensitivityOptions {
+            budget,
+            ..Default::default()
+        };
+        let Some(w) = &mut self.worker else {
+            self.log_error("no worker thread: cannot analyse layers");
+            return;
+        };
+        let job = w.submit_sensitivity(self.exp.clone(), options);
+        self.run = Some(RunState {
+            job,
+            started: Instant::now(),
+            stage: "sensitivity".into(),
+            stage_started: Instant::now(),
+            done: 0,
+            total: 0,
+            rows_expected: 0,
+            cancelling: false,
+            sensitivity: true,
+        });
+        self.log_info(format!(
+            "sensitivity #{job}: {}{}",
+            self.exp.model.display(),
+            budget
+                .map(|b| format!(", mixed precision with {}", b.describe()))
+                .unwrap_or_default()
+        ));
+    }
+
+    /// Takes a finished sensitivity report; an AMP plan in it becomes the experiment's
+    /// mixed-precision engine.
+    pub(super) fn take_sensitivity(&mut self, report: SensitivityReport) {
+        if let Some(amp) = &report.amp {
+            let mut e = self.exp.clone();
+            e.mixed_precision = Some(crate::cli::mixed_from(&report));
+            let msg = format!(
+                "Mixed precision: {} layer(s) kept in float reach {:.2} % ({}{}). It is now the experiment's mixed-precision engine: press Run to compare it.",
+                amp.kept_float.len(),
+                amp.metric * 100.0,
+                if amp.met {
+                    "budget met"
+                } else {
+                    "budget not met"
+                },
+                if amp.note.is_empty() {
+                    String::new()
+                } else {
+                    format!("; {}", amp.note)
+                }
+            );
+            self.log_info(msg.clone());
+            self.banner = Some((msg, false));
+            self.set_experiment(e);
+        }
+        self.layers.report = Some(report);
+    }
+
+    fn toggle_layer_float(&mut self, node: String) {
+        let mut e = self.exp.clone();
+        let mut mp = match e.mixed_precision.take() {
+            Some(mp) => mp,
+            None => {
+                let mut mp = match &self.layers.report {
+                    Some(r) => crate::cli::mixed_from(r),
+                    None => Default::default(),
+                };
+                mp.keep_float.clear();
+                mp.method = mp.method.or(Some(self.primary_method));
+                mp
+            }
+        };
+        if let Some(i) = mp.keep_float.iter().position(|n| *n == node) {
+            mp.keep_float.remove(i);
+            self.log_info(format!("{node}: back to int8"));
+        } else {
+            mp.keep_float.push(node.clone());
+            self.log_info(format!(
+                "{node}: kept in float in the mixed-precision engine"
+            ));
+        }
+        e.mixed_precision = (!mp.keep_float.is_empty()).then_some(mp);
+        self.set_experiment(e);
     }
 
     fn start_run(&mut self) {
@@ -485,6 +623,7 @@ impl Workbench {
             total: 0,
             rows_expected,
             cancelling: false,
+            sensitivity: false,
         });
         self.log_info(format!(
             "run #{job}: {} on {}, precisions {:?}, methods {:?}",
@@ -689,11 +828,34 @@ impl Workbench {
                     self.banner = Some((format!("The run failed: {error}"), true));
                 }
             }
+            Event::Sensitivity { result, .. } if run_job == Some(job) => {
+                let run = self.run.take();
+                let secs = run.as_ref().map(|r| r.started.elapsed().as_secs_f64());
+                let cancelled = run.as_ref().is_some_and(|r| r.cancelling);
+                match result {
+                    Ok(report) => {
+                        self.log_info(format!(
+                            "sensitivity #{job} finished in {:.1} s: {} layers",
+                            secs.unwrap_or(0.0),
+                            report.layers.len()
+                        ));
+                        self.take_sensitivity(*report);
+                    }
+                    Err(error) if cancelled => {
+                        self.log_info(format!("sensitivity #{job} cancelled ({error})"))
+                    }
+                    Err(error) => {
+                        self.log_error(format!("sensitivity #{job} failed: {error}"));
+                        self.banner = Some((format!("The layer analysis failed: {error}"), true));
+                    }
+                }
+            }
             Event::Progress { .. }
             | Event::Log { .. }
             | Event::Row { .. }
             | Event::Finished { .. }
-            | Event::Failed { .. } => {} // a stale job's
+            | Event::Failed { .. }
+            | Event::Sensitivity { .. } => {} // a stale job's
             Event::Inspected { path, result, .. } if self.model.loading == Some(job) => {
                 self.model.loading = None;
                 match result {

@@ -23,9 +23,11 @@ use crate::experiment::Experiment;
 use crate::model::ModelInfo;
 use crate::pipeline::Artifacts;
 use crate::report::{Report, Row};
+use crate::sensitivity::SensitivityReport;
 use crate::worker::{CalibScan, EvalScan, JobId, PreviewImage, Worker};
 
 pub use app::{Command, ExportKind};
+
 pub use results::Tab;
 
 /// What the window remembers between sessions (eframe storage).
@@ -96,6 +98,8 @@ pub struct RunState {
     pub total: usize,
     pub rows_expected: usize,
     pub cancelling: bool,
+    /// A per-layer sensitivity analysis rather than a build of the engines.
+    pub sensitivity: bool,
 }
 
 impl RunState {
@@ -124,6 +128,44 @@ impl Results {
         match &self.report {
             Some(r) => &r.rows,
             None => &self.rows,
+        }
+    }
+}
+
+/// A column of the Layers table to sort by; `Graph` is the model's order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LayerSort {
+    Graph,
+    Node,
+    Op,
+    SqnrIsolated,
+    SqnrAccumulated,
+    MetricGain,
+    Precision,
+}
+
+/// The Layers tab: the last sensitivity report, the table's order and the analysis options.
+pub struct LayersState {
+    pub report: Option<SensitivityReport>,
+    pub sort: LayerSort,
+    pub descending: bool,
+    /// Budget for classification models: top-1 points below FP32.
+    pub budget_top1_pt: f64,
+    /// Budget for segmentation models: relative mIoU loss in percent.
+    pub budget_miou_pct: f64,
+    /// Search the fewest layers to keep in float to meet the budget.
+    pub find_mixed: bool,
+}
+
+impl Default for LayersState {
+    fn default() -> Self {
+        LayersState {
+            report: None,
+            sort: LayerSort::Graph,
+            descending: false,
+            budget_top1_pt: 0.5,
+            budget_miou_pct: 1.0,
+            find_mixed: true,
         }
     }
 }
@@ -200,6 +242,7 @@ pub struct Workbench {
     pub results: Results,
     pub tab: Tab,
     pub masks: MaskViewState,
+    pub layers: LayersState,
     pub calib_tensor: Option<String>,
     pub calib_filter: String,
     pub log: Vec<LogLine>,
@@ -257,6 +300,7 @@ impl Workbench {
             results: Results::default(),
             tab: Tab::Compare,
             masks: MaskViewState::default(),
+            layers: LayersState::default(),
             calib_tensor: None,
             calib_filter: String::new(),
             log: vec![],
@@ -286,6 +330,12 @@ impl Workbench {
         };
         self.masks = MaskViewState::default();
         self.pick_default_engines();
+    }
+
+    /// Shows a sensitivity report as if a job had produced it; a mixed-precision plan in it
+    /// goes into the experiment, so the next run builds it as one more engine.
+    pub fn set_sensitivity(&mut self, report: SensitivityReport) {
+        self.take_sensitivity(report);
     }
 
     pub fn push(&mut self, c: Command) {
@@ -369,8 +419,8 @@ impl eframe::App for WorkbenchApp {
 
 /// Opens the workbench window on `path` (an experiment or a model). A missing file is
 /// reported in the window, never a panic. With `QUANTSCOPE_AUTORUN=1` the experiment starts
-/// at once and `QUANTSCOPE_TAB` (compare, masks, calibration, log) picks the tab shown: the
-/// smoke test uses both.
+/// at once and `QUANTSCOPE_TAB` (compare, masks, calibration, layers, log) picks the tab
+/// shown: the smoke test uses both.
 pub fn run(path: Option<PathBuf>) -> anyhow::Result<()> {
     let icon = eframe::icon_data::from_png_bytes(include_bytes!("../../assets/icon.png")).ok();
     let mut viewport = egui::ViewportBuilder::default()

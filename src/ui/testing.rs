@@ -209,3 +209,45 @@ pub fn sample_workbench() -> Workbench {
     wb.set_results(sample_report(), Some(sample_artifacts()));
     wb
 }
+
+/// A sensitivity report for `sample_report`'s model: five layers, three measured on the task
+/// metric, no mixed-precision plan.
+pub fn sample_sensitivity() -> crate::sensitivity::SensitivityReport {
+    use crate::sensitivity::{LayerReport, MethodResult, SensitivityReport};
+    let layer = |node: &str, op: &str, iso: f64, acc: f64, gain: Option<f64>| LayerReport {
+        node: node.into(),
+        op: op.into(),
+        sqnr_isolated_db: Some(iso),
+        sqnr_accumulated_db: Some(acc),
+        metric_gain_pt: gain,
+        precision: Some(Precision::Int8),
+    };
+    SensitivityReport {
+        model: "segmenter.onnx".into(),
+        task: Some(Task::Segmentation),
+        probe_images: 32,
+        eval_images: IMAGES,
+        fp32_metric: 0.72,
+        methods: vec![
+            MethodResult {
+                method: "max".into(),
+                metric: 0.61,
+            },
+            MethodResult {
+                method: "entropy".into(),
+                metric: 0.70,
+            },
+        ],
+        chosen: "entropy".into(),
+        int8_metric: 0.70,
+        layers: vec![
+            layer("stem/conv", "Conv", 31.0, 31.0, Some(0.4)),
+            layer("block1/conv", "Conv", 24.5, 22.0, None),
+            layer("block1/add", "Add", 12.0, 18.5, Some(1.3)),
+            layer("head/conv", "Conv", 19.0, 15.0, Some(0.1)),
+            layer("head/matmul", "MatMul", 40.0, 14.0, None),
+        ],
+        elapsed_ms: 4200.0,
+        ..Default::default()
+    }
+}

@@ -16,6 +16,7 @@ use crate::experiment::Experiment;
 use crate::model::{Layout, ModelInfo, Task};
 use crate::pipeline::{self, Artifacts, CancelToken, Sink};
 use crate::report::{Report, Row};
+use crate::sensitivity::{self, SensitivityOptions, SensitivityReport};
 
 pub use io::{CalibScan, DialogKind, EvalScan, FileDialog, PreviewImage};
 
@@ -46,6 +47,11 @@ pub enum Event {
     Failed {
         job: JobId,
         error: String,
+    },
+    /// A per-layer sensitivity analysis finished, or why it failed.
+    Sensitivity {
+        job: JobId,
+        result: Result<Box<SensitivityReport>, String>,
     },
     /// A model's description, or why it could not be read.
     Inspected {
@@ -93,6 +99,7 @@ impl Event {
             | Event::Row { job, .. }
             | Event::Finished { job, .. }
             | Event::Failed { job, .. }
+            | Event::Sensitivity { job, .. }
             | Event::Inspected { job, .. }
             | Event::CalibScanned { job, .. }
             | Event::EvalScanned { job, .. }
@@ -108,6 +115,12 @@ enum Request {
     Run {
         job: JobId,
         experiment: Box<Experiment>,
+        cancel: CancelToken,
+    },
+    Sensitivity {
+        job: JobId,
+        experiment: Box<Experiment>,
+        options: Box<SensitivityOptions>,
         cancel: CancelToken,
     },
 }
@@ -200,26 +213,46 @@ impl Worker {
         let thread = std::thread::Builder::new()
             .name("quantscope-worker".into())
             .spawn(move || {
-                for Request::Run {
-                    job,
-                    experiment,
-                    cancel,
-                } in req_rx
-                {
-                    let sink = ChannelSink {
-                        job,
-                        tx: run_events.clone(),
-                    };
-                    let ev = match pipeline::run(&experiment, &sink, &cancel) {
-                        Ok(out) => Event::Finished {
+                for req in req_rx {
+                    let ev = match req {
+                        Request::Run {
                             job,
-                            report: Box::new(out.report),
-                            artifacts: Box::new(out.artifacts),
-                        },
-                        Err(e) => Event::Failed {
+                            experiment,
+                            cancel,
+                        } => {
+                            let sink = ChannelSink {
+                                job,
+                                tx: run_events.clone(),
+                            };
+                            match pipeline::run(&experiment, &sink, &cancel) {
+                                Ok(out) => Event::Finished {
+                                    job,
+                                    report: Box::new(out.report),
+                                    artifacts: Box::new(out.artifacts),
+                                },
+                                Err(e) => Event::Failed {
+                                    job,
+                                    error: format!("{e:#}"),
+                                },
+                            }
+                        }
+                        Request::Sensitivity {
                             job,
-                            error: format!("{e:#}"),
-                        },
+                            experiment,
+                            options,
+                            cancel,
+                        } => {
+                            let sink = ChannelSink {
+                                job,
+                                tx: run_events.clone(),
+                            };
+                            Event::Sensitivity {
+                                job,
+                                result: sensitivity::run(&experiment, &options, &sink, &cancel)
+                                    .map(|(report, _qdq)| Box::new(report))
+                                    .map_err(|e| format!("{e:#}")),
+                            }
+                        }
                     };
                     let _ = run_events.send(ev);
                 }
@@ -259,6 +292,26 @@ impl Worker {
         let _ = self.requests.try_send(Request::Run {
             job,
             experiment: Box::new(experiment),
+            cancel,
+        });
+        job
+    }
+
+    /// Starts a per-layer sensitivity analysis of `experiment`, cancelling the job in
+    /// flight. Returns the new job's id.
+    pub fn submit_sensitivity(
+        &mut self,
+        experiment: Experiment,
+        options: SensitivityOptions,
+    ) -> JobId {
+        self.cancel();
+        let job = self.next_id();
+        let cancel = CancelToken::default();
+        self.current = Some((job, cancel.clone()));
+        let _ = self.requests.try_send(Request::Sensitivity {
+            job,
+            experiment: Box::new(experiment),
+            options: Box::new(options),
             cancel,
         });
         job

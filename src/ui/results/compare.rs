@@ -20,6 +20,11 @@ pub fn engine_name(r: &Row) -> String {
         (Some(p), None) => p.name().to_uppercase(),
         _ => "?".into(),
     };
+    let base = if r.kept_float.is_empty() {
+        base
+    } else {
+        format!("{base} + {} float", r.kept_float.len())
+    };
     if r.simulated {
         format!("{base} (simulated on CPU)")
     } else {
@@ -196,6 +201,12 @@ fn table_ui(rows: &[Row], seg: bool, ui: &mut egui::Ui) {
 
 fn short_name(r: &Row) -> String {
     match (r.precision, r.method) {
+        (Some(p), Some(m)) if !r.kept_float.is_empty() => format!(
+            "{} {} +{}f",
+            p.name().to_uppercase(),
+            m.name(),
+            r.kept_float.len()
+        ),
         (Some(p), Some(m)) => format!("{} {}", p.name().to_uppercase(), m.name()),
         (Some(p), None) => p.name().to_uppercase(),
         _ => "?".into(),

@@ -1,9 +1,10 @@
-//! The central area: a banner for messages, then the Compare, Masks, Calibration and Log
-//! tabs.
+//! The central area: a banner for messages, then the Compare, Masks, Calibration, Layers
+//! and Log tabs.
 
 use eframe::egui;
 mod calib;
 mod compare;
+mod layers;
 mod log;
 pub(crate) mod masks;
 
@@ -14,17 +15,25 @@ pub enum Tab {
     Compare,
     Masks,
     Calibration,
+    Layers,
     Log,
 }
 
 impl Tab {
-    pub const ALL: [Tab; 4] = [Tab::Compare, Tab::Masks, Tab::Calibration, Tab::Log];
+    pub const ALL: [Tab; 5] = [
+        Tab::Compare,
+        Tab::Masks,
+        Tab::Calibration,
+        Tab::Layers,
+        Tab::Log,
+    ];
 
     pub fn title(self) -> &'static str {
         match self {
             Tab::Compare => "Compare",
             Tab::Masks => "Masks",
             Tab::Calibration => "Calibration",
+            Tab::Layers => "Layers",
             Tab::Log => "Log",
         }
     }
@@ -34,6 +43,7 @@ impl Tab {
             Tab::Compare => "compare",
             Tab::Masks => "masks",
             Tab::Calibration => "calibration",
+            Tab::Layers => "layers",
             Tab::Log => "log",
         }
     }
@@ -51,6 +61,7 @@ impl Tab {
             }
             Tab::Masks => "Predicted masks side by side, worst images first (segmentation)",
             Tab::Calibration => "Per-tensor histograms with the range each method chose",
+            Tab::Layers => "Per-layer sensitivity: which layers to keep in float (mixed precision)",
             Tab::Log => "What ran, with timings and errors",
         }
     }
@@ -95,6 +106,7 @@ pub fn results_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
         Tab::Compare => compare::compare_ui(wb, ui),
         Tab::Masks => masks::masks_ui(wb, ui),
         Tab::Calibration => calib::calib_ui(wb, ui),
+        Tab::Layers => layers::layers_ui(wb, ui),
         Tab::Log => log::log_ui(wb, ui),
     }
 }
