@@ -16,7 +16,7 @@ pub const EXPERIMENT_VERSION: u32 = 1;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ExperimentError {
-    #[error("{path}: cannot read: {source}")]
+    #[error("{path}: cannot read")]
     Read {
         path: PathBuf,
         source: std::io::Error,
@@ -185,8 +185,14 @@ impl Experiment {
         ron::ser::to_string_pretty(self, cfg).unwrap_or_default()
     }
 
+    /// Writes the experiment. Relative paths (taken relative to the working directory, as
+    /// the CLI gives them) are made absolute, since `load` reads them relative to the file.
     pub fn save(&self, path: &Path) -> Result<(), ExperimentError> {
-        std::fs::write(path, self.to_ron()).map_err(|e| ExperimentError::Write {
+        let mut e = self.clone();
+        if let Ok(cwd) = std::env::current_dir() {
+            e.resolve_paths(&cwd);
+        }
+        std::fs::write(path, e.to_ron()).map_err(|e| ExperimentError::Write {
             path: path.into(),
             reason: e.to_string(),
         })
@@ -229,5 +235,24 @@ mod tests {
         let parsed = Experiment::from_ron(older).expect("unknown fields are tolerated");
         assert_eq!(parsed.model, PathBuf::from("a.onnx"));
         assert_eq!(parsed.percentile, 99.99);
+    }
+
+    #[test]
+    fn saved_relative_paths_reload_from_anywhere() {
+        let dir = std::env::temp_dir().join(format!("qs-exp-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("dir");
+        let e = Experiment {
+            model: "models/m.onnx".into(),
+            ..Default::default()
+        };
+        let file = dir.join("e.ron");
+        e.save(&file).expect("save");
+        let back = Experiment::load(&file).expect("load");
+        let cwd = std::env::current_dir().expect("cwd");
+        assert_eq!(
+            back.model,
+            cwd.join("models/m.onnx"),
+            "relative to where the CLI ran, not to the file"
+        );
     }
 }

@@ -12,7 +12,7 @@ use crate::model::Layout;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
-    #[error("{path}: cannot read the folder: {source}")]
+    #[error("{path}: cannot read the folder")]
     Folder {
         path: PathBuf,
         source: std::io::Error,

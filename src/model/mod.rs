@@ -21,7 +21,7 @@ use proto::{F32Tensor, tensor_f32};
 /// Why a model could not be loaded. Every variant names the file.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error("{path}: cannot read the file: {source}")]
+    #[error("{path}: cannot read the file")]
     Io {
         path: PathBuf,
         source: std::io::Error,

@@ -20,7 +20,7 @@ pub const QUANTIZABLE: [&str; 4] = ["Conv", "ConvTranspose", "Gemm", "MatMul"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum QuantError {
-    #[error("cannot write {path}: {source}")]
+    #[error("cannot write {path}")]
     Write {
         path: std::path::PathBuf,
         source: std::io::Error,
