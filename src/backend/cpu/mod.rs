@@ -209,8 +209,17 @@ pub fn fp16_simulation(model: &Model, spec: BuildSpec) -> TractResult<pb::ModelP
         .graph
         .as_mut()
         .ok_or_else(|| anyhow::anyhow!("no graph"))?;
+    // Constants that describe shapes (Resize scales and the like) keep full precision: an
+    // FP16 engine stores weights and activations in f16, not its output sizes.
+    let shape_inputs: std::collections::HashSet<String> = g
+        .node
+        .iter()
+        .filter(|n| matches!(n.op_type.as_str(), "Resize" | "Upsample" | "Reshape" | "Expand" | "Tile" | "Slice" | "Pad" | "ConstantOfShape"))
+        .flat_map(|n| n.input.iter().skip(1).cloned())
+        .collect();
     for t in g.initializer.iter_mut() {
         if t.data_type == pb::tensor_proto::DataType::Float as i32
+            && !shape_inputs.contains(&t.name)
             && let Some(f) = proto::tensor_f32(t)
         {
             let rounded: Vec<f32> = f
