@@ -1014,8 +1014,3 @@ pub fn save_masks(
     }
     Ok(n)
 }
-
-/// Convenience for callers that only know the backend kind.
-pub fn backend_status(kind: BackendKind) -> Result<String, String> {
-    backend::backend(kind).check()
-}

@@ -5,7 +5,7 @@ mod opset;
 
 pub use opset::ensure_opset13;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
 
 use prost::Message;
@@ -382,26 +382,6 @@ fn correct_bias(g: &mut pb::GraphProto, n: &mut pb::NodeProto, shift: &[f32]) {
     g.initializer.push(proto::f32_tensor(&name, &[b.len()], &b));
     n.input.resize(3, String::new());
     n.input[2] = name;
-}
-
-/// Names of the float nodes of a Q/DQ model (for reports): every node that is not Q/DQ.
-pub fn compute_nodes(p: &pb::ModelProto) -> Vec<(String, String)> {
-    p.graph
-        .iter()
-        .flat_map(|g| g.node.iter())
-        .filter(|n| n.op_type != "QuantizeLinear" && n.op_type != "DequantizeLinear")
-        .map(|n| (n.name.clone(), n.op_type.clone()))
-        .collect()
-}
-
-/// The set of tensor names a Q/DQ model quantizes (inputs of QuantizeLinear).
-pub fn quantized_tensors(p: &pb::ModelProto) -> HashSet<String> {
-    p.graph
-        .iter()
-        .flat_map(|g| g.node.iter())
-        .filter(|n| n.op_type == "QuantizeLinear")
-        .filter_map(|n| n.input.first().cloned())
-        .collect()
 }
 
 #[cfg(test)]

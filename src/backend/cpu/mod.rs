@@ -214,7 +214,19 @@ pub fn fp16_simulation(model: &Model, spec: BuildSpec) -> TractResult<pb::ModelP
     let shape_inputs: std::collections::HashSet<String> = g
         .node
         .iter()
-        .filter(|n| matches!(n.op_type.as_str(), "Resize" | "Upsample" | "Reshape" | "Expand" | "Tile" | "Slice" | "Pad" | "ConstantOfShape"))
+        .filter(|n| {
+            matches!(
+                n.op_type.as_str(),
+                "Resize"
+                    | "Upsample"
+                    | "Reshape"
+                    | "Expand"
+                    | "Tile"
+                    | "Slice"
+                    | "Pad"
+                    | "ConstantOfShape"
+            )
+        })
         .flat_map(|n| n.input.iter().skip(1).cloned())
         .collect();
     for t in g.initializer.iter_mut() {
