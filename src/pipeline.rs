@@ -8,7 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
 
-use crate::backend::{self, BackendKind, BuildInput, BuildSpec, Engine, Precision};
+use crate::backend::{self, BuildInput, BuildSpec, Engine, Precision};
 use crate::bench::{self, BenchSpec};
 use crate::calib::{self, Method, Ranges, Stats, StatsCache};
 use crate::data::{self, EvalSet, Geometry, Label};
