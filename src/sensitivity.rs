@@ -15,7 +15,6 @@ use tract_onnx::pb;
 use crate::backend::cpu::TractModel;
 use crate::backend::{self, Backend, BuildInput, BuildSpec, Precision};
 use crate::calib::{Method, Ranges, StatsCache};
-use crate::data;
 use crate::eval::Sqnr;
 use crate::experiment::Experiment;
 use crate::model::{Graph, Model, Task, proto};
@@ -347,37 +346,79 @@ pub fn bias_corrections(
         .collect())
 }
 
-/// Builds an engine and returns its task metric on `samples`.
-#[allow(clippy::too_many_arguments)]
-fn metric_of(
-    backend: &dyn Backend,
-    p: &Prepared,
-    input: BuildInput<'_>,
-    samples: &[Sample],
+/// What every evaluation in a sensitivity run shares.
+struct Ctx<'a> {
+    backend: &'a dyn Backend,
+    p: &'a Prepared,
+    exp: &'a Experiment,
     classes: usize,
-    sink: &dyn Sink,
-    cancel: &CancelToken,
-    stage: &str,
-) -> Result<f64, PipelineError> {
-    let task = p
-        .task
-        .ok_or_else(|| err("the task is unknown: give an evaluation set"))?;
-    let mut e = backend
-        .build(input, BuildSpec { batch: 1, hw: p.hw })
+    sink: &'a dyn Sink,
+    cancel: &'a CancelToken,
+}
+
+impl Ctx<'_> {
+    /// Builds an engine and returns its task metric on `samples`.
+    fn metric(
+        &self,
+        input: BuildInput<'_>,
+        samples: &[Sample],
+        stage: &str,
+    ) -> Result<f64, PipelineError> {
+        let task = self
+            .p
+            .task
+            .ok_or_else(|| err("the task is unknown: give an evaluation set"))?;
+        let mut e = self
+            .backend
+            .build(
+                input,
+                BuildSpec {
+                    batch: 1,
+                    hw: self.p.hw,
+                },
+            )
+            .map_err(err)?;
+        let ev = pipeline::evaluate(
+            e.as_mut(),
+            samples,
+            task,
+            self.classes,
+            None,
+            self.sink,
+            stage,
+            self.cancel,
+            &mut None,
+        )
         .map_err(err)?;
-    let ev = pipeline::evaluate(
-        e.as_mut(),
-        samples,
-        task,
-        classes,
-        None,
-        sink,
-        stage,
-        cancel,
-        &mut None,
-    )
-    .map_err(err)?;
-    ev.row.metric().ok_or_else(|| err("no metric"))
+        ev.row.metric().ok_or_else(|| err("no metric"))
+    }
+
+    /// The metric of the INT8 engine with `ranges` and `keep_float` layers left in float (on
+    /// top of the experiment's exclusions), and the Q/DQ model it was built from.
+    fn int8(
+        &self,
+        ranges: &Ranges,
+        keep_float: &[String],
+        samples: &[Sample],
+        stage: &str,
+    ) -> Result<(f64, QdqModel), PipelineError> {
+        let excl: Vec<String> = self.exp.exclude.iter().chain(keep_float).cloned().collect();
+        let q = quant::build_qdq(
+            &self.p.model,
+            &quant::plan(&self.p.model, &excl),
+            Some(ranges),
+        )
+        .map_err(err)?;
+        let m = self.metric(
+            BuildInput::Int8 {
+                model: &self.p.model,
+                qdq: &q,
+            },
+            samples,
+            stage,
+        )?;
+        Ok((m, q))
+    }
 }
 
 /// Per activation tensor, the method whose range gives its reading layers the best isolated
@@ -468,32 +509,25 @@ pub fn run_with_cache(
         Some(e) if !e.classes.is_empty() && e.kind == Task::Classification => e.classes.len(),
         _ => pipeline::output_channels(&p).unwrap_or(0),
     };
+    let cx = Ctx {
+        backend: backend.as_ref(),
+        p: &p,
+        exp,
+        classes,
+        sink,
+        cancel,
+    };
     let probe_eval = &samples[..opts.probe_eval_images.min(samples.len())];
     let plan = quant::plan(&p.model, &exp.exclude);
     let (stats, _, _) = pipeline::calibrate(&p, exp, &plan, cache, sink, cancel)?;
-    let probe_inputs: Vec<Vec<f32>> = p
-        .calib_images
-        .iter()
-        .take(opts.probe_images.max(1))
-        .map(|f| {
-            data::open_rgb(f).map(|img| {
-                exp.preprocess
-                    .apply(&img, p.hw, p.model.info.input_chw[0], p.model.info.layout)
-            })
-        })
-        .collect::<Result<_, _>>()?;
+    let probe_inputs = pipeline::probe_inputs(&p, exp, opts.probe_images)?;
 
-    let fp32 = metric_of(
-        backend.as_ref(),
-        &p,
+    let fp32 = cx.metric(
         BuildInput::Float {
             model: &p.model,
             precision: Precision::Fp32,
         },
         &samples,
-        classes,
-        sink,
-        cancel,
         "evaluating FP32",
     )?;
     let mut all: Vec<Ranges> = Method::ALL
@@ -506,73 +540,35 @@ pub fn run_with_cache(
             r.bias_correction = bias_corrections(&p, &plan, r, &probe_inputs)?;
         }
     }
-    let methods: Vec<Method> = opts
-        .method
-        .map(|m| vec![m])
-        .unwrap_or_else(|| Method::ALL.to_vec());
+
+    // Every method (or the one asked for), then a per-tensor choice among them.
     let mut results = vec![];
     let mut sqnr_by_method = vec![];
-    for r in &all {
-        if !methods.contains(&r.method) && opts.method.is_some() {
-            sqnr_by_method.push(BTreeMap::new());
-            continue;
-        }
-        let qdq = quant::build_qdq(&p.model, &plan, Some(r)).map_err(err)?;
-        let m = metric_of(
-            backend.as_ref(),
-            &p,
-            BuildInput::Int8 {
-                model: &p.model,
-                qdq: &qdq,
-            },
-            &samples,
-            classes,
-            sink,
-            cancel,
-            &format!("evaluating INT8 {}", r.method),
-        )?;
+    let mut best_ranges = all[0].clone();
+    for r in all
+        .iter()
+        .filter(|r| opts.method.is_none_or(|m| m == r.method))
+    {
+        let (m, qdq) = cx.int8(r, &[], &samples, &format!("evaluating INT8 {}", r.method))?;
         sink.log(&format!("INT8 {}: {:.2} %", r.method, m * 100.0));
+        if results.iter().all(|x: &MethodResult| m > x.metric) {
+            best_ranges = r.clone();
+        }
         results.push(MethodResult {
             method: r.method.name().into(),
             metric: m,
         });
-        sqnr_by_method.push(if opts.method.is_none() {
-            layer_sqnr(&p, &plan, r, &qdq, &probe_inputs, sink)?
-        } else {
-            BTreeMap::new()
-        });
+        if opts.method.is_none() {
+            sqnr_by_method.push(layer_sqnr(&p, &plan, r, &qdq, &probe_inputs, sink)?);
+        }
     }
     let mut per_tensor_methods = BTreeMap::new();
-    let mut best_ranges = all
-        .iter()
-        .find(|r| {
-            Some(r.method.name())
-                == results
-                    .iter()
-                    .max_by(|a, b| a.metric.total_cmp(&b.metric))
-                    .map(|b| b.method.as_str())
-        })
-        .cloned()
-        .unwrap_or_else(|| all[0].clone());
     if opts.method.is_none() {
         let (mut combo, chosen) = per_tensor_choice(&plan, &all, &sqnr_by_method, &p.model);
         if exp.bias_correction {
             combo.bias_correction = bias_corrections(&p, &plan, &combo, &probe_inputs)?;
         }
-        let qdq = quant::build_qdq(&p.model, &plan, Some(&combo)).map_err(err)?;
-        let m = metric_of(
-            backend.as_ref(),
-            &p,
-            BuildInput::Int8 {
-                model: &p.model,
-                qdq: &qdq,
-            },
-            &samples,
-            classes,
-            sink,
-            cancel,
-            "evaluating INT8 per-tensor methods",
-        )?;
+        let (m, _) = cx.int8(&combo, &[], &samples, "evaluating INT8 per-tensor methods")?;
         sink.log(&format!(
             "INT8 per-tensor method choice: {:.2} %",
             m * 100.0
@@ -595,9 +591,9 @@ pub fn run_with_cache(
     let sqnr = layer_sqnr(&p, &plan, &best_ranges, &base_qdq, &probe_inputs, sink)?;
 
     // Rank: SQNR first, then the metric for the lowest-SQNR candidates.
-    let g = Graph::new(p.model.graph());
-    let op_of: HashMap<&str, &str> = g
-        .proto
+    let op_of: HashMap<&str, &str> = p
+        .model
+        .graph()
         .node
         .iter()
         .map(|n| (n.name.as_str(), n.op_type.as_str()))
@@ -613,24 +609,9 @@ pub fn run_with_cache(
             precision: Some(Precision::Int8),
         })
         .collect();
-    layers.sort_by(|a, b| {
-        a.sqnr_isolated_db
-            .unwrap_or(f64::INFINITY)
-            .total_cmp(&b.sqnr_isolated_db.unwrap_or(f64::INFINITY))
-    });
-    let int8_probe = metric_of(
-        backend.as_ref(),
-        &p,
-        BuildInput::Int8 {
-            model: &p.model,
-            qdq: &base_qdq,
-        },
-        probe_eval,
-        classes,
-        sink,
-        cancel,
-        "ranking: all INT8",
-    )?;
+    let sqnr_order = |x: &LayerReport| x.sqnr_isolated_db.unwrap_or(f64::INFINITY);
+    layers.sort_by(|a, b| sqnr_order(a).total_cmp(&sqnr_order(b)));
+    let (int8_probe, _) = cx.int8(&best_ranges, &[], probe_eval, "ranking: all INT8")?;
     // 0 candidates = measure every layer (slower, but the metric, not SQNR, decides).
     let n_candidates = if opts.candidates == 0 {
         layers.len()
@@ -641,68 +622,40 @@ pub fn run_with_cache(
         if cancel.is_cancelled() {
             return Err(PipelineError::Cancelled);
         }
-        let mut excl = exp.exclude.clone();
-        excl.push(l.node.clone());
-        let q = quant::build_qdq(&p.model, &quant::plan(&p.model, &excl), Some(&best_ranges))
-            .map_err(err)?;
-        let m = metric_of(
-            backend.as_ref(),
-            &p,
-            BuildInput::Int8 {
-                model: &p.model,
-                qdq: &q,
-            },
+        let stage = format!("ranking candidate {}/{}", k + 1, n_candidates);
+        let (m, _) = cx.int8(
+            &best_ranges,
+            std::slice::from_ref(&l.node),
             probe_eval,
-            classes,
-            sink,
-            cancel,
-            &format!("ranking candidate {}/{}", k + 1, n_candidates),
+            &stage,
         )?;
         l.metric_gain_pt = Some((m - int8_probe) * 100.0);
     }
     // Most sensitive first: measured metric gain, then lowest SQNR.
+    let gain = |x: &LayerReport| x.metric_gain_pt.unwrap_or(f64::NEG_INFINITY);
     layers.sort_by(|a, b| {
-        b.metric_gain_pt
-            .unwrap_or(f64::NEG_INFINITY)
-            .total_cmp(&a.metric_gain_pt.unwrap_or(f64::NEG_INFINITY))
-            .then(
-                a.sqnr_isolated_db
-                    .unwrap_or(f64::INFINITY)
-                    .total_cmp(&b.sqnr_isolated_db.unwrap_or(f64::INFINITY)),
-            )
+        gain(b)
+            .total_cmp(&gain(a))
+            .then(sqnr_order(a).total_cmp(&sqnr_order(b)))
     });
 
-    let float_precision = Precision::Fp32;
-    let mut kept: Vec<String> = vec![];
     let mut final_qdq = base_qdq;
     let mut amp = None;
     if let Some(budget) = opts.budget {
         let mut metric = best.metric;
-        let order: Vec<String> = layers.iter().map(|l| l.node.clone()).collect();
-        let mut note = String::new();
-        for node in order.iter() {
+        let mut kept: Vec<String> = vec![];
+        for node in layers.iter().map(|l| l.node.clone()) {
             if budget.met(fp32, metric) {
                 break;
             }
             if cancel.is_cancelled() {
                 return Err(PipelineError::Cancelled);
             }
-            kept.push(node.clone());
-            let mut excl = exp.exclude.clone();
-            excl.extend(kept.iter().cloned());
-            let q = quant::build_qdq(&p.model, &quant::plan(&p.model, &excl), Some(&best_ranges))
-                .map_err(err)?;
-            let m = metric_of(
-                backend.as_ref(),
-                &p,
-                BuildInput::Int8 {
-                    model: &p.model,
-                    qdq: &q,
-                },
+            kept.push(node);
+            let (m, q) = cx.int8(
+                &best_ranges,
+                &kept,
                 &samples,
-                classes,
-                sink,
-                cancel,
                 &format!("mixed precision: {} layers in float", kept.len()),
             )?;
             sink.log(&format!(
@@ -720,46 +673,36 @@ pub fn run_with_cache(
             final_qdq = q;
         }
         let met = budget.met(fp32, metric);
-        if !met {
+        let note = if !met {
             // No subset reaches it: keep every quantized layer in float, and say so.
             kept = layers.iter().map(|l| l.node.clone()).collect();
-            let mut excl = exp.exclude.clone();
-            excl.extend(kept.iter().cloned());
-            let q = quant::build_qdq(&p.model, &quant::plan(&p.model, &excl), Some(&best_ranges))
-                .map_err(err)?;
-            metric = metric_of(
-                backend.as_ref(),
-                &p,
-                BuildInput::Int8 {
-                    model: &p.model,
-                    qdq: &q,
-                },
+            let (m, q) = cx.int8(
+                &best_ranges,
+                &kept,
                 &samples,
-                classes,
-                sink,
-                cancel,
                 "mixed precision: every layer in float",
             )?;
-            final_qdq = q;
-            note = format!(
+            (metric, final_qdq) = (m, q);
+            format!(
                 "the budget ({}) cannot be met: even with all {} quantized layers in float the metric is {:.2} % against FP32 {:.2} %",
                 budget.describe(),
                 kept.len(),
                 metric * 100.0,
                 fp32 * 100.0
-            );
+            )
         } else if kept.is_empty() {
-            note = "all-INT8 already meets the budget: no layer kept in float".into();
-        }
-        for l in layers.iter_mut() {
-            if kept.contains(&l.node) {
-                l.precision = Some(float_precision);
-            }
+            "all-INT8 already meets the budget: no layer kept in float".into()
+        } else {
+            String::new()
+        };
+        for l in layers.iter_mut().filter(|l| kept.contains(&l.node)) {
+            // The CPU backend has no FP16 kernels: layers kept out of INT8 run in FP32.
+            l.precision = Some(Precision::Fp32);
         }
         amp = Some(AmpResult {
             budget: Some(budget),
             met,
-            kept_float: kept.clone(),
+            kept_float: kept,
             metric,
             note,
         });
