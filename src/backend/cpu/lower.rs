@@ -119,11 +119,7 @@ pub fn lower_qdq(p: &pb::ModelProto) -> Result<Lowered, String> {
             .filter(|s| !s.is_empty())
             .and_then(|b| g.initializer(b))
             .and_then(proto::tensor_f32);
-        let (acc, accf, k) = (
-            format!("{name}_acc_i32"),
-            format!("{name}_acc_f32"),
-            format!("{name}_rescale"),
-        );
+        let (acc, k) = (format!("{name}_acc_i32"), format!("{name}_rescale"));
         let mut new_nodes = vec![];
         if op == "Conv" {
             let Some(w_t) = w_init else {
@@ -153,7 +149,6 @@ pub fn lower_qdq(p: &pb::ModelProto) -> Result<Lowered, String> {
                 &kdims,
                 &ws.iter().map(|s| s * x.scales[0]).collect::<Vec<_>>(),
             ));
-            new_nodes.push(cast_to_f32(&format!("{name}_to_f32"), &acc, &accf));
             let bias = bias.map(|b| proto::F32Tensor {
                 dims: kdims.clone(),
                 data: b.data,
@@ -162,7 +157,7 @@ pub fn lower_qdq(p: &pb::ModelProto) -> Result<Lowered, String> {
                 &mut new_nodes,
                 &mut inits,
                 name,
-                &accf,
+                &acc,
                 &k,
                 bias.as_ref(),
                 &out,
@@ -205,7 +200,6 @@ pub fn lower_qdq(p: &pb::ModelProto) -> Result<Lowered, String> {
                 &[&acc],
                 vec![],
             ));
-            new_nodes.push(cast_to_f32(&format!("{name}_to_f32"), &acc, &accf));
             inits.push(proto::f32_tensor(
                 &k,
                 &[ncols],
@@ -225,7 +219,7 @@ pub fn lower_qdq(p: &pb::ModelProto) -> Result<Lowered, String> {
                 &mut new_nodes,
                 &mut inits,
                 name,
-                &accf,
+                &acc,
                 &k,
                 c_term.as_ref(),
                 &out,
@@ -407,7 +401,7 @@ fn cast_to_f32(name: &str, from: &str, to: &str) -> pb::NodeProto {
     )
 }
 
-/// `out = acc * k (+ bias)`.
+/// `out = float(acc) * k (+ bias)`: the i32 accumulator back to the float the Q/DQ graph means.
 fn rescale_and_bias(
     nodes: &mut Vec<pb::NodeProto>,
     inits: &mut Vec<pb::TensorProto>,
@@ -417,6 +411,9 @@ fn rescale_and_bias(
     bias: Option<&proto::F32Tensor>,
     out: &str,
 ) {
+    let accf = format!("{name}_acc_f32");
+    nodes.push(cast_to_f32(&format!("{name}_to_f32"), acc, &accf));
+    let acc = accf.as_str();
     match bias {
         None => nodes.push(proto::node(
             "Mul",
