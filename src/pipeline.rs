@@ -421,12 +421,7 @@ fn run_row(
     let (rss_before, _) = bench::rss_bytes();
     let t = Instant::now();
     let spec = BuildSpec { batch: 1, hw: p.hw };
-    let model_ref = input.model().clone();
     let precision = input.precision();
-    let qdq_for_batch = match &input {
-        BuildInput::Int8 { qdq, .. } => Some((*qdq).clone()),
-        _ => None,
-    };
     sink.progress(&format!("building {label}"), 0, 1);
     let mut engine = match backend.build(input, spec) {
         Ok(e) => e,
@@ -490,16 +485,6 @@ fn run_row(
             .cycle()
             .take(bench_input.len() * b)
             .collect();
-        let input = match (&qdq_for_batch, precision) {
-            (Some(q), _) => BuildInput::Int8 {
-                model: &model_ref,
-                qdq: q,
-            },
-            (None, pr) => BuildInput::Float {
-                model: &model_ref,
-                precision: pr,
-            },
-        };
         sink.progress(&format!("timing {label} at batch {b}"), 0, 1);
         match backend.build(input, BuildSpec { batch: b, hw: p.hw }) {
             Ok(mut e) => {

@@ -88,7 +88,8 @@ pub enum BackendError {
     Run(String),
 }
 
-/// What an engine is built from.
+/// What an engine is built from (references only, so it is cheap to copy).
+#[derive(Clone, Copy)]
 pub enum BuildInput<'a> {
     /// FP32 or FP16 from the (prepared) model.
     Float {
