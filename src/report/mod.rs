@@ -185,8 +185,14 @@ impl Report {
             "Evaluation: {} images.\n\n",
             self.evaluation.images
         ));
+        let batch = self
+            .rows
+            .iter()
+            .find_map(|r| r.batch)
+            .map(|b| b.to_string())
+            .unwrap_or_else(|| "N".into());
         s.push_str(&format!(
-            "| engine | {metric} | Δ vs FP32 (pt) | agreement % | SQNR dB | latency median ms | p99 ms | throughput img/s | weights MiB | activations MiB | peak RSS growth MiB | int8 nodes | note |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+            "| engine | {metric} | Δ vs FP32 (pt) | agreement % | SQNR dB | latency median ms | p99 ms | img/s batch 1 | img/s batch {batch} | weights MiB | activations MiB | peak RSS growth MiB | int8 nodes | note |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
         ));
         for r in &self.rows {
             let mem = r.memory_bytes.clone().unwrap_or_default();
@@ -196,7 +202,7 @@ impl Report {
                 _ => String::new(),
             };
             s.push_str(&format!(
-                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 r.label(),
                 pct(r.metric()),
                 num(self.delta_vs_fp32(r), 2),
@@ -204,7 +210,8 @@ impl Report {
                 num(r.sqnr_db, 1),
                 num(r.latency_ms.map(|l| l.median), 2),
                 num(r.latency_ms.map(|l| l.p99), 2),
-                num(r.throughput_batch_ips.or(r.throughput_ips), 1),
+                num(r.throughput_ips, 1),
+                num(r.throughput_batch_ips, 1),
                 mib(mem.weights),
                 mib(mem.activations),
                 mib(mem.peak_rss),
