@@ -420,6 +420,7 @@ impl Workbench {
         self.data.eval = match w.request(IoRequest::ScanEval {
             dir,
             task: self.exp.evaluation.task.fixed(),
+            labels: self.exp.evaluation.labels.clone(),
         }) {
             Ok(job) => Scan::Loading(job),
             Err(e) => Scan::Failed(format!("{e:#}")),

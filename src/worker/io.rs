@@ -81,9 +81,9 @@ pub(super) fn answer(job: JobId, req: IoRequest) -> Event {
             job,
             result: scan_calib(&dir, select, thumbs, thumb_px),
         },
-        IoRequest::ScanEval { dir, task } => Event::EvalScanned {
+        IoRequest::ScanEval { dir, task, labels } => Event::EvalScanned {
             job,
-            result: scan_eval(&dir, task),
+            result: scan_eval(&dir, task, labels.as_deref()),
         },
         IoRequest::Preview {
             image,
@@ -165,8 +165,12 @@ fn scan_calib(
     })
 }
 
-fn scan_eval(dir: &Path, task: Option<Task>) -> Result<EvalScan, String> {
-    let set = EvalSet::open(dir, &HashSet::new()).map_err(|e| format!("{e:#}"))?;
+fn scan_eval(dir: &Path, task: Option<Task>, labels: Option<&Path>) -> Result<EvalScan, String> {
+    let mut set = EvalSet::open(dir, &HashSet::new()).map_err(|e| format!("{e:#}"))?;
+    if let Some(l) = labels {
+        set.classes = crate::data::read_labels(l)
+            .ok_or_else(|| format!("{}: cannot read class names", l.display()))?;
+    }
     Ok(EvalScan {
         dir: dir.into(),
         kind: task.unwrap_or(set.kind),

@@ -140,6 +140,8 @@ pub enum IoRequest {
     ScanEval {
         dir: PathBuf,
         task: Option<Task>,
+        /// The experiment's class-name file, which takes precedence over the folder's.
+        labels: Option<PathBuf>,
     },
     Preview {
         image: PathBuf,
