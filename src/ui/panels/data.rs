@@ -18,96 +18,104 @@ pub fn data_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
 }
 
 fn calib_folder_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
+    let dir = exp.calibration.dir.as_deref();
+    folder_row_ui(
+        wb,
+        ui,
+        "Calibration:",
+        dir,
+        "Folder of calibration images (searched recursively)",
+        Command::ChooseCalibDir,
+    );
+    if let Some(s) = scan_state_ui(ui, &wb.data.calib, "The folder could not be read") {
+        ui.label(format!(
+            "{} images, {} selected{}",
+            s.total,
+            s.selected,
+            if s.skipped_files > 0 {
+                format!(", {} other files skipped", s.skipped_files)
+            } else {
+                String::new()
+            }
+        ))
+        .on_hover_text("Images found and images the selection takes");
+        egui::ScrollArea::horizontal()
+            .id_salt("data.thumbs")
+            .max_height(56.0)
+            .show(ui, |ui| {
+                ui.horizontal(|ui| {
+                    for (p, t) in &wb.data.thumbs {
+                        ui.add(egui::Image::new(t).fit_to_exact_size(egui::vec2(48.0, 48.0)))
+                            .on_hover_text(p.display().to_string());
+                    }
+                });
+            });
+    }
+}
+
+/// "<label> <folder> [Choose…]" on one row.
+fn folder_row_ui(
+    wb: &mut Workbench,
+    ui: &mut egui::Ui,
+    label: &str,
+    dir: Option<&std::path::Path>,
+    hover: &str,
+    choose: Command,
+) {
     ui.horizontal(|ui| {
-        ui.label("Calibration:");
-        path_label_ui(ui, exp.calibration.dir.as_deref(), "no folder");
-        if ui
-            .button("Choose…")
-            .on_hover_text("Folder of calibration images (searched recursively)")
-            .clicked()
-        {
-            wb.push(Command::ChooseCalibDir);
+        ui.label(label);
+        path_label_ui(ui, dir, "no folder");
+        if ui.button("Choose…").on_hover_text(hover).clicked() {
+            wb.push(choose);
         }
     });
-    match &wb.data.calib {
-        Scan::None => {}
+}
+
+/// A spinner while a folder scan runs, its error if it failed; its result once done.
+fn scan_state_ui<'a, T>(ui: &mut egui::Ui, scan: &'a Scan<T>, failed_hover: &str) -> Option<&'a T> {
+    match scan {
+        Scan::None => None,
         Scan::Loading(_) => {
             ui.horizontal(|ui| {
                 ui.spinner();
                 ui.label("scanning…");
             });
+            None
         }
         Scan::Failed(e) => {
             ui.colored_label(theme::ERROR, e)
-                .on_hover_text("The folder could not be read");
+                .on_hover_text(failed_hover);
+            None
         }
-        Scan::Done(s) => {
-            ui.label(format!(
-                "{} images, {} selected{}",
-                s.total,
-                s.selected,
-                if s.skipped_files > 0 {
-                    format!(", {} other files skipped", s.skipped_files)
-                } else {
-                    String::new()
-                }
-            ))
-            .on_hover_text("Images found and images the selection takes");
-            egui::ScrollArea::horizontal()
-                .id_salt("data.thumbs")
-                .max_height(56.0)
-                .show(ui, |ui| {
-                    ui.horizontal(|ui| {
-                        for (p, t) in &wb.data.thumbs {
-                            ui.add(egui::Image::new(t).fit_to_exact_size(egui::vec2(48.0, 48.0)))
-                                .on_hover_text(p.display().to_string());
-                        }
-                    });
-                });
-        }
+        Scan::Done(s) => Some(s),
     }
 }
 
 fn eval_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
-    ui.horizontal(|ui| {
-        ui.label("Evaluation:");
-        path_label_ui(ui, exp.evaluation.dir.as_deref(), "no folder");
-        if ui
-            .button("Choose…")
-            .on_hover_text("ImageFolder (<class>/<image>) or images/ + masks/ folder")
-            .clicked()
-        {
-            wb.push(Command::ChooseEvalDir);
-        }
-    });
-    match &wb.data.eval {
-        Scan::None => {}
-        Scan::Loading(_) => {
-            ui.horizontal(|ui| {
-                ui.spinner();
-                ui.label("scanning…");
-            });
-        }
-        Scan::Failed(e) => {
-            ui.colored_label(theme::ERROR, e)
-                .on_hover_text("The evaluation set could not be read");
-        }
-        Scan::Done(s) => {
-            let kind = match s.kind {
-                Task::Classification => "classification (ImageFolder)",
-                Task::Segmentation => "segmentation (images + masks)",
-            };
-            ui.label(format!(
-                "{kind}, {} images, {} classes",
-                s.count,
-                s.classes.len()
-            ))
-            .on_hover_text(if s.classes.is_empty() {
-                "No class names found".to_string()
-            } else {
-                s.classes.join(", ")
-            });
-        }
+    let dir = exp.evaluation.dir.as_deref();
+    folder_row_ui(
+        wb,
+        ui,
+        "Evaluation:",
+        dir,
+        "ImageFolder (<class>/<image>) or images/ + masks/ folder",
+        Command::ChooseEvalDir,
+    );
+    if let Some(s) = scan_state_ui(ui, &wb.data.eval, "The evaluation set could not be read") {
+        let kind = match s.kind {
+            Task::Classification => "classification (ImageFolder)",
+            Task::Segmentation => "segmentation (images + masks)",
+        };
+        ui.label(format!(
+            "{kind}, {} images, {} classes",
+            s.count,
+            s.classes.len()
+        ))
+        .on_hover_text(if s.classes.is_empty() {
+            "No class names found".to_string()
+        } else {
+            s.classes.join(", ")
+        });
     }
     ui.horizontal(|ui| {
         ui.label("Task:");
