@@ -364,13 +364,18 @@ fn op_zoo() -> GraphBuilder {
 #[test]
 fn op_zoo_fp32_matches_cpu() {
     let Some(g) = gpu() else { return };
-    let m = op_zoo().model();
-    let e = float_err(&g, &m, Precision::Fp32, 2, [12, 12]);
-    eprintln!("op_zoo fp32 max rel err {e:.3e}");
-    assert!(e <= 1e-3, "fp32 rel err {e}");
-    let e16 = float_err(&g, &m, Precision::Fp16, 2, [12, 12]);
-    eprintln!("op_zoo fp16 max rel err {e16:.3e}");
-    assert!(e16 <= 2e-2, "fp16 rel err {e16}");
+    // The shape-arithmetic graph fixes batch 1 in its Resize sizes, as exporters do.
+    for (name, m, batch) in [
+        ("op_zoo", op_zoo().model(), 2),
+        ("shape_arithmetic", shape_arithmetic().model(), 1),
+    ] {
+        let e = float_err(&g, &m, Precision::Fp32, batch, [12, 12]);
+        eprintln!("{name} fp32 max rel err {e:.3e}");
+        assert!(e <= 1e-3, "{name} fp32 rel err {e}");
+        let e16 = float_err(&g, &m, Precision::Fp16, batch, [12, 12]);
+        eprintln!("{name} fp16 max rel err {e16:.3e}");
+        assert!(e16 <= 2e-2, "{name} fp16 rel err {e16}");
+    }
 }
 
 fn model_files() -> Vec<std::path::PathBuf> {
@@ -488,6 +493,43 @@ fn check_says_why_or_what() {
     }
 }
 
+/// torchvision's ASPP pooling: the Resize target size comes from the input's shape through
+/// `Shape -> Slice -> Concat` (integer arithmetic folded at build time).
+fn shape_arithmetic() -> GraphBuilder {
+    let mut b = GraphBuilder::new(&[1, 3, 12, 12]);
+    let c = b.conv("c", "x", 3, 4, 3);
+    let pooled = b.op("GlobalAveragePool", "gap", &[&c]);
+    let shape = b.op("Shape", "shape", &[&c]);
+    for (name, v) in [
+        ("hw_start", 2i64),
+        ("hw_end", 4),
+        ("nc_start", 0),
+        ("nc_end", 2),
+    ] {
+        b.graph
+            .initializer
+            .push(proto::i64_tensor(name, &[1], &[v]));
+    }
+    let hw = b.op("Slice", "hw", &[&shape, "hw_start", "hw_end"]);
+    let nc = b.op("Slice", "nc", &[&shape, "nc_start", "nc_end"]);
+    let sizes = b.op("Concat", "sizes", &[&nc, &hw]);
+    b.graph
+        .node
+        .last_mut()
+        .map(|n| n.attribute.push(proto::int_attr("axis", 0)));
+    let up = "up.out".to_string();
+    b.graph.node.push(proto::node(
+        "Resize",
+        "up",
+        &[&pooled, "", "", &sizes],
+        &[&up],
+        vec![],
+    ));
+    let y = b.op("Add", "sum", &[&up, &c]);
+    b.output(&y);
+    b
+}
+
 /// Host side only: every model here lowers to a plan in every precision (no GPU needed).
 #[test]
 fn models_lower_to_plans_without_a_gpu() {
@@ -498,6 +540,7 @@ fn models_lower_to_plans_without_a_gpu() {
             residual_classifier(10).model(),
         ),
         ("op_zoo".into(), op_zoo().model()),
+        ("shape_arithmetic".into(), shape_arithmetic().model()),
     ];
     for f in model_files() {
         models.push((f.display().to_string(), Model::load(&f).expect("loads")));

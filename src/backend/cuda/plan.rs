@@ -562,9 +562,55 @@ impl Builder<'_> {
         self.g.initializer(name).and_then(proto::tensor_i64)
     }
 
+    /// Integer shape arithmetic on constants (exporters compute Resize sizes from
+    /// `Shape -> Slice -> Concat`): folded at build time into `shapes`, no kernel.
+    fn fold_shape_op(&self, n: &pb::NodeProto) -> Option<Vec<i64>> {
+        let int = |k: usize| {
+            n.input
+                .get(k)
+                .filter(|s| !s.is_empty())
+                .and_then(|t| self.ints_const(t))
+        };
+        match n.op_type.as_str() {
+            "Cast" | "Unsqueeze" | "Squeeze" | "Identity" => int(0),
+            "Concat" => n
+                .input
+                .iter()
+                .map(|t| self.ints_const(t))
+                .collect::<Option<Vec<_>>>()
+                .map(|v| v.concat()),
+            "Gather" => {
+                let (data, idx) = (int(0)?, int(1)?);
+                let len = data.len() as i64;
+                idx.iter()
+                    .map(|&i| {
+                        data.get((if i < 0 { i + len } else { i }) as usize)
+                            .copied()
+                    })
+                    .collect()
+            }
+            "Slice" => {
+                let data = int(0)?;
+                if int(3).is_some_and(|axes| axes != [0]) {
+                    return None;
+                }
+                let len = data.len() as i64;
+                let clamp = |v: i64| (if v < 0 { v + len } else { v }).clamp(0, len);
+                let (start, end) = (clamp(*int(1)?.first()?), clamp(*int(2)?.first()?));
+                let step = int(4).and_then(|s| s.first().copied()).unwrap_or(1);
+                (step == 1).then(|| data[start as usize..end.max(start) as usize].to_vec())
+            }
+            _ => None,
+        }
+    }
+
     fn node(&mut self, i: usize) -> PlanResult<()> {
         let n = self.g.node(i);
         let op = n.op_type.as_str();
+        if let Some(v) = self.fold_shape_op(n) {
+            self.shapes.insert(n.output[0].clone(), v);
+            return Ok(());
+        }
         let res = match op {
             "QuantizeLinear" => self.quantize(i),
             "DequantizeLinear" => self.dequantize(i),
