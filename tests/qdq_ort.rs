@@ -66,11 +66,7 @@ fn int8_engine_computes_in_int8_and_matches_the_float_simulation() {
             .as_slice::<f32>()
             .expect("slice")
             .to_vec();
-        let max_ref = s.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let err = ours
-            .iter()
-            .zip(&s)
-            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        let (err, max_ref) = common::max_err(&ours, &s);
         assert!(
             err <= 1e-4 * max_ref.max(1.0),
             "input {i}: INT8 engine vs float simulation max error {err}"
@@ -123,11 +119,7 @@ fn qdq_model_runs_in_onnx_runtime_and_matches_the_int8_engine() {
             let ort = common::read_f32(&out);
             let ours = engine.run(&x).expect("run").data;
             assert_eq!(ort.len(), ours.len());
-            let max_ref = ort.iter().fold(0f32, |m, v| m.max(v.abs()));
-            let err = ours
-                .iter()
-                .zip(&ort)
-                .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            let (err, max_ref) = common::max_err(&ours, &ort);
             assert!(
                 err <= 1e-4 * max_ref.max(1.0),
                 "{method} input {i}: INT8 engine vs ONNX Runtime max error {err}"
@@ -168,11 +160,7 @@ fn fp16_simulation_rounds_through_half() {
         fp32.run(&x).expect("fp32 run").data,
         fp16.run(&x).expect("fp16 run").data,
     );
-    let err = a
-        .iter()
-        .zip(&h)
-        .fold(0f32, |m, (p, q)| m.max((p - q).abs()));
-    let max = a.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let (err, max) = common::max_err(&h, &a);
     assert!(err > 0.0, "rounding through f16 changes the output");
     assert!(err < 2e-2 * max, "but only at half precision: {err}");
 }

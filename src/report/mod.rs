@@ -131,12 +131,14 @@ pub struct Report {
     pub rows: Vec<Row>,
 }
 
-fn pct(v: Option<f64>) -> String {
+/// A fraction as a percentage with two decimals, "–" when absent (tables in reports and UI).
+pub fn pct(v: Option<f64>) -> String {
     v.map(|v| format!("{:.2}", v * 100.0))
         .unwrap_or_else(|| "–".into())
 }
 
-fn num(v: Option<f64>, digits: usize) -> String {
+/// A number with `digits` decimals, "–" when absent.
+pub fn num(v: Option<f64>, digits: usize) -> String {
     v.map(|v| format!("{v:.digits$}"))
         .unwrap_or_else(|| "–".into())
 }

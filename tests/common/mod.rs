@@ -77,3 +77,12 @@ pub fn read_f32(path: &Path) -> Vec<f32> {
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
         .collect()
 }
+
+/// (max |a - b|, max |reference|): the error and the scale it is judged against.
+pub fn max_err(a: &[f32], reference: &[f32]) -> (f32, f32) {
+    let err = a
+        .iter()
+        .zip(reference)
+        .fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+    (err, reference.iter().fold(0f32, |m, v| m.max(v.abs())))
+}

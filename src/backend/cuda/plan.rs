@@ -511,6 +511,17 @@ impl Builder<'_> {
     }
 
     /// `t` in `layout`, inserting a conversion (NHWC <-> NCHW order) when needed.
+    /// The node's first input as a rank-4 float tensor in NHWC, with its description.
+    fn nhwc_input(&mut self, n: &pb::NodeProto, what: &str) -> PlanResult<(usize, TensorDesc)> {
+        let x = self.float_tensor_of(&n.input[0], &format!("{what} input"))?;
+        let x = self.to_layout(x, Layout::Nhwc, what)?;
+        let d = self.desc(x).clone();
+        if d.shape.len() != 4 {
+            return Err(err(n, format!("{what} needs a rank-4 input")));
+        }
+        Ok((x, d))
+    }
+
     fn to_layout(&mut self, t: usize, layout: Layout, why: &str) -> PlanResult<usize> {
         let d = self.desc(t).clone();
         if d.layout == layout {
@@ -651,12 +662,7 @@ impl Builder<'_> {
             "BatchNormalization" => self.batch_norm(i),
             "MaxPool" | "AveragePool" => self.pool(i),
             "GlobalAveragePool" => {
-                let x = self.float_tensor_of(&n.input[0], "pool input")?;
-                let x = self.to_layout(x, Layout::Nhwc, "pool")?;
-                let d = self.desc(x).clone();
-                if d.shape.len() != 4 {
-                    return Err(err(n, "GlobalAveragePool needs a rank-4 input"));
-                }
+                let (x, d) = self.nhwc_input(n, "pool")?;
                 let o = self.tensor(
                     &n.output[0],
                     vec![d.shape[0], d.shape[1], 1, 1],
@@ -1283,12 +1289,7 @@ impl Builder<'_> {
 
     fn pool(&mut self, i: usize) -> PlanResult<()> {
         let n = self.g.node(i);
-        let x = self.float_tensor_of(&n.input[0], "pool input")?;
-        let x = self.to_layout(x, Layout::Nhwc, "pool")?;
-        let d = self.desc(x).clone();
-        if d.shape.len() != 4 {
-            return Err(err(n, "only 2-D pooling is supported"));
-        }
+        let (x, d) = self.nhwc_input(n, "pool")?;
         let k = proto::attr_ints(n, "kernel_shape").ok_or_else(|| err(n, "no kernel_shape"))?;
         let s = proto::attr_ints(n, "strides").unwrap_or(vec![1, 1]);
         if proto::attr_ints(n, "dilations").is_some_and(|d| d.iter().any(|&v| v != 1)) {
@@ -1455,12 +1456,7 @@ impl Builder<'_> {
 
     fn resize(&mut self, i: usize) -> PlanResult<()> {
         let n = self.g.node(i);
-        let x = self.float_tensor_of(&n.input[0], "resize input")?;
-        let x = self.to_layout(x, Layout::Nhwc, "resize")?;
-        let d = self.desc(x).clone();
-        if d.shape.len() != 4 {
-            return Err(err(n, "only rank-4 resize is supported"));
-        }
+        let (x, d) = self.nhwc_input(n, "resize")?;
         let nonempty = |k: usize| n.input.get(k).filter(|s| !s.is_empty());
         let (scales_in, sizes_in) = if n.op_type == "Upsample" {
             (nonempty(1), None)
@@ -1605,10 +1601,8 @@ impl Builder<'_> {
             .and_then(|t| t.data.first().copied())
             .or(proto::attr_f(n, "value"))
             .unwrap_or(0.0);
-        let x = self.float_tensor_of(&n.input[0], "pad input")?;
-        let x = self.to_layout(x, Layout::Nhwc, "pad")?;
-        let d = self.desc(x).clone();
-        if d.shape.len() != 4 || pads.len() != 8 || pads.iter().any(|&p| p < 0) {
+        let (x, d) = self.nhwc_input(n, "pad")?;
+        if pads.len() != 8 || pads.iter().any(|&p| p < 0) {
             return Err(err(
                 n,
                 "only non-negative spatial padding of rank-4 tensors",

@@ -32,15 +32,7 @@ pub fn engine_name(r: &Row) -> String {
     }
 }
 
-fn pct(v: Option<f64>) -> String {
-    v.map(|v| format!("{:.2}", v * 100.0))
-        .unwrap_or_else(|| "–".into())
-}
-
-fn num(v: Option<f64>, digits: usize) -> String {
-    v.map(|v| format!("{v:.digits$}"))
-        .unwrap_or_else(|| "–".into())
-}
+use crate::report::{num, pct};
 
 pub fn compare_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
     let rows: Vec<Row> = wb.results.rows().to_vec();
@@ -60,12 +52,7 @@ pub fn compare_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
         .and_then(|r| r.model.task)
         .map(|t| t == Task::Segmentation)
         .unwrap_or_else(|| rows.iter().any(|r| r.miou.is_some()));
-    let classes: Vec<String> = wb
-        .results
-        .report
-        .as_ref()
-        .map(|r| r.evaluation.classes.clone())
-        .unwrap_or_default();
+    let classes = super::class_names(wb);
     if wb.results.partial {
         ui.colored_label(
             theme::WARN,
@@ -214,13 +201,7 @@ fn short_name(r: &Row) -> String {
 }
 
 fn chart<'a>(id: &str, title: &str, height: f32, names: Vec<String>) -> Plot<'a> {
-    Plot::new(id.to_string())
-        .height(height)
-        .allow_zoom(false)
-        .allow_drag(false)
-        .allow_scroll(false)
-        .allow_boxed_zoom(false)
-        .allow_double_click_reset(false)
+    super::fixed_plot(id, height)
         .y_axis_label(title.to_string())
         .x_axis_formatter(move |mark, _| {
             let i = mark.value.round();

@@ -4,7 +4,7 @@
 //! mixed-precision engine, and "Re-run" builds that engine next to the others.
 
 use eframe::egui;
-use egui_plot::{Bar, BarChart, Legend, Plot};
+use egui_plot::{Bar, BarChart, Legend};
 
 use super::empty_ui;
 use crate::model::Task;
@@ -315,13 +315,7 @@ fn chart_ui(r: &SensitivityReport, keep_float: &[String], ui: &mut egui::Ui) {
     let height = 200.0;
     let n_layers = r.layers.len();
     let plot = |id: &str, y: &str| {
-        Plot::new(id.to_string())
-            .height(height)
-            .allow_zoom(false)
-            .allow_drag(false)
-            .allow_scroll(false)
-            .allow_boxed_zoom(false)
-            .allow_double_click_reset(false)
+        super::fixed_plot(id, height)
             .include_y(0.0)
             .include_x(-0.5)
             .include_x(n_layers as f64 - 0.5)

@@ -235,12 +235,7 @@ fn views_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
             .filter_map(|&k| Some((k, pred(k)?)))
             .collect(),
     };
-    let classes: Vec<String> = wb
-        .results
-        .report
-        .as_ref()
-        .map(|r| r.evaluation.classes.clone())
-        .unwrap_or_default();
+    let classes = super::class_names(wb);
     let names: Vec<String> = rows.iter().map(engine_name).collect();
     let image_path = wb
         .results

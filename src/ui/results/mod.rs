@@ -10,6 +10,26 @@ pub(crate) mod masks;
 
 use super::{Command, Workbench, theme};
 
+/// A chart that stays put: the results are numbers to read, not a canvas to pan.
+fn fixed_plot<'a>(id: &str, height: f32) -> egui_plot::Plot<'a> {
+    egui_plot::Plot::new(id.to_string())
+        .height(height)
+        .allow_zoom(false)
+        .allow_drag(false)
+        .allow_scroll(false)
+        .allow_boxed_zoom(false)
+        .allow_double_click_reset(false)
+}
+
+/// Class names of the current report, in model output order (empty before a run).
+fn class_names(wb: &Workbench) -> Vec<String> {
+    wb.results
+        .report
+        .as_ref()
+        .map(|r| r.evaluation.classes.clone())
+        .unwrap_or_default()
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Tab {
     Compare,
