@@ -469,15 +469,9 @@ fn sensitivity(
     sink.bar.finish_and_clear();
     if let Some(a) = &out.0.amp {
         eprintln!(
-            "mixed precision: {} layers kept in float, metric {:.2} % (FP32 {:.2} %){}",
-            a.kept_float.len(),
-            a.metric * 100.0,
-            out.0.fp32_metric * 100.0,
-            if a.note.is_empty() {
-                String::new()
-            } else {
-                format!(": {}", a.note)
-            }
+            "mixed precision: {} (FP32 {:.2} %)",
+            a.summary(),
+            out.0.fp32_metric * 100.0
         );
     }
     Ok(out)

@@ -103,6 +103,23 @@ pub struct AmpResult {
     pub note: String,
 }
 
+impl AmpResult {
+    /// One line for people: "2 layer(s) in float, 41.67 %, budget met (note)".
+    pub fn summary(&self) -> String {
+        format!(
+            "{} layer(s) in float, {:.2} %, budget {}{}",
+            self.kept_float.len(),
+            self.metric * 100.0,
+            if self.met { "met" } else { "not met" },
+            if self.note.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", self.note)
+            }
+        )
+    }
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct SensitivityReport {
     pub model: std::path::PathBuf,

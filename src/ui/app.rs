@@ -550,19 +550,8 @@ impl Workbench {
             let mut e = self.exp.clone();
             e.mixed_precision = Some(crate::cli::mixed_from(&report));
             let msg = format!(
-                "Mixed precision: {} layer(s) kept in float reach {:.2} % ({}{}). It is now the experiment's mixed-precision engine: press Run to compare it.",
-                amp.kept_float.len(),
-                amp.metric * 100.0,
-                if amp.met {
-                    "budget met"
-                } else {
-                    "budget not met"
-                },
-                if amp.note.is_empty() {
-                    String::new()
-                } else {
-                    format!("; {}", amp.note)
-                }
+                "Mixed precision: {}. It is now the experiment's mixed-precision engine: press Run to compare it.",
+                amp.summary()
             );
             self.log_info(msg.clone());
             self.banner = Some((msg, false));

@@ -138,21 +138,7 @@ fn summary_ui(r: &SensitivityReport, ui: &mut egui::Ui) {
         (r.int8_metric - r.fp32_metric) * 100.0
     );
     match &r.amp {
-        Some(a) => text.push_str(&format!(
-            " | mixed precision: {} in float, {:.2} %, {}{}",
-            a.kept_float.len(),
-            a.metric * 100.0,
-            if a.met {
-                "budget met"
-            } else {
-                "budget not met"
-            },
-            if a.note.is_empty() {
-                String::new()
-            } else {
-                format!(" ({})", a.note)
-            }
-        )),
+        Some(a) => text.push_str(&format!(" | mixed precision: {}", a.summary())),
         None => text.push_str(" | no mixed-precision search"),
     }
     let methods: Vec<String> = r
