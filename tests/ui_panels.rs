@@ -363,7 +363,7 @@ fn a_mixed_precision_plan_goes_into_the_experiment() {
     wb.tab = Tab::Layers;
     let mut h = harness(wb);
     h.run();
-    h.get_by_label_contains("2 layer(s) in float, 71.50 %, budget met");
+    h.get_by_label_contains("| mixed precision: 2 layer(s) in float, 71.50 %, budget met");
     h.get_by_label_contains("press Run to compare it");
     assert_eq!(h.get_all_by_label("float").count(), 2);
 }
