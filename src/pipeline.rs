@@ -492,6 +492,7 @@ fn run_row(
                     row.throughput_batch_ips = (l.median > 0.0).then(|| b as f64 * 1e3 / l.median);
                     row.latency_batch_ms = Some(l);
                     row.batch = Some(b);
+                    row.layer_times_batch = e.info().layer_times.clone();
                 }
             }
             Err(e) => sink.log(&format!("{label}: batch {b} engine: {e}")),

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use quantscope::backend::cpu::{CpuBackend, Probe};
 use quantscope::backend::cuda::CudaBackend;
-use quantscope::backend::{Backend, BuildInput, BuildSpec, Precision};
+use quantscope::backend::{Backend, BuildInput, BuildSpec, Engine, Precision};
 use quantscope::calib::{Method, Stats};
 use quantscope::model::Model;
 use quantscope::model::proto;
@@ -133,7 +133,7 @@ fn int8_scores(
 ) -> (f64, f64, usize, f64, f64) {
     let qdq = qdq_of(m, hw, 4);
     let spec = BuildSpec { batch, hw };
-    let mut cpu = CpuBackend
+    let mut cuda = gpu
         .build(
             BuildInput::Int8 {
                 model: m,
@@ -141,6 +141,22 @@ fn int8_scores(
             },
             spec,
         )
+        .unwrap_or_else(|e| panic!("cuda int8 engine: {e}"));
+    int8_scores_of(cuda.as_mut(), m, &qdq, hw, batch, runs)
+}
+
+/// `int8_scores` for a CUDA INT8 engine built from `qdq`.
+fn int8_scores_of(
+    cuda: &mut dyn Engine,
+    m: &Model,
+    qdq: &quant::QdqModel,
+    hw: [usize; 2],
+    batch: usize,
+    runs: usize,
+) -> (f64, f64, usize, f64, f64) {
+    let spec = BuildSpec { batch, hw };
+    let mut cpu = CpuBackend
+        .build(BuildInput::Int8 { model: m, qdq }, spec)
         .expect("cpu int8");
     let mut cpu32 = CpuBackend
         .build(
@@ -151,15 +167,6 @@ fn int8_scores(
             spec,
         )
         .expect("cpu fp32");
-    let mut cuda = gpu
-        .build(
-            BuildInput::Int8 {
-                model: m,
-                qdq: &qdq,
-            },
-            spec,
-        )
-        .unwrap_or_else(|e| panic!("cuda int8 engine: {e}"));
     eprintln!(
         "  int8 nodes {}, float nodes {}",
         cuda.info().int8_nodes,
@@ -224,6 +231,65 @@ fn residual_classifier_fp32_fp16_int8_match_cpu() {
     eprintln!("residual_classifier fp16 max rel err {e16:.3e}");
     assert!(e16 <= 2e-2, "fp16 rel err {e16}");
     check_int8("residual_classifier", int8_scores(&g, &m, [16, 16], 8, 8));
+}
+
+/// Each way the builder can run an int8 conv, forced on every conv it applies to (a cached
+/// choice naming only the family), against the CPU INT8 engine on the bundled classifier:
+/// the cuDNN graph int8 conv, the fused int8-out cuBLASLt GEMM, the raw int32 GEMM + epilogue, the FP16 way through
+/// cuDNN and through cuBLASLt, and the direct kernel.
+#[test]
+fn every_int8_conv_implementation_matches_cpu() {
+    use quantscope::backend::cuda::cache::Choices;
+    use quantscope::backend::cuda::engine::{CudaEngine, Device};
+    use quantscope::backend::cuda::plan::{self, Step};
+    let Some(_) = gpu() else { return };
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("sample_models/fashion_resnet.onnx");
+    let m = Model::load(&path).expect("sample model loads");
+    let hw = m.input_hw(None).expect("fixed input size");
+    let batch = 4;
+    let qdq = qdq_of(&m, hw, 4);
+    let p = Model {
+        proto: qdq.proto.clone(),
+        ..m.clone()
+    }
+    .with_fixed_input(batch, hw);
+    let pl = plan::lower(&p, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
+    let convs: Vec<String> = pl
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Conv(c) if c.int8.is_some() => Some(c.name.clone()),
+            _ => None,
+        })
+        .collect();
+    for family in ["cudnn8", "gemm8", "gemm", "f16+cudnn", "f16+gemm", "direct"] {
+        let forced = Choices {
+            convs: convs
+                .iter()
+                .map(|c| (c.clone(), family.to_string()))
+                .collect(),
+            ..Default::default()
+        };
+        let dev = Device::new().expect("device");
+        let (mut eng, got) = CudaEngine::build(dev, pl.clone(), Precision::Int8, batch, &forced)
+            .unwrap_or_else(|e| panic!("{family}: {e}"));
+        let applied = convs
+            .iter()
+            .filter(|c| {
+                got.convs.get(*c).is_some_and(|k| {
+                    k == family || k.strip_prefix(family).is_some_and(|r| r.starts_with(':'))
+                })
+            })
+            .count();
+        eprintln!(
+            "{family}: forced on {applied} of {} int8 convs",
+            convs.len()
+        );
+        assert!(applied > 0, "{family} applied to no conv: {got:?}");
+        let s = int8_scores_of(&mut eng, &m, &qdq, hw, batch, 8);
+        check_int8(&format!("fashion_resnet int8 [{family}]"), s);
+        assert!(s.3 >= 0.9, "{family}: agreement with CPU INT8 {}", s.3);
+    }
 }
 
 /// A graph touching every op the backend lowers outside Conv/Gemm.

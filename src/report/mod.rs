@@ -55,7 +55,11 @@ pub struct Row {
     pub build_ms: Option<f64>,
     pub int8_nodes: Option<usize>,
     pub float_nodes: Vec<FloatNode>,
+    /// Per-layer times of the batch-1 engine (backends that measure them).
     pub layer_times: Vec<LayerTime>,
+    /// Per-layer times of the batch-N engine, when one was timed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub layer_times_batch: Vec<LayerTime>,
     /// Per evaluation image: its mIoU (segmentation) or 1/0 for a correct top-1.
     pub per_image: Vec<f64>,
     pub error: Option<String>,

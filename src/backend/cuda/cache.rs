@@ -11,7 +11,10 @@ use serde::{Deserialize, Serialize};
 #[serde(default)]
 pub struct Choices {
     pub version: u32,
-    /// Conv node name -> implementation key (`direct`, `gemm:<i>:<rows|im2col>`, `cudnn:<algo>`).
+    /// Conv node name -> implementation key: `direct`, `gemm:<i>:<rows|im2col>`,
+    /// `gemm8:<i>:<rows|im2col>` (int8 out from cuBLASLt's epilogue), `cudnn:<algo>`, and any
+    /// of those after `f16+` (an int8 layer run in FP16). A key without its algorithm
+    /// (`gemm8`, `f16+cudnn`) picks the first candidate of that family.
     pub convs: BTreeMap<String, String>,
 }
 
@@ -103,22 +106,22 @@ mod tests {
     }
 
     #[test]
-    fn impl_keys_parse_back() {
+    fn cached_keys_name_implementations_or_families() {
         use super::super::engine::ConvImpl;
-        for c in [
-            ConvImpl::Direct,
-            ConvImpl::Gemm {
-                algo: 2,
-                im2col: true,
-            },
-            ConvImpl::Gemm {
-                algo: 0,
-                im2col: false,
-            },
-            ConvImpl::Cudnn { algo: 6 },
-        ] {
-            assert_eq!(ConvImpl::parse(&c.key()), Some(c));
-        }
-        assert_eq!(ConvImpl::parse("bogus"), None);
+        let gemm = ConvImpl::Gemm {
+            algo: 2,
+            im2col: true,
+        };
+        let gemm8 = ConvImpl::GemmI8Out {
+            algo: 0,
+            im2col: false,
+        };
+        let f16 = ConvImpl::AsF16(Box::new(ConvImpl::Cudnn { algo: 6 }));
+        assert!(gemm.answers("gemm:2:im2col") && gemm.answers("gemm"));
+        assert!(!gemm.answers("gemm:0:im2col") && !gemm.answers("gemm8"));
+        assert!(gemm8.answers("gemm8") && !gemm8.answers("gemm"));
+        assert!(f16.answers("f16+cudnn") && f16.answers("f16+cudnn:6"));
+        assert!(!f16.answers("cudnn") && !ConvImpl::Cudnn { algo: 6 }.answers("f16+cudnn"));
+        assert!(ConvImpl::Direct.answers("direct") && !ConvImpl::Direct.answers("bogus"));
     }
 }

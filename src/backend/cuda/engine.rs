@@ -15,7 +15,8 @@ use cudarc::driver::{
 };
 
 use super::cache::Choices;
-use super::plan::{ConvStep, DType, Layout, Operand, Plan, Step, assign_buffers};
+use super::dnn_graph::{Geometry, Int8ConvGraph, Ptrs};
+use super::plan::{Act, ConvStep, DType, Layout, Operand, Plan, Step, assign_buffers, float_type};
 use crate::backend::{BackendError, Engine, EngineInfo, LayerTime, Output, Precision};
 
 const KERNELS: &str = include_str!("kernels.cu");
@@ -23,6 +24,8 @@ const KERNELS: &str = include_str!("kernels.cu");
 const LIB_WORKSPACE_BYTES: usize = 64 << 20;
 /// Direct kernel is only timed below this many MACs (it is a correctness fallback).
 const DIRECT_MAX_MACS: f64 = 2e8;
+/// Largest im2col buffer a float GEMM candidate may ask for (int8 GEMMs always get theirs).
+const COL_MAX_BYTES: usize = 256 << 20;
 
 pub type DevResult<T> = Result<T, String>;
 
@@ -92,6 +95,7 @@ struct Kernels {
     epilogue: CudaFunction,
     conv_direct: CudaFunction,
     im2col: CudaFunction,
+    im2col_v16: CudaFunction,
     unary: CudaFunction,
     binary: CudaFunction,
     transpose: CudaFunction,
@@ -135,13 +139,17 @@ fn elems_cfg(n: usize) -> LaunchConfig {
 }
 
 macro_rules! launch {
-    ($stream:expr, $f:expr, $n:expr; $($a:expr),* $(,)?) => {{
-        let cfg = elems_cfg($n);
+    ($stream:expr, $f:expr, cfg $cfg:expr; $($a:expr),* $(,)?) => {{
+        let cfg: LaunchConfig = $cfg;
         let args = ($($a,)*);
         let mut b = $stream.launch_builder(&$f);
         push_args!(b, args; (0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35); $($a),*);
         drv(unsafe { b.launch(cfg) }, "kernel launch").map(|_| ())
     }};
+    // One thread per element.
+    ($stream:expr, $f:expr, $n:expr; $($a:expr),* $(,)?) => {
+        launch!($stream, $f, cfg elems_cfg($n); $($a),*)
+    };
 }
 
 macro_rules! push_args {
@@ -188,6 +196,7 @@ impl Device {
             epilogue: f("epilogue")?,
             conv_direct: f("conv_direct")?,
             im2col: f("im2col")?,
+            im2col_v16: f("im2col_v16")?,
             unary: f("unary")?,
             binary: f("binary")?,
             transpose: f("transpose")?,
@@ -221,14 +230,30 @@ impl Device {
 #[derive(Clone, Debug, PartialEq)]
 pub enum ConvImpl {
     Direct,
-    /// cuBLASLt GEMM: `algo` is the index in the heuristic list; `im2col` when not pointwise.
+    /// cuBLASLt GEMM into a raw buffer, then the epilogue kernel: `algo` is the index in the
+    /// heuristic list; `im2col` when not pointwise.
     Gemm {
+        algo: usize,
+        im2col: bool,
+    },
+    /// cuBLASLt int8 GEMM that writes the int8 output itself: per-channel scale (alpha
+    /// vector), bias, residual (beta * C) and ReLU in its epilogue, so no raw int32 pass.
+    GemmI8Out {
         algo: usize,
         im2col: bool,
     },
     Cudnn {
         algo: i32,
     },
+    /// cuDNN graph-API int8 conv with scale, bias, residual, ReLU and the output conversion
+    /// (requantization, or FP16) fused (`dnn_graph`); `plan` indexes its execution plans.
+    CudnnI8 {
+        plan: usize,
+    },
+    /// A layer the Q/DQ plan lets run in int8, run in FP16 because that timed faster: the int8
+    /// input is dequantized into a scratch FP16 copy, the inner float implementation runs on
+    /// dequantized weights, and the epilogue writes the planned output type.
+    AsF16(Box<ConvImpl>),
 }
 
 impl ConvImpl {
@@ -238,21 +263,39 @@ impl ConvImpl {
             ConvImpl::Gemm { algo, im2col } => {
                 format!("gemm:{algo}:{}", if *im2col { "im2col" } else { "rows" })
             }
+            ConvImpl::GemmI8Out { algo, im2col } => {
+                format!("gemm8:{algo}:{}", if *im2col { "im2col" } else { "rows" })
+            }
             ConvImpl::Cudnn { algo } => format!("cudnn:{algo}"),
+            ConvImpl::CudnnI8 { plan } => format!("cudnn8:{plan}"),
+            ConvImpl::AsF16(inner) => format!("f16+{}", inner.key()),
         }
     }
-    pub fn parse(s: &str) -> Option<ConvImpl> {
-        let p: Vec<&str> = s.split(':').collect();
-        match p.as_slice() {
-            ["direct"] => Some(ConvImpl::Direct),
-            ["gemm", a, m] => Some(ConvImpl::Gemm {
-                algo: a.parse().ok()?,
-                im2col: *m == "im2col",
-            }),
-            ["cudnn", a] => Some(ConvImpl::Cudnn {
-                algo: a.parse().ok()?,
-            }),
-            _ => None,
+    /// Whether a cached key names this implementation: its whole key, or its family without
+    /// the algorithm (`gemm8` answers for `gemm8:0:im2col`, not `gemm` for `gemm8:..`).
+    pub fn answers(&self, key: &str) -> bool {
+        let own = self.key();
+        own == key
+            || own
+                .strip_prefix(key)
+                .is_some_and(|rest| rest.starts_with(':'))
+    }
+    /// What the per-layer report calls it.
+    fn describe(&self) -> String {
+        match self {
+            ConvImpl::Direct => "direct kernel".into(),
+            ConvImpl::Gemm { im2col, .. } => {
+                format!("cuBLASLt GEMM{}", if *im2col { " + im2col" } else { "" })
+            }
+            ConvImpl::GemmI8Out { im2col, .. } => format!(
+                "cuBLASLt GEMM, fused int8 epilogue{}",
+                if *im2col { " + im2col" } else { "" }
+            ),
+            ConvImpl::Cudnn { algo } => format!("cuDNN algo {algo}"),
+            ConvImpl::CudnnI8 { plan } => {
+                format!("cuDNN graph int8 conv, fused epilogue (plan {plan})")
+            }
+            ConvImpl::AsF16(inner) => format!("run in fp16 (timed faster): {}", inner.describe()),
         }
     }
 }
@@ -261,12 +304,41 @@ struct GemmSetup {
     desc: lt::cublasLtMatmulDesc_t,
     a: lt::cublasLtMatrixLayout_t,
     b: lt::cublasLtMatrixLayout_t,
+    /// Layout of C and D.
     d: lt::cublasLtMatrixLayout_t,
     algos: Vec<lt::cublasLtMatmulHeuristicResult_t>,
     w: DevBuf,
     kpad: usize,
+    /// Rows of D (output channels, padded for the raw-output GEMMs).
     cout_pad: usize,
     int8: bool,
+    /// Int8 output written by the GEMM's own epilogue (`ConvImpl::GemmI8Out`).
+    fused: Option<FusedI8>,
+}
+
+/// Device constants of a GEMM whose epilogue requantizes: D = sat(round(act(alpha[c] * AB +
+/// beta * C + bias[c]))), all in units of the output scale.
+struct FusedI8 {
+    alpha: DevBuf,
+    bias: DevBuf,
+    /// Residual weight (host scalar); `None` when there is no residual (beta = 0 mode).
+    beta: Option<f32>,
+}
+
+/// A cuDNN graph int8 conv with its weights (KRSC) and output-unit scale and bias.
+struct DnnI8 {
+    graph: Int8ConvGraph,
+    w: DevBuf,
+    scale: DevBuf,
+    bias: DevBuf,
+}
+
+/// The FP16 way of running an int8 layer (`ConvImpl::AsF16`): dequantized weights for the
+/// float implementations and unit alphas (the FP16 conv already computes real units).
+struct F16Path {
+    gemm: Option<GemmSetup>,
+    cudnn: Option<CudnnSetup>,
+    ones: DevBuf,
 }
 
 impl Drop for GemmSetup {
@@ -278,6 +350,67 @@ impl Drop for GemmSetup {
             lt::cublasLtMatrixLayoutDestroy(self.d);
         }
     }
+}
+
+/// A cuBLASLt matmul descriptor being configured; destroyed on drop unless taken.
+struct GemmDesc(lt::cublasLtMatmulDesc_t);
+
+impl GemmDesc {
+    /// A descriptor for D = op(A)^T B (weights transposed, columns as they are).
+    fn new(compute: lt::cublasComputeType_t, scale: lt::cudaDataType_t) -> DevResult<GemmDesc> {
+        let desc = cudarc::cublaslt::result::create_matmul_desc(compute, scale)
+            .map_err(|e| format!("{e}"))?;
+        let d = GemmDesc(desc);
+        use lt::cublasLtMatmulDescAttributes_t as A;
+        d.set(A::CUBLASLT_MATMUL_DESC_TRANSA, &1i32)?; // CUBLAS_OP_T
+        d.set(A::CUBLASLT_MATMUL_DESC_TRANSB, &0i32)?; // CUBLAS_OP_N
+        Ok(d)
+    }
+    fn set<T>(&self, attr: lt::cublasLtMatmulDescAttributes_t, v: &T) -> DevResult<()> {
+        unsafe {
+            cudarc::cublaslt::result::set_matmul_desc_attribute(
+                self.0,
+                attr,
+                v as *const T as *const c_void,
+                std::mem::size_of::<T>(),
+            )
+        }
+        .map_err(|e| format!("{attr:?}: {e}"))
+    }
+    fn take(self) -> lt::cublasLtMatmulDesc_t {
+        let d = self.0;
+        std::mem::forget(self);
+        d
+    }
+}
+
+impl Drop for GemmDesc {
+    fn drop(&mut self) {
+        unsafe {
+            lt::cublasLtMatmulDescDestroy(self.0);
+        }
+    }
+}
+
+/// `rows` rows of `k` values, zero padded to `[rows_pad, kpad]` (GEMM operands keep 16-element
+/// alignment).
+fn padded_rows<T: Copy + Default>(
+    v: &[T],
+    rows: usize,
+    k: usize,
+    rows_pad: usize,
+    kpad: usize,
+) -> Vec<T> {
+    let mut out = vec![T::default(); rows_pad * kpad];
+    for o in 0..rows {
+        out[o * kpad..o * kpad + k].copy_from_slice(&v[o * k..(o + 1) * k]);
+    }
+    out
+}
+
+/// cuDNN's 2-D convolution takes one padding per axis.
+fn symmetric_pads(c: &ConvStep) -> bool {
+    c.pads[0] == c.pads[2] && c.pads[1] == c.pads[3]
 }
 
 struct CudnnSetup {
@@ -308,15 +441,29 @@ struct ConvRt {
     /// Direct-kernel weights (f32 or i8, OHWI), kept only when chosen.
     direct_w: Option<DevBuf>,
     gemm: Option<GemmSetup>,
+    gemm_i8out: Option<GemmSetup>,
     cudnn: Option<CudnnSetup>,
+    dnn_i8: Option<DnnI8>,
+    f16: Option<Box<F16Path>>,
     chosen: ConvImpl,
     m: usize,
     oh: usize,
     ow: usize,
 }
 
+/// Where a conv reads its input and which setups it runs with: the layer's own, or its FP16
+/// way's (`ConvImpl::AsF16`).
+struct ConvWay<'a> {
+    input: u64,
+    in_t: DType,
+    in_scale: f32,
+    gemm: Option<&'a GemmSetup>,
+    cudnn: Option<&'a CudnnSetup>,
+    /// Per-channel factor the epilogue applies to the raw output.
+    alpha: u64,
+}
+
 pub struct CudaEngine {
-    dev: Device,
     plan: Plan,
     bufs: Vec<DevBuf>,
     slot_of: Vec<usize>,
@@ -325,11 +472,15 @@ pub struct CudaEngine {
     scratch: DevBuf,
     raw_off: usize,
     col_off: usize,
+    f16_in_off: usize,
     ws_off: usize,
     graph: Option<cudarc::driver::CudaGraph>,
     info: EngineInfo,
     batch: usize,
     out_shape: Vec<usize>,
+    /// Last, so it is dropped last: cuDNN execution plans, cuBLASLt descriptors, the graph
+    /// and the buffers above must go while the handles and the context they belong to live.
+    dev: Device,
 }
 
 // The raw cuDNN / cuBLASLt handles are only used from the thread that owns the engine.
@@ -359,13 +510,10 @@ impl CudaEngine {
         for &s in &sizes {
             bufs.push(DevBuf::new(s)?);
         }
-        let float = if precision == Precision::Fp16 {
-            DType::F16
-        } else {
-            DType::F32
-        };
-        // Scratch: raw conv output + im2col columns + library workspace.
-        let (mut raw_max, mut col_max) = (0usize, 0usize);
+        let float = float_type(precision);
+        // Scratch: raw conv output + im2col columns + FP16 copy of an int8 conv input (for
+        // the FP16 way of int8 layers) + library workspace.
+        let (mut raw_max, mut col_max, mut f16_in_max) = (0usize, 0usize, 0usize);
         let mut convs = HashMap::new();
         let mut weights_bytes = 0u64;
         for (si, s) in plan.steps.iter().enumerate() {
@@ -381,9 +529,18 @@ impl CudaEngine {
                 let cout_pad = round_up(c.cout, 16);
                 raw_max = raw_max.max(m * cout_pad * 4);
                 let kpad = round_up(c.reduction(), 16);
-                let esz = if c.int8.is_some() { 1 } else { float.bytes() };
-                if c.groups == 1 && (c.int8.is_some() || m * kpad * esz <= 256 << 20) {
-                    col_max = col_max.max(m * kpad * esz);
+                if c.groups == 1 {
+                    if c.int8.is_some() {
+                        col_max = col_max.max(m * kpad);
+                        f16_in_max = f16_in_max.max(plan.tensors[c.input].numel() * 2);
+                    }
+                    // Float GEMMs (an int8 layer's FP16 way included) need im2col columns.
+                    let esz = if c.int8.is_some() { 2 } else { float.bytes() };
+                    if m * kpad * esz <= COL_MAX_BYTES {
+                        col_max = col_max.max(m * kpad * esz);
+                    }
+                } else if c.int8.is_some() {
+                    f16_in_max = f16_in_max.max(plan.tensors[c.input].numel() * 2);
                 }
                 let alpha: Vec<f32> = match &c.int8 {
                     Some(q) => q.w_scales.iter().map(|s| s * q.x_scale).collect(),
@@ -395,7 +552,10 @@ impl CudaEngine {
                     bias: DevBuf::from_slice(&c.bias)?,
                     direct_w: None,
                     gemm: None,
+                    gemm_i8out: None,
                     cudnn: None,
+                    dnn_i8: None,
+                    f16: None,
                     chosen: ConvImpl::Direct,
                     m,
                     oh,
@@ -407,7 +567,8 @@ impl CudaEngine {
         }
         let raw_off = 0;
         let col_off = round_up(raw_max, 256);
-        let ws_off = col_off + round_up(col_max, 256);
+        let f16_in_off = col_off + round_up(col_max, 256);
+        let ws_off = f16_in_off + round_up(f16_in_max, 256);
         let scratch = DevBuf::new(ws_off + LIB_WORKSPACE_BYTES)?;
         let mut consts = HashMap::new();
         for (si, s) in plan.steps.iter().enumerate() {
@@ -431,6 +592,7 @@ impl CudaEngine {
             scratch,
             raw_off,
             col_off,
+            f16_in_off,
             ws_off,
             graph: None,
             info: EngineInfo::default(),
@@ -450,9 +612,23 @@ impl CudaEngine {
                 .insert(eng.convs[&si].step.name.clone(), chosen.key());
         }
         for rt in eng.convs.values() {
+            let f16 = rt.f16.as_deref();
             weights_bytes += rt.direct_w.as_ref().map_or(0, |b| b.bytes as u64)
-                + rt.gemm.as_ref().map_or(0, |g| g.w.bytes as u64)
-                + rt.cudnn.as_ref().map_or(0, |g| g.w.bytes as u64);
+                + [
+                    rt.gemm.as_ref(),
+                    rt.gemm_i8out.as_ref(),
+                    f16.and_then(|f| f.gemm.as_ref()),
+                ]
+                .iter()
+                .flatten()
+                .map(|g| g.w.bytes as u64)
+                .sum::<u64>()
+                + rt.dnn_i8.as_ref().map_or(0, |d| d.w.bytes as u64)
+                + [rt.cudnn.as_ref(), f16.and_then(|f| f.cudnn.as_ref())]
+                    .iter()
+                    .flatten()
+                    .map(|c| c.w.bytes as u64)
+                    .sum::<u64>();
         }
         drv(eng.dev.stream.synchronize(), "synchronize")?;
         // Per-layer times, then the graph.
@@ -466,7 +642,11 @@ impl CudaEngine {
         let (free_after, _) = drv(result::mem_get_info(), "cuMemGetInfo")?;
         eng.info = EngineInfo {
             backend: "cuda".into(),
-            device: format!("{} ({graph_note})", eng.dev.name),
+            device: format!(
+                "{} ({graph_note}; float layers {})",
+                eng.dev.name,
+                if float == DType::F16 { "FP16" } else { "FP32" }
+            ),
             simulated: false,
             int8_nodes: eng.plan.int8_nodes.len(),
             float_nodes: eng.plan.float_nodes.clone(),
@@ -485,6 +665,9 @@ impl CudaEngine {
     fn col_ptr(&self) -> u64 {
         self.scratch.ptr + self.col_off as u64
     }
+    fn f16_in_ptr(&self) -> u64 {
+        self.scratch.ptr + self.f16_in_off as u64
+    }
     fn ws_ptr(&self) -> u64 {
         self.scratch.ptr + self.ws_off as u64
     }
@@ -494,40 +677,98 @@ impl CudaEngine {
             let rt = &self.convs[&si];
             (rt.step.clone(), rt.m)
         };
-        let in_t = self.plan.tensors[step.input].dtype;
         let int8 = step.int8.is_some();
-        // Set up every applicable implementation.
         let macs = (m * step.cout * step.reduction()) as f64;
+        let name = step.name.clone();
+        let note = |what: &str, e: String| log(&format!("{name}: no {what} ({e})"));
+        // Set up every applicable implementation, each in the layer's planned precision, and
+        // for an int8 layer its FP16 way too ("FP16 vs INT8 where the plan allows").
         let gemm_ok = step.groups == 1
             && (int8
                 || step.is_pointwise()
-                || m * round_up(step.reduction(), 16) * float.bytes() <= 256 << 20);
+                || m * round_up(step.reduction(), 16) * float.bytes() <= COL_MAX_BYTES);
+        let mut rt_gemm = None;
         if gemm_ok {
-            match self.setup_gemm(&step, m, float) {
-                Ok(g) => self.convs.get_mut(&si).expect("conv").gemm = Some(g),
-                Err(e) => log(&format!("{}: no cuBLASLt GEMM ({e})", step.name)),
-            }
+            rt_gemm = self
+                .setup_gemm(&step, m, float)
+                .map_err(|e| note("cuBLASLt GEMM", e))
+                .ok();
         }
-        if !int8 && step.pads[0] == step.pads[2] && step.pads[1] == step.pads[3] {
-            match self.setup_cudnn(si, &step, float) {
-                Ok(c) => self.convs.get_mut(&si).expect("conv").cudnn = Some(c),
-                Err(e) => log(&format!("{}: no cuDNN conv ({e})", step.name)),
-            }
+        let mut rt_gemm_i8out = None;
+        if self.fused_i8_ok(&step) {
+            rt_gemm_i8out = self
+                .setup_gemm_i8out(&step, m)
+                .map_err(|e| note("fused int8 cuBLASLt GEMM", e))
+                .ok();
         }
+        let mut rt_dnn_i8 = None;
+        if self.dnn_i8_ok(&step) {
+            rt_dnn_i8 = self
+                .setup_dnn_i8(&step)
+                .map_err(|e| note("cuDNN graph int8 conv", e))
+                .ok();
+        }
+        let mut rt_cudnn = None;
+        if !int8 && symmetric_pads(&step) {
+            rt_cudnn = self
+                .setup_cudnn(&step, float, self.ptr(step.input))
+                .map_err(|e| note("cuDNN conv", e))
+                .ok();
+        }
+        let rt_f16 = if int8 {
+            self.setup_f16_path(&step, m)
+                .map_err(|e| note("FP16 way", e))
+                .ok()
+                .flatten()
+        } else {
+            None
+        };
+        let im2col = |g: &GemmSetup| !(step.is_pointwise() && g.kpad == step.cin);
         let mut cands: Vec<ConvImpl> = vec![];
+        let gemms = |g: &GemmSetup, f: &dyn Fn(usize, bool) -> ConvImpl| {
+            (0..g.algos.len().min(3))
+                .map(|a| f(a, im2col(g)))
+                .collect::<Vec<_>>()
+        };
+        let cudnns = |c: &CudnnSetup| {
+            c.algos
+                .iter()
+                .take(3)
+                .map(|&(algo, _)| ConvImpl::Cudnn { algo })
+                .collect::<Vec<_>>()
+        };
+        if let Some(g) = &rt_gemm {
+            cands.extend(gemms(g, &|algo, im2col| ConvImpl::Gemm { algo, im2col }));
+        }
+        if let Some(g) = &rt_gemm_i8out {
+            cands.extend(gemms(g, &|algo, im2col| ConvImpl::GemmI8Out {
+                algo,
+                im2col,
+            }));
+        }
+        if let Some(c) = &rt_cudnn {
+            cands.extend(cudnns(c));
+        }
+        if let Some(d) = &rt_dnn_i8 {
+            cands.extend((0..d.graph.plans.len()).map(|plan| ConvImpl::CudnnI8 { plan }));
+        }
+        if let Some(f) = &rt_f16 {
+            let mut inner = vec![];
+            if let Some(g) = &f.gemm {
+                inner.extend(gemms(g, &|algo, im2col| ConvImpl::Gemm { algo, im2col }));
+            }
+            if let Some(c) = &f.cudnn {
+                inner.extend(cudnns(c));
+            }
+            cands.extend(inner.into_iter().map(|i| ConvImpl::AsF16(Box::new(i))));
+        }
         {
-            let rt = &self.convs[&si];
-            if let Some(g) = &rt.gemm {
-                let im2col = !(step.is_pointwise() && g.kpad == step.cin);
-                for a in 0..g.algos.len().min(3) {
-                    cands.push(ConvImpl::Gemm { algo: a, im2col });
-                }
-            }
-            if let Some(c) = &rt.cudnn {
-                for &(a, _) in c.algos.iter().take(3) {
-                    cands.push(ConvImpl::Cudnn { algo: a });
-                }
-            }
+            let rt = self.convs.get_mut(&si).expect("conv");
+            rt.gemm = rt_gemm;
+            rt.gemm_i8out = rt_gemm_i8out;
+            rt.cudnn = rt_cudnn;
+            rt.dnn_i8 = rt_dnn_i8;
+            rt.f16 = rt_f16;
         }
         if cands.is_empty() || macs < DIRECT_MAX_MACS {
             let w = match &step.int8 {
@@ -547,14 +788,14 @@ impl CudaEngine {
             self.convs.get_mut(&si).expect("conv").direct_w = Some(w);
             cands.push(ConvImpl::Direct);
         }
-        let _ = in_t;
-        let pick = if let Some(c) = cached
+        // A cached key picks its candidate; a key without its algorithm (`gemm8`, `f16+cudnn`)
+        // picks the first of that family, which is how the tests force an implementation.
+        let cached_pick = cached
             .convs
             .get(&step.name)
-            .and_then(|k| ConvImpl::parse(k))
-            .filter(|c| cands.contains(c))
-        {
-            c
+            .and_then(|k| cands.iter().find(|c| c.answers(k)));
+        let pick = if let Some(c) = cached_pick {
+            c.clone()
         } else if cands.len() == 1 {
             cands[0].clone()
         } else {
@@ -580,13 +821,146 @@ impl CudaEngine {
         if !matches!(pick, ConvImpl::Gemm { .. }) {
             rt.gemm = None;
         }
+        if !matches!(pick, ConvImpl::GemmI8Out { .. }) {
+            rt.gemm_i8out = None;
+        }
         if !matches!(pick, ConvImpl::Cudnn { .. }) {
             rt.cudnn = None;
+        }
+        if !matches!(pick, ConvImpl::CudnnI8 { .. }) {
+            rt.dnn_i8 = None;
+        }
+        match &pick {
+            ConvImpl::AsF16(inner) => {
+                if let Some(f) = rt.f16.as_deref_mut() {
+                    if !matches!(**inner, ConvImpl::Gemm { .. }) {
+                        f.gemm = None;
+                    }
+                    if !matches!(**inner, ConvImpl::Cudnn { .. }) {
+                        f.cudnn = None;
+                    }
+                }
+            }
+            _ => rt.f16 = None,
         }
         if pick != ConvImpl::Direct {
             rt.direct_w = None;
         }
         Ok(pick)
+    }
+
+    /// Whether cuBLASLt can write this int8 layer's output itself: int8 out, ReLU or no
+    /// activation, an int8 residual if any, and output channels that keep int8 rows aligned.
+    fn fused_i8_ok(&self, c: &ConvStep) -> bool {
+        let od = &self.plan.tensors[c.out];
+        c.int8.is_some()
+            && c.groups == 1
+            && od.dtype == DType::I8
+            && matches!(c.act, Act::None | Act::Relu)
+            && c.cout.is_multiple_of(16)
+            && c.residual
+                .is_none_or(|r| self.plan.tensors[r].dtype == DType::I8)
+    }
+
+    /// Whether the cuDNN graph int8 conv can run this layer: int8 or FP16 output, ReLU or no
+    /// activation, a residual of either type, and 16-byte aligned channel rows.
+    fn dnn_i8_ok(&self, c: &ConvStep) -> bool {
+        let io = |t: usize| matches!(self.plan.tensors[t].dtype, DType::I8 | DType::F16);
+        c.int8.is_some()
+            && c.groups == 1
+            && io(c.out)
+            && matches!(c.act, Act::None | Act::Relu)
+            && c.cin.is_multiple_of(16)
+            && c.cout.is_multiple_of(16)
+            && c.residual.is_none_or(io)
+    }
+
+    /// The cuDNN graph int8 conv of an int8 layer (`ConvImpl::CudnnI8`): its execution plans,
+    /// weights as they are (OHWI is cuDNN's KRSC), scale and bias in output units (a float
+    /// output's scale is 1).
+    fn setup_dnn_i8(&self, c: &ConvStep) -> DevResult<DnnI8> {
+        let q = c.int8.as_ref().ok_or("not an int8 layer")?;
+        let (xd, od) = (&self.plan.tensors[c.input], &self.plan.tensors[c.out]);
+        let hw = |s: &[usize]| if s.len() == 4 { (s[2], s[3]) } else { (1, 1) };
+        let ((h, w), (oh, ow)) = (hw(&xd.shape), hw(&od.shape));
+        let g = Geometry {
+            n: xd.shape[0],
+            c: c.cin,
+            h,
+            w,
+            k: c.cout,
+            kh: c.k[0],
+            kw: c.k[1],
+            oh,
+            ow,
+            pads_pre: [c.pads[0], c.pads[1]],
+            pads_post: [c.pads[2], c.pads[3]],
+            stride: c.stride,
+            dilation: c.dilation,
+        };
+        let dt = |t: DType| match t {
+            DType::I8 => dnn::cudnnDataType_t::CUDNN_DATA_INT8,
+            DType::F16 => dnn::cudnnDataType_t::CUDNN_DATA_HALF,
+            DType::F32 => dnn::cudnnDataType_t::CUDNN_DATA_FLOAT,
+        };
+        let residual = c.residual.map(|r| {
+            let rd = &self.plan.tensors[r];
+            (rd.scale / od.scale, dt(rd.dtype))
+        });
+        let graph = Int8ConvGraph::new(
+            self.dev.cudnn,
+            g,
+            residual,
+            c.act == Act::Relu,
+            dt(od.dtype),
+            LIB_WORKSPACE_BYTES,
+            3,
+        )?;
+        let scale: Vec<f32> = q
+            .w_scales
+            .iter()
+            .map(|s| s * q.x_scale / od.scale)
+            .collect();
+        let bias: Vec<f32> = c.bias.iter().map(|b| b / od.scale).collect();
+        Ok(DnnI8 {
+            graph,
+            w: DevBuf::from_slice(&q.w)?,
+            scale: DevBuf::from_slice(&scale)?,
+            bias: DevBuf::from_slice(&bias)?,
+        })
+    }
+
+    /// The FP16 way of an int8 layer: the layer with dequantized weights, set up for the float
+    /// implementations. `None` when none applies.
+    fn setup_f16_path(&self, c: &ConvStep, m: usize) -> DevResult<Option<Box<F16Path>>> {
+        let q = c.int8.as_ref().ok_or("not an int8 layer")?;
+        let k = c.reduction();
+        let mut fs = c.clone();
+        fs.w =
+            q.w.iter()
+                .enumerate()
+                .map(|(i, &v)| v as f32 * q.w_scales[i / k])
+                .collect();
+        fs.int8 = None;
+        let gemm =
+            if c.groups == 1 && (c.is_pointwise() || m * round_up(k, 16) * 2 <= COL_MAX_BYTES) {
+                Some(self.setup_gemm(&fs, m, DType::F16)?)
+            } else {
+                None
+            };
+        let cudnn = if symmetric_pads(c) {
+            Some(self.setup_cudnn(&fs, DType::F16, self.f16_in_ptr())?)
+        } else {
+            None
+        };
+        if gemm.is_none() && cudnn.is_none() {
+            return Ok(None);
+        }
+        Ok(Some(Box::new(F16Path {
+            ones: DevBuf::from_slice(&vec![1.0f32; c.cout])?,
+            gemm,
+            cudnn,
+        })))
     }
 
     fn setup_gemm(&self, c: &ConvStep, m: usize, float: DType) -> DevResult<GemmSetup> {
@@ -618,16 +992,9 @@ impl CudaEngine {
         };
         // Weights [cout_pad, kpad], zero padded.
         let w = if let Some(q) = &c.int8 {
-            let mut v = vec![0i8; cout_pad * kpad];
-            for o in 0..c.cout {
-                v[o * kpad..o * kpad + k].copy_from_slice(&q.w[o * k..(o + 1) * k]);
-            }
-            DevBuf::from_slice(&v)?
+            DevBuf::from_slice(&padded_rows(&q.w, c.cout, k, cout_pad, kpad))?
         } else {
-            let mut v = vec![0f32; cout_pad * kpad];
-            for o in 0..c.cout {
-                v[o * kpad..o * kpad + k].copy_from_slice(&c.w[o * k..(o + 1) * k]);
-            }
+            let v = padded_rows(&c.w, c.cout, k, cout_pad, kpad);
             if float == DType::F16 {
                 let h: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
                 DevBuf::from_slice(&h)?
@@ -635,88 +1002,135 @@ impl CudaEngine {
                 DevBuf::from_slice(&v)?
             }
         };
+        let desc = GemmDesc::new(compute, scale_t)?;
+        self.finish_gemm(desc, ab_t, d_t, w, kpad, cout_pad, m, int8, None)
+    }
+
+    /// The int8 GEMM that requantizes in its own epilogue (`ConvImpl::GemmI8Out`): per-channel
+    /// alpha as a device vector, the bias and ReLU as cuBLASLt epilogues, the residual as
+    /// beta * C, all scaled to the output's int8 units.
+    fn setup_gemm_i8out(&self, c: &ConvStep, m: usize) -> DevResult<GemmSetup> {
+        let q = c.int8.as_ref().ok_or("not an int8 layer")?;
+        let out_scale = self.plan.tensors[c.out].scale;
+        let k = c.reduction();
+        let kpad = round_up(k, 16);
+        let w = DevBuf::from_slice(&padded_rows(&q.w, c.cout, k, c.cout, kpad))?;
+        let alpha: Vec<f32> = q
+            .w_scales
+            .iter()
+            .map(|s| s * q.x_scale / out_scale)
+            .collect();
+        let bias: Vec<f32> = c.bias.iter().map(|b| b / out_scale).collect();
+        let fused = FusedI8 {
+            alpha: DevBuf::from_slice(&alpha)?,
+            bias: DevBuf::from_slice(&bias)?,
+            beta: c.residual.map(|r| self.plan.tensors[r].scale / out_scale),
+        };
+        let desc = GemmDesc::new(
+            lt::cublasComputeType_t::CUBLAS_COMPUTE_32I,
+            lt::cudaDataType_t::CUDA_R_32F,
+        )?;
+        use lt::cublasLtMatmulDescAttributes_t as A;
+        let mode = if fused.beta.is_some() {
+            lt::cublasLtPointerMode_t::CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_HOST
+        } else {
+            lt::cublasLtPointerMode_t::CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_ZERO
+        };
+        desc.set(A::CUBLASLT_MATMUL_DESC_POINTER_MODE, &(mode as i32))?;
+        let epi = if c.act == Act::Relu {
+            lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS
+        } else {
+            lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_BIAS
+        };
+        desc.set(A::CUBLASLT_MATMUL_DESC_EPILOGUE, &(epi as u32))?;
+        let bias_ptr = fused.bias.ptr as *const c_void;
+        desc.set(A::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr)?;
+        desc.set(
+            A::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
+            &(lt::cudaDataType_t::CUDA_R_32F as i32),
+        )?;
+        let i8t = lt::cudaDataType_t::CUDA_R_8I;
+        self.finish_gemm(desc, i8t, i8t, w, kpad, c.cout, m, true, Some(fused))
+    }
+
+    /// Matrix layouts (A = weights [rows, kpad] transposed, B = columns [m, kpad], C = D =
+    /// [m, rows]) and cuBLASLt's heuristic algorithms for them.
+    #[allow(clippy::too_many_arguments)]
+    fn finish_gemm(
+        &self,
+        desc: GemmDesc,
+        ab_t: lt::cudaDataType_t,
+        d_t: lt::cudaDataType_t,
+        w: DevBuf,
+        kpad: usize,
+        rows: usize,
+        m: usize,
+        int8: bool,
+        fused: Option<FusedI8>,
+    ) -> DevResult<GemmSetup> {
         use cudarc::cublaslt::result as r;
         let e = |x: r::CublasError| format!("{x}");
-        let desc = r::create_matmul_desc(compute, scale_t).map_err(e)?;
-        let ta: i32 = 1; // CUBLAS_OP_T
-        let tb: i32 = 0; // CUBLAS_OP_N
-        unsafe {
-            r::set_matmul_desc_attribute(
-                desc,
-                lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-                &ta as *const _ as *const c_void,
-                std::mem::size_of_val(&ta),
-            )
-            .map_err(e)?;
-            r::set_matmul_desc_attribute(
-                desc,
-                lt::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSB,
-                &tb as *const _ as *const c_void,
-                std::mem::size_of_val(&tb),
-            )
-            .map_err(e)?;
-        }
-        let a =
-            r::create_matrix_layout(ab_t, kpad as u64, cout_pad as u64, kpad as i64).map_err(e)?;
+        let a = r::create_matrix_layout(ab_t, kpad as u64, rows as u64, kpad as i64).map_err(e)?;
         let b = r::create_matrix_layout(ab_t, kpad as u64, m as u64, kpad as i64).map_err(e)?;
-        let d =
-            r::create_matrix_layout(d_t, cout_pad as u64, m as u64, cout_pad as i64).map_err(e)?;
-        let pref = r::create_matmul_pref().map_err(e)?;
-        let ws = LIB_WORKSPACE_BYTES as u64;
-        unsafe {
-            r::set_matmul_pref_attribute(
-                pref,
-                lt::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                &ws as *const _ as *const c_void,
-                8,
-            )
-            .map_err(e)?;
-        }
-        let mut heur: Vec<lt::cublasLtMatmulHeuristicResult_t> =
-            vec![unsafe { std::mem::zeroed() }; 8];
-        let mut count = 0i32;
-        let st = unsafe {
-            lt::cublasLtMatmulAlgoGetHeuristic(
-                self.dev.lt,
-                desc,
-                a,
-                b,
-                d,
-                d,
-                pref,
-                8,
-                heur.as_mut_ptr(),
-                &mut count,
-            )
-        };
-        unsafe {
-            r::destroy_matmul_pref(pref).map_err(e)?;
-        }
+        let d = r::create_matrix_layout(d_t, rows as u64, m as u64, rows as i64).map_err(e)?;
+        // From here the setup owns every handle (its Drop frees them on any error).
         let mut setup = GemmSetup {
-            desc,
+            desc: desc.take(),
             a,
             b,
             d,
             algos: vec![],
             w,
             kpad,
-            cout_pad,
+            cout_pad: rows,
             int8,
+            fused,
+        };
+        let pref = r::create_matmul_pref().map_err(e)?;
+        let ws = LIB_WORKSPACE_BYTES as u64;
+        let mut heur: Vec<lt::cublasLtMatmulHeuristicResult_t> =
+            vec![unsafe { std::mem::zeroed() }; 8];
+        let mut count = 0i32;
+        let st = unsafe {
+            let set = r::set_matmul_pref_attribute(
+                pref,
+                lt::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                &ws as *const _ as *const c_void,
+                8,
+            );
+            let st = match set {
+                Ok(()) => lt::cublasLtMatmulAlgoGetHeuristic(
+                    self.dev.lt,
+                    setup.desc,
+                    a,
+                    b,
+                    d,
+                    d,
+                    pref,
+                    8,
+                    heur.as_mut_ptr(),
+                    &mut count,
+                ),
+                Err(_) => lt::cublasStatus_t::CUBLAS_STATUS_INVALID_VALUE,
+            };
+            let _ = r::destroy_matmul_pref(pref);
+            st
         };
         lt_ok(st, "cublasLtMatmulAlgoGetHeuristic")?;
-        let algos: Vec<_> = heur
+        setup.algos = heur
             .into_iter()
             .take(count.max(0) as usize)
             .filter(|h| h.state == lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS)
             .collect();
-        if algos.is_empty() {
+        if setup.algos.is_empty() {
             return Err("no cuBLASLt algorithm for this shape".into());
         }
-        setup.algos = algos;
         Ok(setup)
     }
 
-    fn setup_cudnn(&self, si: usize, c: &ConvStep, float: DType) -> DevResult<CudnnSetup> {
+    /// cuDNN convolution in `float` (FP32 or FP16), its algorithms found by timing them on
+    /// the input at `x_ptr`.
+    fn setup_cudnn(&self, c: &ConvStep, float: DType, x_ptr: u64) -> DevResult<CudnnSetup> {
         let t = if float == DType::F16 {
             dnn::cudnnDataType_t::CUDNN_DATA_HALF
         } else {
@@ -813,12 +1227,11 @@ impl CudaEngine {
             dnn_ok(dnn::cudnnSetConvolutionMathType(s.conv, math), "math type")?;
             let mut perf: Vec<dnn::cudnnConvolutionFwdAlgoPerf_t> = vec![std::mem::zeroed(); 8];
             let mut got = 0i32;
-            let _ = si;
             dnn_ok(
                 dnn::cudnnFindConvolutionForwardAlgorithmEx(
                     self.dev.cudnn,
                     s.x,
-                    self.ptr(c.input) as *const c_void,
+                    x_ptr as *const c_void,
                     s.w_desc,
                     s.w.ptr as *const c_void,
                     s.conv,
@@ -877,13 +1290,7 @@ impl CudaEngine {
             let kernel = match (s, self.convs.get(&si)) {
                 (Step::Conv(c), Some(rt)) => {
                     let p = if c.int8.is_some() { "int8" } else { "float" };
-                    let what = match &rt.chosen {
-                        ConvImpl::Direct => "direct kernel".to_string(),
-                        ConvImpl::Gemm { im2col, .. } => {
-                            format!("cuBLASLt GEMM{}", if *im2col { " + im2col" } else { "" })
-                        }
-                        ConvImpl::Cudnn { algo } => format!("cuDNN algo {algo}"),
-                    };
+                    let what = rt.chosen.describe();
                     let out = if self.plan.tensors[c.out].dtype == DType::I8 {
                         " -> int8"
                     } else {
@@ -1025,8 +1432,12 @@ impl CudaEngine {
             }
             Step::GlobalAvgPool { input, out, .. } => {
                 let i = td(*input);
-                let n = i.shape[0] * i.shape[1];
-                launch!(st, k.gap, n; self.ptr(*input), code(*input), sc(*input), self.ptr(*out), code(*out), sc(*out),
+                let cfg = LaunchConfig {
+                    grid_dim: (i.shape[1].div_ceil(32) as u32, i.shape[0] as u32, 1),
+                    block_dim: (1024, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                launch!(st, k.gap, cfg cfg; self.ptr(*input), code(*input), sc(*input), self.ptr(*out), code(*out), sc(*out),
                     i.shape[0] as i32, (i.shape[2] * i.shape[3]) as i64, i.shape[1] as i32)
             }
             Step::Concat {
@@ -1096,6 +1507,46 @@ impl CudaEngine {
     fn run_conv(&self, si: usize) -> DevResult<()> {
         let rt = &self.convs[&si];
         let c = &rt.step;
+        let xd = &self.plan.tensors[c.input];
+        match &rt.chosen {
+            ConvImpl::AsF16(inner) => {
+                let f = rt.f16.as_deref().ok_or("FP16 way missing")?;
+                let n = xd.numel();
+                let (st, k) = (&self.dev.stream, &self.dev.k);
+                launch!(st, k.unary, n; self.ptr(c.input), xd.dtype.code(), xd.scale,
+                    self.f16_in_ptr(), DType::F16.code(), 1.0f32, n as i64, 0i32, 0.0f32, 0.0f32)?;
+                let way = ConvWay {
+                    input: self.f16_in_ptr(),
+                    in_t: DType::F16,
+                    in_scale: 1.0,
+                    gemm: f.gemm.as_ref(),
+                    cudnn: f.cudnn.as_ref(),
+                    alpha: f.ones.ptr,
+                };
+                self.run_conv_as(rt, inner, &way)
+            }
+            imp => {
+                let gemm = if matches!(imp, ConvImpl::GemmI8Out { .. }) {
+                    rt.gemm_i8out.as_ref()
+                } else {
+                    rt.gemm.as_ref()
+                };
+                let way = ConvWay {
+                    input: self.ptr(c.input),
+                    in_t: xd.dtype,
+                    in_scale: xd.scale,
+                    gemm,
+                    cudnn: rt.cudnn.as_ref(),
+                    alpha: rt.alpha.ptr,
+                };
+                self.run_conv_as(rt, imp, &way)
+            }
+        }
+    }
+
+    /// Runs conv `rt` with implementation `imp` on the input and setups of `way`.
+    fn run_conv_as(&self, rt: &ConvRt, imp: &ConvImpl, way: &ConvWay) -> DevResult<()> {
+        let c = &rt.step;
         let st = &self.dev.stream;
         let k = &self.dev.k;
         let xd = &self.plan.tensors[c.input];
@@ -1116,40 +1567,61 @@ impl CudaEngine {
         };
         let u = |v: usize| v as i32;
         let n_out = od.numel();
-        // Raw output type of the library paths.
-        let float_raw = if xd.dtype == DType::F16 { 1 } else { 0 };
+        // Raw output type of the float library paths.
+        let float_raw = way.in_t.code();
         let epilogue = |raw_t: i32, raw_ld: usize| -> DevResult<()> {
-            launch!(st, k.epilogue, n_out; self.raw_ptr(), raw_t, raw_ld as i64, rt.alpha.ptr, rt.bias.ptr,
+            launch!(st, k.epilogue, n_out; self.raw_ptr(), raw_t, raw_ld as i64, way.alpha, rt.bias.ptr,
                 res_p, res_t, res_s, self.ptr(c.out), od.dtype.code(), od.scale, rt.m as i64, c.cout as i64, act, a0, a1)
         };
-        match &rt.chosen {
+        match imp {
             ConvImpl::Direct => {
                 let w_p = rt.direct_w.as_ref().ok_or("direct weights missing")?.ptr;
-                launch!(st, k.conv_direct, n_out; self.ptr(c.input), xd.dtype.code(), xd.scale, w_p, rt.alpha.ptr, rt.bias.ptr,
+                launch!(st, k.conv_direct, n_out; way.input, way.in_t.code(), way.in_scale, w_p, way.alpha, rt.bias.ptr,
                     res_p, res_t, res_s, self.ptr(c.out), od.dtype.code(), od.scale,
                     u(xd.shape[0]), u(h), u(w), u(c.cin), u(rt.oh), u(rt.ow), u(c.cout),
                     u(c.k[0]), u(c.k[1]), u(c.stride[0]), u(c.stride[1]), u(c.pads[0]), u(c.pads[1]),
                     u(c.dilation[0]), u(c.dilation[1]), u(c.groups), act, a0, a1)
             }
-            ConvImpl::Gemm { algo, im2col } => {
-                let g = rt.gemm.as_ref().ok_or("GEMM setup missing")?;
+            ConvImpl::Gemm { algo, im2col } | ConvImpl::GemmI8Out { algo, im2col } => {
+                let g = way.gemm.ok_or("GEMM setup missing")?;
                 let b_ptr = if *im2col {
-                    let n = rt.m * g.kpad;
-                    launch!(st, k.im2col, n; self.ptr(c.input), self.col_ptr(), xd.dtype.bytes() as i32,
-                        u(xd.shape[0]), u(h), u(w), u(c.cin), u(rt.oh), u(rt.ow), u(c.k[0]), u(c.k[1]),
-                        u(c.stride[0]), u(c.stride[1]), u(c.pads[0]), u(c.pads[1]), u(c.dilation[0]), u(c.dilation[1]), g.kpad as i64)?;
+                    let esz = way.in_t.bytes();
+                    if (c.cin * esz).is_multiple_of(16) && g.kpad == c.reduction() {
+                        // 16-byte vectors: a row of the columns is whole pixels of whole taps.
+                        let cin_v = c.cin * esz / 16;
+                        let n = rt.m * c.k[0] * c.k[1] * cin_v;
+                        launch!(st, k.im2col_v16, n; way.input, self.col_ptr(),
+                            u(xd.shape[0]), u(h), u(w), u(cin_v), u(rt.oh), u(rt.ow), u(c.k[0]), u(c.k[1]),
+                            u(c.stride[0]), u(c.stride[1]), u(c.pads[0]), u(c.pads[1]), u(c.dilation[0]), u(c.dilation[1]))?;
+                    } else {
+                        let n = rt.m * g.kpad;
+                        launch!(st, k.im2col, n; way.input, self.col_ptr(), esz as i32,
+                            u(xd.shape[0]), u(h), u(w), u(c.cin), u(rt.oh), u(rt.ow), u(c.k[0]), u(c.k[1]),
+                            u(c.stride[0]), u(c.stride[1]), u(c.pads[0]), u(c.pads[1]), u(c.dilation[0]), u(c.dilation[1]), g.kpad as i64)?;
+                    }
                     self.col_ptr()
                 } else {
-                    self.ptr(c.input)
+                    way.input
                 };
                 let (one_f, zero_f, one_i, zero_i) = (1.0f32, 0.0f32, 1i32, 0i32);
-                let (al, be): (*const c_void, *const c_void) = if g.int8 {
-                    (&one_i as *const _ as _, &zero_i as *const _ as _)
-                } else {
-                    (&one_f as *const _ as _, &zero_f as *const _ as _)
-                };
                 let h = &g.algos[*algo];
-                let raw = self.raw_ptr();
+                // Fused int8 output: alpha is the device vector, beta the residual weight and
+                // C the residual (ignored in beta-zero mode), D the output itself.
+                let (al, be, c_ptr, d_ptr): (*const c_void, *const c_void, u64, u64);
+                let beta_f;
+                if let Some(f) = &g.fused {
+                    beta_f = f.beta.unwrap_or(0.0);
+                    al = f.alpha.ptr as *const c_void;
+                    be = &beta_f as *const f32 as _;
+                    d_ptr = self.ptr(c.out);
+                    c_ptr = if c.residual.is_some() { res_p } else { d_ptr };
+                } else if g.int8 {
+                    (al, be) = (&one_i as *const _ as _, &zero_i as *const _ as _);
+                    (c_ptr, d_ptr) = (self.raw_ptr(), self.raw_ptr());
+                } else {
+                    (al, be) = (&one_f as *const _ as _, &zero_f as *const _ as _);
+                    (c_ptr, d_ptr) = (self.raw_ptr(), self.raw_ptr());
+                }
                 lt_ok(
                     unsafe {
                         lt::cublasLtMatmul(
@@ -1161,9 +1633,9 @@ impl CudaEngine {
                             b_ptr as *const c_void,
                             g.b,
                             be,
-                            raw as *const c_void,
+                            c_ptr as *const c_void,
                             g.d,
-                            raw as *mut c_void,
+                            d_ptr as *mut c_void,
                             g.d,
                             &h.algo,
                             self.ws_ptr() as *mut c_void,
@@ -1173,10 +1645,13 @@ impl CudaEngine {
                     },
                     "cublasLtMatmul",
                 )?;
+                if g.fused.is_some() {
+                    return Ok(());
+                }
                 epilogue(if g.int8 { 3 } else { float_raw }, g.cout_pad)
             }
             ConvImpl::Cudnn { algo } => {
-                let cd = rt.cudnn.as_ref().ok_or("cuDNN setup missing")?;
+                let cd = way.cudnn.ok_or("cuDNN setup missing")?;
                 let (one, zero) = (1.0f32, 0.0f32);
                 let algo_e: dnn::cudnnConvolutionFwdAlgo_t =
                     unsafe { std::mem::transmute(*algo as u32) };
@@ -1186,7 +1661,7 @@ impl CudaEngine {
                             self.dev.cudnn,
                             &one as *const _ as *const c_void,
                             cd.x,
-                            self.ptr(c.input) as *const c_void,
+                            way.input as *const c_void,
                             cd.w_desc,
                             cd.w.ptr as *const c_void,
                             cd.conv,
@@ -1202,6 +1677,20 @@ impl CudaEngine {
                 )?;
                 epilogue(float_raw, c.cout)
             }
+            ConvImpl::CudnnI8 { plan } => {
+                let d = rt.dnn_i8.as_ref().ok_or("cuDNN int8 graph missing")?;
+                let p = Ptrs {
+                    x: way.input,
+                    w: d.w.ptr,
+                    y: self.ptr(c.out),
+                    scale: d.scale.ptr,
+                    bias: d.bias.ptr,
+                    z: res_p,
+                    workspace: self.ws_ptr(),
+                };
+                d.graph.execute(self.dev.cudnn, *plan, &p)
+            }
+            ConvImpl::AsF16(_) => Err("nested FP16 way".into()),
         }
     }
 

@@ -131,6 +131,28 @@ extern "C" __global__ void im2col(const void* x, void* cols, int esize, int n, i
   else ((float*)cols)[i] = inside ? ((const float*)x)[src] : 0.f;
 }
 
+// im2col in 16-byte vectors, when a pixel's channels are whole vectors (cin * esize % 16 == 0)
+// and rows need no padding: cin_v vectors per pixel, a row is kh * kw * cin_v vectors.
+extern "C" __global__ void im2col_v16(const int4* x, int4* cols, int n, int h, int wd, int cin_v,
+                                      int oh, int ow, int kh, int kw, int sh, int sw, int ph,
+                                      int pw, int dh, int dw) {
+  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  i64 row = (i64)kh * kw * cin_v;
+  if (i >= (i64)n * oh * ow * row) return;
+  i64 m = i / row;
+  int k = (int)(i - m * row);
+  int cv = k % cin_v, kk = k / cin_v;
+  int kx = kk % kw, ky = kk / kw;
+  int ox = m % ow;
+  i64 t = m / ow;
+  int oy = t % oh;
+  int b = t / oh;
+  int iy = oy * sh - ph + ky * dh, ix = ox * sw - pw + kx * dw;
+  cols[i] = (iy >= 0 && iy < h && ix >= 0 && ix < wd)
+                ? x[(((i64)b * h + iy) * wd + ix) * cin_v + cv]
+                : make_int4(0, 0, 0, 0);
+}
+
 // Elementwise conversion / activation: y = act(x) (also quantize, dequantize, cast, copy).
 extern "C" __global__ void unary(const void* x, int x_t, float x_scale, void* y, int y_t,
                                  float y_scale, i64 n, int act, float a0, float a1) {
@@ -212,15 +234,25 @@ extern "C" __global__ void pool(const void* x, int x_t, float x_scale, void* y, 
 }
 
 // Global average pool, NHWC -> [n, c]; one thread per (n, c).
+// Global average pool over NHWC. Block: 32 channels x 32 pixel lanes, each lane summing every
+// 32nd pixel, then the lanes reduced in shared memory; grid: (ceil(c / 32), n). One thread per
+// channel (looping over all pixels) left most of the GPU idle on DeepLab's 65x65x2048 ASPP pool.
 extern "C" __global__ void global_avg_pool(const void* x, int x_t, float x_scale, void* y,
                                            int y_t, float y_scale, int n, i64 hw, int c) {
-  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= (i64)n * c) return;
-  int ch = i % c;
-  i64 b = i / c;
+  __shared__ float part[32][33];
+  int cl = threadIdx.x & 31, lane = threadIdx.x >> 5;
+  int ch = blockIdx.x * 32 + cl;
+  i64 b = blockIdx.y;
   float acc = 0.f;
-  for (i64 p = 0; p < hw; p++) acc += ld(x, x_t, (b * hw + p) * c + ch, x_scale);
-  st(y, y_t, i, acc / (float)hw, y_scale);
+  if (ch < c && b < n)
+    for (i64 p = lane; p < hw; p += 32) acc += ld(x, x_t, (b * hw + p) * c + ch, x_scale);
+  part[lane][cl] = acc;
+  __syncthreads();
+  if (lane == 0 && ch < c && b < n) {
+    float s = 0.f;
+    for (int l = 0; l < 32; l++) s += part[l][cl];
+    st(y, y_t, b * c + ch, s / (float)hw, y_scale);
+  }
 }
 
 // Concat one input into the output: out[(o * total + off + j) * inner + k] = in[(o * len + j) * inner + k].

@@ -6,6 +6,7 @@
 //! `cache`), replayed as a CUDA graph.
 
 pub mod cache;
+mod dnn_graph;
 pub mod engine;
 pub mod libs;
 pub mod plan;

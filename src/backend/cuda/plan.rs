@@ -336,6 +336,16 @@ fn err(n: &pb::NodeProto, why: impl std::fmt::Display) -> String {
     format!("node `{}` ({}): {why}", n.name, n.op_type)
 }
 
+/// Type of the float layers: FP16 in FP16 and INT8 engines (as TensorRT builds with both its
+/// INT8 and FP16 flags), FP32 in FP32 engines.
+pub fn float_type(precision: Precision) -> DType {
+    if precision == Precision::Fp32 {
+        DType::F32
+    } else {
+        DType::F16
+    }
+}
+
 /// Lowers `p` (a prepared model with a fixed input of `input_shape`, NCHW) for `precision`.
 /// For INT8, `p` is the Q/DQ model.
 pub fn lower(
@@ -344,11 +354,7 @@ pub fn lower(
     precision: Precision,
 ) -> PlanResult<Plan> {
     let gp = p.graph.as_ref().ok_or("the model has no graph")?;
-    let float = if precision == Precision::Fp16 {
-        DType::F16
-    } else {
-        DType::F32
-    };
+    let float = float_type(precision);
     let mut b = Builder {
         g: Graph::new(gp),
         float,
@@ -391,7 +397,9 @@ pub fn lower(
         }
     }
     for i in 0..gp.node.len() {
-        if b.skip.contains(&i) {
+        // Marked before lowering: a node lowered early (`lower_early`) or in progress is
+        // never lowered twice.
+        if !b.skip.insert(i) {
             continue;
         }
         b.node(i)?;
@@ -613,6 +621,35 @@ impl Builder<'_> {
             }
             _ => None,
         }
+    }
+
+    /// Lowers the producer of `name` ahead of node order when it is not lowered yet and its
+    /// inputs are (recursively, `depth` producers deep); otherwise leaves it to the main loop.
+    fn lower_early(&mut self, name: &str, depth: usize) -> PlanResult<()> {
+        if depth == 0 || self.values.contains_key(name) || self.shapes.contains_key(name) {
+            return Ok(());
+        }
+        let Some(j) = self.g.producer(name) else {
+            return Ok(());
+        };
+        if self.skip.contains(&j) {
+            return Ok(());
+        }
+        let n = self.g.node(j);
+        for i in n.input.iter().filter(|i| !i.is_empty()) {
+            self.lower_early(i, depth - 1)?;
+        }
+        // Lowering an input may have fused this node already (a conv takes its Q node).
+        let ready = !self.skip.contains(&j)
+            && n.input.iter().all(|i| {
+                i.is_empty() || self.values.contains_key(i) || self.shapes.contains_key(i)
+            });
+        if ready {
+            // Marked first: the main loop must not lower it again.
+            self.skip.insert(j);
+            self.node(j)?;
+        }
+        Ok(())
     }
 
     fn node(&mut self, i: usize) -> PlanResult<()> {
@@ -1066,6 +1103,9 @@ impl Builder<'_> {
                 } else {
                     &c.input[0]
                 };
+                // The shortcut may come later in node order (torchvision puts the downsample
+                // conv after conv3): lower it now so the Add can still fuse here.
+                self.lower_early(other, 4)?;
                 let other_val = self.values.get(other).cloned();
                 let res = match other_val {
                     Some(Value::Tensor(t)) if t != self.plan.input => Some(t),
@@ -1640,10 +1680,10 @@ fn const_operand(c: &proto::F32Tensor, a: &TensorDesc) -> Option<(Operand, i32)>
     // Per channel: [C], [C,1,1], [1,C,1,1] over rank 4; [C] over rank 2's last axis.
     let per_channel = nontrivial == [ch]
         && match a.shape.len() {
+            // A rank-1 [C] broadcasts over W, not over channels.
             4 => {
                 let r = c.dims.len();
                 r >= 3 && c.dims[r - 3] == ch
-                    || (r == 1 && ch == a.shape[3] && a.shape[3] == ch && false)
             }
             2 => c.dims.last() == Some(&ch),
             _ => false,
@@ -1875,6 +1915,90 @@ mod tests {
             p,
         )
         .expect("lowers")
+    }
+
+    /// A bottleneck as torchvision orders it: the main branch's last conv comes before the
+    /// shortcut conv, both feed the Add.
+    fn shortcut_after_main() -> GraphBuilder {
+        let mut b = GraphBuilder::new(&[1, 8, 8, 8]);
+        let r = b.conv("stem", "x", 8, 16, 1);
+        let r = b.op("Relu", "stem.relu", &[&r]);
+        let a = b.conv("main.conv1", &r, 16, 16, 3);
+        let a = b.op("Relu", "main.relu", &[&a]);
+        let m = b.conv("main.conv2", &a, 16, 32, 1);
+        let d = b.conv("downsample", &r, 16, 32, 1);
+        let s = b.op("Add", "add", &[&m, &d]);
+        let y = b.op("Relu", "add.relu", &[&s]);
+        b.output(&y);
+        b
+    }
+
+    #[test]
+    fn residual_add_fuses_when_the_shortcut_comes_later() {
+        let b = shortcut_after_main();
+        let m = b.model();
+        let qp = crate::quant::plan(&m, &[]);
+        let ranges = crate::calib::Ranges {
+            method: crate::calib::Method::Max,
+            percentile: 99.99,
+            amax: qp.tensors().into_iter().map(|t| (t, 4.0)).collect(),
+            bias_correction: Default::default(),
+        };
+        let qdq = crate::quant::build_qdq(&m, &qp, Some(&ranges)).expect("qdq");
+        let fp32 = plan_of(&b, [1, 8, 8, 8], Precision::Fp32);
+        let int8 = lower(
+            &crate::model::Model {
+                proto: qdq.proto.clone(),
+                ..m.clone()
+            }
+            .with_fixed_input(1, [8, 8]),
+            [1, 8, 8, 8],
+            Precision::Int8,
+        )
+        .expect("int8 lowers");
+        for (what, plan) in [("fp32", &fp32), ("int8", &int8)] {
+            let fused = plan
+                .steps
+                .iter()
+                .find_map(|s| match s {
+                    Step::Conv(c) if c.residual.is_some() => Some(c),
+                    _ => None,
+                })
+                .unwrap_or_else(|| panic!("{what}: no conv took the residual"));
+            assert_eq!(fused.act, Act::Relu, "{what}");
+            assert!(
+                !plan.steps.iter().any(|s| matches!(s, Step::Binary { .. })),
+                "{what}: a standalone Add is left"
+            );
+            // Every conv is lowered exactly once.
+            let convs = plan
+                .steps
+                .iter()
+                .filter(|s| matches!(s, Step::Conv(_)))
+                .count();
+            let names: Vec<&str> = plan.steps.iter().map(|s| s.name()).collect();
+            assert_eq!(convs, 4, "{what}: {names:?}");
+        }
+        let fused = int8
+            .steps
+            .iter()
+            .find_map(|s| match s {
+                Step::Conv(c) if c.residual.is_some() => Some(c),
+                _ => None,
+            })
+            .expect("int8 residual conv");
+        let r = fused.residual.expect("residual");
+        assert_eq!(int8.tensors[r].dtype, DType::I8, "int8 shortcut stays int8");
+        // The shortcut conv took its QuantizeLinear: no separate quantize step for it.
+        let quantizes: Vec<&str> = int8
+            .steps
+            .iter()
+            .filter(
+                |s| matches!(s, Step::Unary { out, .. } if int8.tensors[*out].dtype == DType::I8),
+            )
+            .map(|s| s.name())
+            .collect();
+        assert_eq!(quantizes.len(), 1, "only the input: {quantizes:?}");
     }
 
     #[test]

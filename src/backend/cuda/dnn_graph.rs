@@ -1,0 +1,486 @@
+//! cuDNN graph-API int8 convolution: int8 conv (int32 accumulation) -> per-channel scale ->
+//! bias -> (+ scaled residual) -> (ReLU) -> int8 or FP16 output, as one fused cuDNN kernel.
+//! The legacy API's int8 convolution takes a single alpha, which per-channel weight scales do
+//! not fit; the graph API takes the scale as a tensor. Everything is in units of the output
+//! scale, so the conversion to int8 at the end is the requantization.
+
+use std::ffi::c_void;
+
+use cudarc::cudnn::sys as dnn;
+use dnn::cudnnBackendAttributeName_t as N;
+use dnn::cudnnBackendAttributeType_t as T;
+use dnn::cudnnBackendDescriptorType_t as D;
+use dnn::cudnnDataType_t as Dt;
+
+type Desc = dnn::cudnnBackendDescriptor_t;
+
+/// Unique ids of the graph's real tensors (the variant pack names them).
+const X: i64 = 1;
+const W: i64 = 2;
+const Y: i64 = 3;
+const S: i64 = 4;
+const B: i64 = 5;
+const Z: i64 = 6;
+
+/// A conv's geometry, NHWC activations and KRSC weights.
+#[derive(Clone, Copy, Debug)]
+pub struct Geometry {
+    pub n: usize,
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub k: usize,
+    pub kh: usize,
+    pub kw: usize,
+    pub oh: usize,
+    pub ow: usize,
+    /// (top, left) and (bottom, right).
+    pub pads_pre: [usize; 2],
+    pub pads_post: [usize; 2],
+    pub stride: [usize; 2],
+    pub dilation: [usize; 2],
+}
+
+/// Device pointers one execution reads and writes.
+pub struct Ptrs {
+    pub x: u64,
+    pub w: u64,
+    pub y: u64,
+    pub scale: u64,
+    pub bias: u64,
+    /// Residual; 0 when the graph has none.
+    pub z: u64,
+    pub workspace: u64,
+}
+
+/// Every descriptor built for one conv, destroyed together (plans refer to the others).
+pub struct Int8ConvGraph {
+    owned: Vec<Desc>,
+    /// Finalized execution plans, best heuristic first, with their workspace bytes.
+    pub plans: Vec<(Desc, usize)>,
+    residual: bool,
+}
+
+impl Drop for Int8ConvGraph {
+    fn drop(&mut self) {
+        for &d in self.owned.iter().rev() {
+            unsafe {
+                dnn::cudnnBackendDestroyDescriptor(d);
+            }
+        }
+    }
+}
+
+fn ok(s: dnn::cudnnStatus_t, what: &str) -> Result<(), String> {
+    if s == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
+        Ok(())
+    } else {
+        Err(format!("{what}: {s:?}"))
+    }
+}
+
+fn set<V>(d: Desc, name: N, ty: T, vals: &[V]) -> Result<(), String> {
+    ok(
+        unsafe {
+            dnn::cudnnBackendSetAttribute(
+                d,
+                name,
+                ty,
+                vals.len() as i64,
+                vals.as_ptr() as *const c_void,
+            )
+        },
+        &format!("{name:?}"),
+    )
+}
+
+fn finalize(d: Desc, what: &str) -> Result<(), String> {
+    ok(unsafe { dnn::cudnnBackendFinalize(d) }, what)
+}
+
+impl Int8ConvGraph {
+    fn make(&mut self, t: D) -> Result<Desc, String> {
+        let mut d: Desc = std::ptr::null_mut();
+        ok(
+            unsafe { dnn::cudnnBackendCreateDescriptor(t, &mut d) },
+            &format!("create {t:?}"),
+        )?;
+        self.owned.push(d);
+        Ok(d)
+    }
+
+    /// A tensor of logical dims `[n, c, h, w]` stored NHWC.
+    fn tensor(&mut self, id: i64, dims: [usize; 4], dt: Dt, virt: bool) -> Result<Desc, String> {
+        let [_, c, h, w] = dims.map(|v| v as i64);
+        let d = self.make(D::CUDNN_BACKEND_TENSOR_DESCRIPTOR)?;
+        set(
+            d,
+            N::CUDNN_ATTR_TENSOR_DATA_TYPE,
+            T::CUDNN_TYPE_DATA_TYPE,
+            &[dt],
+        )?;
+        set(
+            d,
+            N::CUDNN_ATTR_TENSOR_DIMENSIONS,
+            T::CUDNN_TYPE_INT64,
+            &dims.map(|v| v as i64),
+        )?;
+        set(
+            d,
+            N::CUDNN_ATTR_TENSOR_STRIDES,
+            T::CUDNN_TYPE_INT64,
+            &[h * w * c, 1, w * c, c],
+        )?;
+        set(
+            d,
+            N::CUDNN_ATTR_TENSOR_UNIQUE_ID,
+            T::CUDNN_TYPE_INT64,
+            &[id],
+        )?;
+        set(
+            d,
+            N::CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT,
+            T::CUDNN_TYPE_INT64,
+            &[16i64],
+        )?;
+        set(
+            d,
+            N::CUDNN_ATTR_TENSOR_IS_VIRTUAL,
+            T::CUDNN_TYPE_BOOLEAN,
+            &[virt],
+        )?;
+        finalize(d, "tensor")?;
+        Ok(d)
+    }
+
+    /// A pointwise op `y = mode(x[, b])` (ADD weighs b by `alpha2`).
+    fn pointwise(
+        &mut self,
+        mode: dnn::cudnnPointwiseMode_t,
+        x: Desc,
+        b: Option<Desc>,
+        y: Desc,
+        alpha2: f32,
+    ) -> Result<Desc, String> {
+        let pw = self.make(D::CUDNN_BACKEND_POINTWISE_DESCRIPTOR)?;
+        set(
+            pw,
+            N::CUDNN_ATTR_POINTWISE_MODE,
+            T::CUDNN_TYPE_POINTWISE_MODE,
+            &[mode],
+        )?;
+        set(
+            pw,
+            N::CUDNN_ATTR_POINTWISE_MATH_PREC,
+            T::CUDNN_TYPE_DATA_TYPE,
+            &[Dt::CUDNN_DATA_FLOAT],
+        )?;
+        finalize(pw, "pointwise descriptor")?;
+        let op = self.make(D::CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR)?;
+        let bd = T::CUDNN_TYPE_BACKEND_DESCRIPTOR;
+        set(
+            op,
+            N::CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR,
+            bd,
+            &[pw],
+        )?;
+        set(op, N::CUDNN_ATTR_OPERATION_POINTWISE_XDESC, bd, &[x])?;
+        if let Some(b) = b {
+            set(op, N::CUDNN_ATTR_OPERATION_POINTWISE_BDESC, bd, &[b])?;
+            if alpha2 != 1.0 {
+                set(
+                    op,
+                    N::CUDNN_ATTR_OPERATION_POINTWISE_ALPHA2,
+                    T::CUDNN_TYPE_FLOAT,
+                    &[alpha2],
+                )?;
+            }
+        }
+        set(op, N::CUDNN_ATTR_OPERATION_POINTWISE_YDESC, bd, &[y])?;
+        finalize(op, "pointwise op")?;
+        Ok(op)
+    }
+
+    /// Builds the graph for `g` and finalizes up to `max_plans` execution plans that need at
+    /// most `max_workspace` bytes. `residual`: the residual's weight in output units and its
+    /// type; `out`: the output type (int8 or half).
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        handle: dnn::cudnnHandle_t,
+        g: Geometry,
+        residual: Option<(f32, Dt)>,
+        relu: bool,
+        out_type: Dt,
+        max_workspace: usize,
+        max_plans: usize,
+    ) -> Result<Int8ConvGraph, String> {
+        let mut s = Int8ConvGraph {
+            owned: vec![],
+            plans: vec![],
+            residual: residual.is_some(),
+        };
+        let out = [g.n, g.k, g.oh, g.ow];
+        let x = s.tensor(X, [g.n, g.c, g.h, g.w], Dt::CUDNN_DATA_INT8, false)?;
+        let w = s.tensor(W, [g.k, g.c, g.kh, g.kw], Dt::CUDNN_DATA_INT8, false)?;
+        let sc = s.tensor(S, [1, g.k, 1, 1], Dt::CUDNN_DATA_FLOAT, false)?;
+        let bi = s.tensor(B, [1, g.k, 1, 1], Dt::CUDNN_DATA_FLOAT, false)?;
+        let acc = s.tensor(100, out, Dt::CUDNN_DATA_INT32, true)?;
+        let scaled = s.tensor(101, out, Dt::CUDNN_DATA_FLOAT, true)?;
+        let y = s.tensor(Y, out, out_type, false)?;
+        let conv = s.make(D::CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR)?;
+        let two = |a: [usize; 2]| a.map(|v| v as i64);
+        set(
+            conv,
+            N::CUDNN_ATTR_CONVOLUTION_COMP_TYPE,
+            T::CUDNN_TYPE_DATA_TYPE,
+            &[Dt::CUDNN_DATA_INT32],
+        )?;
+        set(
+            conv,
+            N::CUDNN_ATTR_CONVOLUTION_CONV_MODE,
+            T::CUDNN_TYPE_CONVOLUTION_MODE,
+            &[dnn::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION],
+        )?;
+        set(
+            conv,
+            N::CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS,
+            T::CUDNN_TYPE_INT64,
+            &[2i64],
+        )?;
+        set(
+            conv,
+            N::CUDNN_ATTR_CONVOLUTION_DILATIONS,
+            T::CUDNN_TYPE_INT64,
+            &two(g.dilation),
+        )?;
+        set(
+            conv,
+            N::CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES,
+            T::CUDNN_TYPE_INT64,
+            &two(g.stride),
+        )?;
+        set(
+            conv,
+            N::CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS,
+            T::CUDNN_TYPE_INT64,
+            &two(g.pads_pre),
+        )?;
+        set(
+            conv,
+            N::CUDNN_ATTR_CONVOLUTION_POST_PADDINGS,
+            T::CUDNN_TYPE_INT64,
+            &two(g.pads_post),
+        )?;
+        finalize(conv, "convolution descriptor")?;
+        let op_conv = s.make(D::CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR)?;
+        let bd = T::CUDNN_TYPE_BACKEND_DESCRIPTOR;
+        set(
+            op_conv,
+            N::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+            bd,
+            &[x],
+        )?;
+        set(
+            op_conv,
+            N::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+            bd,
+            &[w],
+        )?;
+        set(
+            op_conv,
+            N::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
+            bd,
+            &[acc],
+        )?;
+        set(
+            op_conv,
+            N::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+            bd,
+            &[conv],
+        )?;
+        set(
+            op_conv,
+            N::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+            T::CUDNN_TYPE_FLOAT,
+            &[1.0f32],
+        )?;
+        set(
+            op_conv,
+            N::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA,
+            T::CUDNN_TYPE_FLOAT,
+            &[0.0f32],
+        )?;
+        finalize(op_conv, "convolution op")?;
+        use dnn::cudnnPointwiseMode_t as P;
+        let mut ops = vec![op_conv];
+        ops.push(s.pointwise(P::CUDNN_POINTWISE_MUL, acc, Some(sc), scaled, 1.0)?);
+        // Bias, then the residual, then ReLU; the chain's last op writes y, the ones before
+        // write virtual float tensors.
+        let mut tail: Vec<(P, Option<(Desc, f32)>)> =
+            vec![(P::CUDNN_POINTWISE_ADD, Some((bi, 1.0)))];
+        if let Some((alpha, z_type)) = residual {
+            let z = s.tensor(Z, out, z_type, false)?;
+            tail.push((P::CUDNN_POINTWISE_ADD, Some((z, alpha))));
+        }
+        if relu {
+            tail.push((P::CUDNN_POINTWISE_RELU_FWD, None));
+        }
+        let mut cur = scaled;
+        for (i, &(mode, b)) in tail.iter().enumerate() {
+            let dst = if i + 1 == tail.len() {
+                y
+            } else {
+                s.tensor(102 + i as i64, out, Dt::CUDNN_DATA_FLOAT, true)?
+            };
+            ops.push(s.pointwise(mode, cur, b.map(|b| b.0), dst, b.map_or(1.0, |b| b.1))?);
+            cur = dst;
+        }
+        let graph = s.make(D::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
+        set(
+            graph,
+            N::CUDNN_ATTR_OPERATIONGRAPH_HANDLE,
+            T::CUDNN_TYPE_HANDLE,
+            &[handle],
+        )?;
+        set(graph, N::CUDNN_ATTR_OPERATIONGRAPH_OPS, bd, &ops)?;
+        finalize(graph, "operation graph")?;
+        let heur = s.make(D::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
+        set(heur, N::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, bd, &[graph])?;
+        set(
+            heur,
+            N::CUDNN_ATTR_ENGINEHEUR_MODE,
+            T::CUDNN_TYPE_HEUR_MODE,
+            &[dnn::cudnnBackendHeurMode_t::CUDNN_HEUR_MODE_INSTANT],
+        )?;
+        finalize(heur, "engine heuristics")?;
+        let mut count = 0i64;
+        ok(
+            unsafe {
+                dnn::cudnnBackendGetAttribute(
+                    heur,
+                    N::CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                    bd,
+                    0,
+                    &mut count,
+                    std::ptr::null_mut(),
+                )
+            },
+            "heuristic count",
+        )?;
+        let want = count.clamp(0, 8) as usize;
+        let mut cfgs = vec![];
+        for _ in 0..want {
+            cfgs.push(s.make(D::CUDNN_BACKEND_ENGINECFG_DESCRIPTOR)?);
+        }
+        let mut got = 0i64;
+        ok(
+            unsafe {
+                dnn::cudnnBackendGetAttribute(
+                    heur,
+                    N::CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                    bd,
+                    want as i64,
+                    &mut got,
+                    cfgs.as_mut_ptr() as *mut c_void,
+                )
+            },
+            "heuristic results",
+        )?;
+        let mut last_err = format!("no engine for this graph ({count} heuristic results)");
+        for &cfg in cfgs.iter().take(got.max(0) as usize) {
+            if s.plans.len() >= max_plans {
+                break;
+            }
+            let plan = s.make(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
+            let r = set(
+                plan,
+                N::CUDNN_ATTR_EXECUTION_PLAN_HANDLE,
+                T::CUDNN_TYPE_HANDLE,
+                &[handle],
+            )
+            .and_then(|()| set(plan, N::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, bd, &[cfg]))
+            .and_then(|()| finalize(plan, "execution plan"));
+            if let Err(e) = r {
+                last_err = e;
+                continue;
+            }
+            let mut ws = 0i64;
+            let mut n = 0i64;
+            ok(
+                unsafe {
+                    dnn::cudnnBackendGetAttribute(
+                        plan,
+                        N::CUDNN_ATTR_EXECUTION_PLAN_WORKSPACE_SIZE,
+                        T::CUDNN_TYPE_INT64,
+                        1,
+                        &mut n,
+                        &mut ws as *mut i64 as *mut c_void,
+                    )
+                },
+                "workspace size",
+            )?;
+            if ws as usize <= max_workspace {
+                s.plans.push((plan, ws as usize));
+            }
+        }
+        if s.plans.is_empty() {
+            return Err(last_err);
+        }
+        Ok(s)
+    }
+
+    /// Runs plan `i` on the stream bound to `handle`.
+    pub fn execute(&self, handle: dnn::cudnnHandle_t, i: usize, p: &Ptrs) -> Result<(), String> {
+        let (plan, _) = *self.plans.get(i).ok_or("no such cuDNN plan")?;
+        let mut ids = vec![X, W, Y, S, B];
+        let mut ptrs = vec![p.x, p.w, p.y, p.scale, p.bias];
+        if self.residual {
+            ids.push(Z);
+            ptrs.push(p.z);
+        }
+        let ptrs: Vec<*mut c_void> = ptrs.into_iter().map(|v| v as *mut c_void).collect();
+        let mut pack: Desc = std::ptr::null_mut();
+        ok(
+            unsafe {
+                dnn::cudnnBackendCreateDescriptor(
+                    D::CUDNN_BACKEND_VARIANT_PACK_DESCRIPTOR,
+                    &mut pack,
+                )
+            },
+            "variant pack",
+        )?;
+        let r = set(
+            pack,
+            N::CUDNN_ATTR_VARIANT_PACK_UNIQUE_IDS,
+            T::CUDNN_TYPE_INT64,
+            &ids,
+        )
+        .and_then(|()| {
+            set(
+                pack,
+                N::CUDNN_ATTR_VARIANT_PACK_DATA_POINTERS,
+                T::CUDNN_TYPE_VOID_PTR,
+                &ptrs,
+            )
+        })
+        .and_then(|()| {
+            set(
+                pack,
+                N::CUDNN_ATTR_VARIANT_PACK_WORKSPACE,
+                T::CUDNN_TYPE_VOID_PTR,
+                &[p.workspace as *mut c_void],
+            )
+        })
+        .and_then(|()| finalize(pack, "variant pack"))
+        .and_then(|()| {
+            ok(
+                unsafe { dnn::cudnnBackendExecute(handle, plan, pack) },
+                "cudnnBackendExecute",
+            )
+        });
+        unsafe {
+            dnn::cudnnBackendDestroyDescriptor(pack);
+        }
+        r
+    }
+}
