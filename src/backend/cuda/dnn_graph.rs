@@ -94,6 +94,20 @@ fn set<V>(d: Desc, name: N, ty: T, vals: &[V]) -> Result<(), String> {
     )
 }
 
+/// Sets attributes that each hold one descriptor.
+fn set_descs(d: Desc, attrs: &[(N, Desc)]) -> Result<(), String> {
+    attrs
+        .iter()
+        .try_for_each(|&(n, v)| set(d, n, T::CUDNN_TYPE_BACKEND_DESCRIPTOR, &[v]))
+}
+
+/// Sets attributes that each hold int64 values.
+fn set_i64s(d: Desc, attrs: &[(N, &[i64])]) -> Result<(), String> {
+    attrs
+        .iter()
+        .try_for_each(|&(n, v)| set(d, n, T::CUDNN_TYPE_INT64, v))
+}
+
 fn finalize(d: Desc, what: &str) -> Result<(), String> {
     ok(unsafe { dnn::cudnnBackendFinalize(d) }, what)
 }
@@ -119,29 +133,14 @@ impl Int8ConvGraph {
             T::CUDNN_TYPE_DATA_TYPE,
             &[dt],
         )?;
-        set(
+        set_i64s(
             d,
-            N::CUDNN_ATTR_TENSOR_DIMENSIONS,
-            T::CUDNN_TYPE_INT64,
-            &dims.map(|v| v as i64),
-        )?;
-        set(
-            d,
-            N::CUDNN_ATTR_TENSOR_STRIDES,
-            T::CUDNN_TYPE_INT64,
-            &[h * w * c, 1, w * c, c],
-        )?;
-        set(
-            d,
-            N::CUDNN_ATTR_TENSOR_UNIQUE_ID,
-            T::CUDNN_TYPE_INT64,
-            &[id],
-        )?;
-        set(
-            d,
-            N::CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT,
-            T::CUDNN_TYPE_INT64,
-            &[16i64],
+            &[
+                (N::CUDNN_ATTR_TENSOR_DIMENSIONS, &dims.map(|v| v as i64)),
+                (N::CUDNN_ATTR_TENSOR_STRIDES, &[h * w * c, 1, w * c, c]),
+                (N::CUDNN_ATTR_TENSOR_UNIQUE_ID, &[id]),
+                (N::CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, &[16]),
+            ],
         )?;
         set(
             d,
@@ -177,16 +176,15 @@ impl Int8ConvGraph {
         )?;
         finalize(pw, "pointwise descriptor")?;
         let op = self.make(D::CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR)?;
-        let bd = T::CUDNN_TYPE_BACKEND_DESCRIPTOR;
-        set(
+        set_descs(
             op,
-            N::CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR,
-            bd,
-            &[pw],
+            &[
+                (N::CUDNN_ATTR_OPERATION_POINTWISE_PW_DESCRIPTOR, pw),
+                (N::CUDNN_ATTR_OPERATION_POINTWISE_XDESC, x),
+            ],
         )?;
-        set(op, N::CUDNN_ATTR_OPERATION_POINTWISE_XDESC, bd, &[x])?;
         if let Some(b) = b {
-            set(op, N::CUDNN_ATTR_OPERATION_POINTWISE_BDESC, bd, &[b])?;
+            set_descs(op, &[(N::CUDNN_ATTR_OPERATION_POINTWISE_BDESC, b)])?;
             if alpha2 != 1.0 {
                 set(
                     op,
@@ -196,7 +194,7 @@ impl Int8ConvGraph {
                 )?;
             }
         }
-        set(op, N::CUDNN_ATTR_OPERATION_POINTWISE_YDESC, bd, &[y])?;
+        set_descs(op, &[(N::CUDNN_ATTR_OPERATION_POINTWISE_YDESC, y)])?;
         finalize(op, "pointwise op")?;
         Ok(op)
     }
@@ -241,62 +239,26 @@ impl Int8ConvGraph {
             T::CUDNN_TYPE_CONVOLUTION_MODE,
             &[dnn::cudnnConvolutionMode_t::CUDNN_CROSS_CORRELATION],
         )?;
-        set(
+        set_i64s(
             conv,
-            N::CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS,
-            T::CUDNN_TYPE_INT64,
-            &[2i64],
-        )?;
-        set(
-            conv,
-            N::CUDNN_ATTR_CONVOLUTION_DILATIONS,
-            T::CUDNN_TYPE_INT64,
-            &two(g.dilation),
-        )?;
-        set(
-            conv,
-            N::CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES,
-            T::CUDNN_TYPE_INT64,
-            &two(g.stride),
-        )?;
-        set(
-            conv,
-            N::CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS,
-            T::CUDNN_TYPE_INT64,
-            &two(g.pads_pre),
-        )?;
-        set(
-            conv,
-            N::CUDNN_ATTR_CONVOLUTION_POST_PADDINGS,
-            T::CUDNN_TYPE_INT64,
-            &two(g.pads_post),
+            &[
+                (N::CUDNN_ATTR_CONVOLUTION_SPATIAL_DIMS, &[2]),
+                (N::CUDNN_ATTR_CONVOLUTION_DILATIONS, &two(g.dilation)),
+                (N::CUDNN_ATTR_CONVOLUTION_FILTER_STRIDES, &two(g.stride)),
+                (N::CUDNN_ATTR_CONVOLUTION_PRE_PADDINGS, &two(g.pads_pre)),
+                (N::CUDNN_ATTR_CONVOLUTION_POST_PADDINGS, &two(g.pads_post)),
+            ],
         )?;
         finalize(conv, "convolution descriptor")?;
         let op_conv = s.make(D::CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR)?;
-        let bd = T::CUDNN_TYPE_BACKEND_DESCRIPTOR;
-        set(
+        set_descs(
             op_conv,
-            N::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
-            bd,
-            &[x],
-        )?;
-        set(
-            op_conv,
-            N::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
-            bd,
-            &[w],
-        )?;
-        set(
-            op_conv,
-            N::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
-            bd,
-            &[acc],
-        )?;
-        set(
-            op_conv,
-            N::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
-            bd,
-            &[conv],
+            &[
+                (N::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, x),
+                (N::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, w),
+                (N::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, acc),
+                (N::CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, conv),
+            ],
         )?;
         set(
             op_conv,
@@ -335,6 +297,7 @@ impl Int8ConvGraph {
             ops.push(s.pointwise(mode, cur, b.map(|b| b.0), dst, b.map_or(1.0, |b| b.1))?);
             cur = dst;
         }
+        let bd = T::CUDNN_TYPE_BACKEND_DESCRIPTOR;
         let graph = s.make(D::CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR)?;
         set(
             graph,
@@ -345,7 +308,7 @@ impl Int8ConvGraph {
         set(graph, N::CUDNN_ATTR_OPERATIONGRAPH_OPS, bd, &ops)?;
         finalize(graph, "operation graph")?;
         let heur = s.make(D::CUDNN_BACKEND_ENGINEHEUR_DESCRIPTOR)?;
-        set(heur, N::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, bd, &[graph])?;
+        set_descs(heur, &[(N::CUDNN_ATTR_ENGINEHEUR_OPERATION_GRAPH, graph)])?;
         set(
             heur,
             N::CUDNN_ATTR_ENGINEHEUR_MODE,
@@ -398,7 +361,7 @@ impl Int8ConvGraph {
                 T::CUDNN_TYPE_HANDLE,
                 &[handle],
             )
-            .and_then(|()| set(plan, N::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, bd, &[cfg]))
+            .and_then(|()| set_descs(plan, &[(N::CUDNN_ATTR_EXECUTION_PLAN_ENGINE_CONFIG, cfg)]))
             .and_then(|()| finalize(plan, "execution plan"));
             if let Err(e) = r {
                 last_err = e;

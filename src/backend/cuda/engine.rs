@@ -1,8 +1,9 @@
 //! Device side of the CUDA backend: allocates the plan's buffers and weights, picks each
 //! convolution's implementation by timing the candidates (cuDNN's algorithms through
 //! `cudnnFindConvolutionForwardAlgorithmEx`, cuBLASLt GEMM over NHWC rows (with im2col for
-//! k x k and int8), the direct NVRTC kernel), captures the whole run in a CUDA graph, and
-//! times it with CUDA events.
+//! k x k), the direct NVRTC kernel; for int8 layers also cuDNN's graph-API int8 conv
+//! (`dnn_graph`), a cuBLASLt int8 GEMM that requantizes in its epilogue, and the layer run in
+//! FP16), captures the whole run in a CUDA graph, and times it with CUDA events.
 
 use std::collections::HashMap;
 use std::ffi::c_void;

@@ -233,7 +233,6 @@ extern "C" __global__ void pool(const void* x, int x_t, float x_scale, void* y, 
   st(y, y_t, i, acc, y_scale);
 }
 
-// Global average pool, NHWC -> [n, c]; one thread per (n, c).
 // Global average pool over NHWC. Block: 32 channels x 32 pixel lanes, each lane summing every
 // 32nd pixel, then the lanes reduced in shared memory; grid: (ceil(c / 32), n). One thread per
 // channel (looping over all pixels) left most of the GPU idle on DeepLab's 65x65x2048 ASPP pool.

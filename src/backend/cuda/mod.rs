@@ -2,8 +2,9 @@
 //! binary runs without a GPU. `check` finds and loads the libraries (see `libs`) and says
 //! precisely what is missing; `build` lowers the model (`plan`), then builds the device engine
 //! (`engine`): NHWC activations, conv + bias + residual + activation fused, INT8 layers where
-//! the Q/DQ plan puts them, per-layer implementation chosen by timing (cached on disk,
-//! `cache`), replayed as a CUDA graph.
+//! the Q/DQ plan puts them (each also timed in FP16, the faster kept), float layers of INT8
+//! engines in FP16, per-layer implementation chosen by timing (cached on disk, `cache`),
+//! replayed as a CUDA graph.
 
 pub mod cache;
 mod dnn_graph;

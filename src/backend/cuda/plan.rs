@@ -1677,7 +1677,7 @@ fn const_operand(c: &proto::F32Tensor, a: &TensorDesc) -> Option<(Operand, i32)>
     }
     let (_, ch, _) = a.nchw();
     let nontrivial: Vec<usize> = c.dims.iter().copied().filter(|&d| d != 1).collect();
-    // Per channel: [C], [C,1,1], [1,C,1,1] over rank 4; [C] over rank 2's last axis.
+    // Per channel: [C,1,1], [1,C,1,1] over rank 4; [C] over rank 2's last axis.
     let per_channel = nontrivial == [ch]
         && match a.shape.len() {
             // A rank-1 [C] broadcasts over W, not over channels.
@@ -1956,15 +1956,15 @@ mod tests {
             Precision::Int8,
         )
         .expect("int8 lowers");
+        let residual_conv = |plan: &Plan| {
+            plan.steps.iter().find_map(|s| match s {
+                Step::Conv(c) if c.residual.is_some() => Some(c.clone()),
+                _ => None,
+            })
+        };
         for (what, plan) in [("fp32", &fp32), ("int8", &int8)] {
-            let fused = plan
-                .steps
-                .iter()
-                .find_map(|s| match s {
-                    Step::Conv(c) if c.residual.is_some() => Some(c),
-                    _ => None,
-                })
-                .unwrap_or_else(|| panic!("{what}: no conv took the residual"));
+            let fused =
+                residual_conv(plan).unwrap_or_else(|| panic!("{what}: no conv took the residual"));
             assert_eq!(fused.act, Act::Relu, "{what}");
             assert!(
                 !plan.steps.iter().any(|s| matches!(s, Step::Binary { .. })),
@@ -1979,14 +1979,7 @@ mod tests {
             let names: Vec<&str> = plan.steps.iter().map(|s| s.name()).collect();
             assert_eq!(convs, 4, "{what}: {names:?}");
         }
-        let fused = int8
-            .steps
-            .iter()
-            .find_map(|s| match s {
-                Step::Conv(c) if c.residual.is_some() => Some(c),
-                _ => None,
-            })
-            .expect("int8 residual conv");
+        let fused = residual_conv(&int8).expect("int8 residual conv");
         let r = fused.residual.expect("residual");
         assert_eq!(int8.tensors[r].dtype, DType::I8, "int8 shortcut stays int8");
         // The shortcut conv took its QuantizeLinear: no separate quantize step for it.
