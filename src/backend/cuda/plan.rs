@@ -409,26 +409,25 @@ pub fn lower(
     // The host reads f32 in ONNX order.
     let desc = b.plan.tensors[out].clone();
     let plain = b.to_layout(out, Layout::Plain, "output")?;
-    let fin = if b.plan.tensors[plain].dtype == DType::F32 && plain != out {
-        plain
-    } else if b.plan.tensors[plain].dtype == DType::F32 && desc.alias_of.is_none() {
-        plain
-    } else {
-        let o = b.tensor(
-            &format!("{out_name}.f32"),
-            desc.shape.clone(),
-            Layout::Plain,
-            DType::F32,
-            1.0,
-        );
-        b.plan.steps.push(Step::Unary {
-            name: "output.cast".into(),
-            input: plain,
-            out: o,
-            act: Act::None,
-        });
-        o
-    };
+    let fin =
+        if b.plan.tensors[plain].dtype == DType::F32 && (plain != out || desc.alias_of.is_none()) {
+            plain
+        } else {
+            let o = b.tensor(
+                &format!("{out_name}.f32"),
+                desc.shape.clone(),
+                Layout::Plain,
+                DType::F32,
+                1.0,
+            );
+            b.plan.steps.push(Step::Unary {
+                name: "output.cast".into(),
+                input: plain,
+                out: o,
+                act: Act::None,
+            });
+            o
+        };
     b.plan.output = fin;
     Ok(b.plan)
 }
@@ -623,6 +622,34 @@ impl Builder<'_> {
         }
     }
 
+    /// Adds `step`, whose output `o` is node `n`'s (first) output.
+    fn emit(&mut self, n: &pb::NodeProto, o: usize, step: Step) -> PlanResult<()> {
+        self.plan.steps.push(step);
+        self.values.insert(n.output[0].clone(), Value::Tensor(o));
+        Ok(())
+    }
+
+    /// Node `n` as an elementwise step (activation, quantize) into a `dtype` tensor.
+    fn unary_node(
+        &mut self,
+        n: &pb::NodeProto,
+        what: &str,
+        dtype: DType,
+        scale: f32,
+        act: Act,
+    ) -> PlanResult<()> {
+        let x = self.float_tensor_of(&n.input[0], what)?;
+        let d = self.desc(x).clone();
+        let o = self.tensor(&n.output[0], d.shape, d.layout, dtype, scale);
+        let step = Step::Unary {
+            name: n.name.clone(),
+            input: x,
+            out: o,
+            act,
+        };
+        self.emit(n, o, step)
+    }
+
     /// Lowers the producer of `name` ahead of node order when it is not lowered yet and its
     /// inputs are (recursively, `depth` producers deep); otherwise leaves it to the main loop.
     fn lower_early(&mut self, name: &str, depth: usize) -> PlanResult<()> {
@@ -683,17 +710,7 @@ impl Builder<'_> {
             }
             "Relu" | "Clip" | "Sigmoid" | "HardSwish" | "HardSigmoid" | "Identity" | "Dropout" => {
                 let act = self.act_of(n)?;
-                let x = self.float_tensor_of(&n.input[0], "activation input")?;
-                let d = self.desc(x).clone();
-                let o = self.tensor(&n.output[0], d.shape, d.layout, self.float, 1.0);
-                self.plan.steps.push(Step::Unary {
-                    name: n.name.clone(),
-                    input: x,
-                    out: o,
-                    act,
-                });
-                self.values.insert(n.output[0].clone(), Value::Tensor(o));
-                Ok(())
+                self.unary_node(n, "activation input", self.float, 1.0, act)
             }
             "Add" | "Mul" | "Sub" | "Div" => self.binary(i),
             "BatchNormalization" => self.batch_norm(i),
@@ -707,13 +724,15 @@ impl Builder<'_> {
                     self.float,
                     1.0,
                 );
-                self.plan.steps.push(Step::GlobalAvgPool {
-                    name: n.name.clone(),
-                    input: x,
-                    out: o,
-                });
-                self.values.insert(n.output[0].clone(), Value::Tensor(o));
-                Ok(())
+                self.emit(
+                    n,
+                    o,
+                    Step::GlobalAvgPool {
+                        name: n.name.clone(),
+                        input: x,
+                        out: o,
+                    },
+                )
             }
             "Flatten" | "Reshape" | "Squeeze" | "Unsqueeze" => self.reshape(i),
             "Shape" => {
@@ -806,17 +825,7 @@ impl Builder<'_> {
         if !self.int8 {
             return Err(err(n, "QuantizeLinear in a float engine"));
         }
-        let x = self.float_tensor_of(&n.input[0], "quantize input")?;
-        let d = self.desc(x).clone();
-        let o = self.tensor(&n.output[0], d.shape, d.layout, DType::I8, scale);
-        self.plan.steps.push(Step::Unary {
-            name: n.name.clone(),
-            input: x,
-            out: o,
-            act: Act::None,
-        });
-        self.values.insert(n.output[0].clone(), Value::Tensor(o));
-        Ok(())
+        self.unary_node(n, "quantize input", DType::I8, scale, Act::None)
     }
 
     fn dequantize(&mut self, i: usize) -> PlanResult<()> {
@@ -1314,17 +1323,19 @@ impl Builder<'_> {
             act: Act::None,
         });
         let o = self.tensor(&n.output[0], d.shape, d.layout, self.float, 1.0);
-        self.plan.steps.push(Step::Binary {
-            name: n.name.clone(),
-            a: t,
-            b: Operand::Const(sh, 2),
-            mode: 2,
-            op: 0,
-            out: o,
-            act: Act::None,
-        });
-        self.values.insert(n.output[0].clone(), Value::Tensor(o));
-        Ok(())
+        self.emit(
+            n,
+            o,
+            Step::Binary {
+                name: n.name.clone(),
+                a: t,
+                b: Operand::Const(sh, 2),
+                mode: 2,
+                op: 0,
+                out: o,
+                act: Act::None,
+            },
+        )
     }
 
     fn pool(&mut self, i: usize) -> PlanResult<()> {
@@ -1350,18 +1361,20 @@ impl Builder<'_> {
             self.float,
             1.0,
         );
-        self.plan.steps.push(Step::Pool {
-            name: n.name.clone(),
-            input: x,
-            out: o,
-            max: n.op_type == "MaxPool",
-            k: ku,
-            stride: su,
-            pads,
-            count_include_pad: proto::attr_i(n, "count_include_pad").unwrap_or(0) == 1,
-        });
-        self.values.insert(n.output[0].clone(), Value::Tensor(o));
-        Ok(())
+        self.emit(
+            n,
+            o,
+            Step::Pool {
+                name: n.name.clone(),
+                input: x,
+                out: o,
+                max: n.op_type == "MaxPool",
+                k: ku,
+                stride: su,
+                pads,
+                count_include_pad: proto::attr_i(n, "count_include_pad").unwrap_or(0) == 1,
+            },
+        )
     }
 
     fn reshape(&mut self, i: usize) -> PlanResult<()> {
@@ -1408,12 +1421,7 @@ impl Builder<'_> {
         };
         let sd = self.desc(src).clone();
         let root = sd.alias_of.unwrap_or(src);
-        let layout = if new_shape.len() == 4 {
-            Layout::Plain
-        } else {
-            Layout::Plain
-        };
-        let o = self.tensor(&n.output[0], new_shape, layout, sd.dtype, sd.scale);
+        let o = self.tensor(&n.output[0], new_shape, Layout::Plain, sd.dtype, sd.scale);
         self.plan.tensors[o].alias_of = Some(root);
         self.values.insert(n.output[0].clone(), Value::Tensor(o));
         Ok(())
@@ -1433,15 +1441,17 @@ impl Builder<'_> {
         }
         let shape: Vec<usize> = perm.iter().map(|&p| d.shape[p]).collect();
         let o = self.tensor(&n.output[0], shape, Layout::Plain, d.dtype, d.scale);
-        self.plan.steps.push(Step::Transpose {
-            name: n.name.clone(),
-            input: x,
-            out: o,
-            in_dims: d.shape,
-            perm,
-        });
-        self.values.insert(n.output[0].clone(), Value::Tensor(o));
-        Ok(())
+        self.emit(
+            n,
+            o,
+            Step::Transpose {
+                name: n.name.clone(),
+                input: x,
+                out: o,
+                in_dims: d.shape,
+                perm,
+            },
+        )
     }
 
     fn concat(&mut self, i: usize) -> PlanResult<()> {
@@ -1483,25 +1493,26 @@ impl Builder<'_> {
             )
         };
         let o = self.tensor(&n.output[0], shape, layout, self.float, 1.0);
-        self.plan.steps.push(Step::Concat {
-            name: n.name.clone(),
-            inputs: conv,
-            out: o,
-            outer,
-            inner,
-        });
-        self.values.insert(n.output[0].clone(), Value::Tensor(o));
-        Ok(())
+        self.emit(
+            n,
+            o,
+            Step::Concat {
+                name: n.name.clone(),
+                inputs: conv,
+                out: o,
+                outer,
+                inner,
+            },
+        )
     }
 
     fn resize(&mut self, i: usize) -> PlanResult<()> {
         let n = self.g.node(i);
         let (x, d) = self.nhwc_input(n, "resize")?;
         let nonempty = |k: usize| n.input.get(k).filter(|s| !s.is_empty());
-        let (scales_in, sizes_in) = if n.op_type == "Upsample" {
+        // Upsample and opset-10 Resize: X, scales.
+        let (scales_in, sizes_in) = if n.op_type == "Upsample" || n.input.len() == 2 {
             (nonempty(1), None)
-        } else if n.input.len() == 2 {
-            (nonempty(1), None) // opset 10: X, scales
         } else {
             (nonempty(2), nonempty(3))
         };
@@ -1576,17 +1587,19 @@ impl Builder<'_> {
             self.float,
             1.0,
         );
-        self.plan.steps.push(Step::Resize {
-            name: n.name.clone(),
-            input: x,
-            out: o,
-            linear,
-            coord,
-            nearest,
-            scale_hw: [sh, sw],
-        });
-        self.values.insert(n.output[0].clone(), Value::Tensor(o));
-        Ok(())
+        self.emit(
+            n,
+            o,
+            Step::Resize {
+                name: n.name.clone(),
+                input: x,
+                out: o,
+                linear,
+                coord,
+                nearest,
+                scale_hw: [sh, sw],
+            },
+        )
     }
 
     fn softmax(&mut self, i: usize) -> PlanResult<()> {
@@ -1612,16 +1625,18 @@ impl Builder<'_> {
         };
         let layout = self.desc(x).layout;
         let o = self.tensor(&n.output[0], d.shape, layout, self.float, 1.0);
-        self.plan.steps.push(Step::Softmax {
-            name: n.name.clone(),
-            input: x,
-            out: o,
-            outer,
-            len,
-            inner,
-        });
-        self.values.insert(n.output[0].clone(), Value::Tensor(o));
-        Ok(())
+        self.emit(
+            n,
+            o,
+            Step::Softmax {
+                name: n.name.clone(),
+                input: x,
+                out: o,
+                outer,
+                len,
+                inner,
+            },
+        )
     }
 
     fn pad(&mut self, i: usize) -> PlanResult<()> {
@@ -1658,15 +1673,17 @@ impl Builder<'_> {
             d.shape[3] + (pads[3] + pads[7]) as usize,
         ];
         let o = self.tensor(&n.output[0], shape, Layout::Nhwc, self.float, 1.0);
-        self.plan.steps.push(Step::Pad {
-            name: n.name.clone(),
-            input: x,
-            out: o,
-            top_left: [pads[2] as usize, pads[3] as usize],
-            value,
-        });
-        self.values.insert(n.output[0].clone(), Value::Tensor(o));
-        Ok(())
+        self.emit(
+            n,
+            o,
+            Step::Pad {
+                name: n.name.clone(),
+                input: x,
+                out: o,
+                top_left: [pads[2] as usize, pads[3] as usize],
+                value,
+            },
+        )
     }
 }
 
@@ -1788,7 +1805,7 @@ pub fn reshape_dims(input: &[usize], spec: &[i64]) -> Option<Vec<usize>> {
     }
     let known: usize = out.iter().product();
     if let Some(k) = infer {
-        if known == 0 || total % known != 0 {
+        if known == 0 || !total.is_multiple_of(known) {
             return None;
         }
         out[k] = total / known;
