@@ -4,7 +4,7 @@
 mod common;
 
 use quantscope::backend::cpu::{Probe, TractModel};
-use quantscope::backend::{BackendKind, BuildInput, BuildSpec, backend};
+use quantscope::backend::{BackendKind, BuildInput, BuildSpec, Engine, backend};
 use quantscope::calib::{Method, Stats};
 use quantscope::model::testing::{residual_classifier, values};
 use quantscope::quant;
@@ -25,21 +25,23 @@ fn calibrated(method: Method) -> (quantscope::model::Model, quant::QdqModel) {
     (model, qdq)
 }
 
-#[test]
-fn int8_engine_computes_in_int8_and_matches_the_float_simulation() {
-    let (model, qdq) = calibrated(Method::Max);
-    let mut engine = backend(BackendKind::Cpu)
+/// The CPU INT8 engine of `qdq`, batch 1 at 16x16.
+fn int8_engine(model: &quantscope::model::Model, qdq: &quant::QdqModel) -> Box<dyn Engine> {
+    backend(BackendKind::Cpu)
         .build(
-            BuildInput::Int8 {
-                model: &model,
-                qdq: &qdq,
-            },
+            BuildInput::Int8 { model, qdq },
             BuildSpec {
                 batch: 1,
                 hw: [16, 16],
             },
         )
-        .expect("int8 engine");
+        .expect("int8 engine")
+}
+
+#[test]
+fn int8_engine_computes_in_int8_and_matches_the_float_simulation() {
+    let (model, qdq) = calibrated(Method::Max);
+    let mut engine = int8_engine(&model, &qdq);
     assert_eq!(
         engine.info().int8_nodes,
         4,
@@ -84,18 +86,7 @@ fn qdq_model_runs_in_onnx_runtime_and_matches_the_int8_engine() {
         let (model, qdq) = calibrated(method);
         let path = dir.join(format!("qdq_{method}.onnx"));
         qdq.save(&path).expect("save qdq");
-        let mut engine = backend(BackendKind::Cpu)
-            .build(
-                BuildInput::Int8 {
-                    model: &model,
-                    qdq: &qdq,
-                },
-                BuildSpec {
-                    batch: 1,
-                    hw: [16, 16],
-                },
-            )
-            .expect("int8 engine");
+        let mut engine = int8_engine(&model, &qdq);
         for i in 0..4 {
             let x = values(3 * 16 * 16, 700 + i);
             let (inp, out) = (dir.join("in.f32"), dir.join("out.f32"));

@@ -121,7 +121,8 @@ pub fn lower_qdq(p: &pb::ModelProto) -> Result<Lowered, String> {
             .and_then(proto::tensor_f32);
         let (acc, k) = (format!("{name}_acc_i32"), format!("{name}_rescale"));
         let mut new_nodes = vec![];
-        if op == "Conv" {
+        // The integer node writes `acc`; `k` and the float bias (for Gemm, C * beta) follow.
+        let bias = if op == "Conv" {
             let Some(w_t) = w_init else {
                 float_nodes.push(float_node(n, "weight is not a constant"));
                 continue;
@@ -149,19 +150,10 @@ pub fn lower_qdq(p: &pb::ModelProto) -> Result<Lowered, String> {
                 &kdims,
                 &ws.iter().map(|s| s * x.scales[0]).collect::<Vec<_>>(),
             ));
-            let bias = bias.map(|b| proto::F32Tensor {
-                dims: kdims.clone(),
+            bias.map(|b| proto::F32Tensor {
+                dims: kdims,
                 data: b.data,
-            });
-            rescale_and_bias(
-                &mut new_nodes,
-                &mut inits,
-                name,
-                &acc,
-                &k,
-                bias.as_ref(),
-                &out,
-            );
+            })
         } else {
             // Gemm / MatMul -> MatMulInteger with B as [K, N].
             if proto::attr_i(n, "transA").unwrap_or(0) == 1 {
@@ -207,24 +199,24 @@ pub fn lower_qdq(p: &pb::ModelProto) -> Result<Lowered, String> {
                     .map(|s| s * x.scales[0] * alpha)
                     .collect::<Vec<_>>(),
             ));
-            let c_term = if op == "Gemm" {
+            if op == "Gemm" {
                 bias.map(|b| proto::F32Tensor {
                     data: b.data.iter().map(|v| v * beta).collect(),
                     dims: b.dims,
                 })
             } else {
                 None
-            };
-            rescale_and_bias(
-                &mut new_nodes,
-                &mut inits,
-                name,
-                &acc,
-                &k,
-                c_term.as_ref(),
-                &out,
-            );
-        }
+            }
+        };
+        rescale_and_bias(
+            &mut new_nodes,
+            &mut inits,
+            name,
+            &acc,
+            &k,
+            bias.as_ref(),
+            &out,
+        );
         int8_nodes.push(name.clone());
         replace.insert(i, new_nodes);
     }
