@@ -41,6 +41,23 @@ __device__ __forceinline__ float act_f(float v, int act, float a, float b) {
   }
 }
 
+// Position of element i of an NHWC [n, oh, ow, c] tensor; with c the row length, also the
+// (b, y, x) of row i / c of im2col's [n * oh * ow, c] matrix and the column within it.
+struct Pos {
+  int b, y, x;
+  i64 c;
+};
+__device__ __forceinline__ Pos nhwc_pos(i64 i, int oh, int ow, i64 c) {
+  Pos p;
+  p.c = i % c;
+  i64 t = i / c;
+  p.x = t % ow;
+  t /= ow;
+  p.y = t % oh;
+  p.b = t / oh;
+  return p;
+}
+
 // Conv epilogue over an NHWC output [M, C]: raw is [M, raw_ld].
 // out = act(raw * alpha[c] + bias[c] + res) stored as out_t.
 extern "C" __global__ void epilogue(const void* raw, int raw_t, i64 raw_ld, const float* alpha,
@@ -68,11 +85,8 @@ extern "C" __global__ void conv_direct(const void* x, int x_t, float x_scale, co
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   i64 total = (i64)n * oh * ow * cout;
   if (i >= total) return;
-  int co = i % cout;
-  i64 t = i / cout;
-  int ox = t % ow; t /= ow;
-  int oy = t % oh;
-  int b = t / oh;
+  Pos p = nhwc_pos(i, oh, ow, cout);
+  int co = p.c, ox = p.x, oy = p.y, b = p.b;
   int cpg = cin / groups, opg = cout / groups, g = co / opg;
   float accf = 0.f;
   int acci = 0;
@@ -109,11 +123,9 @@ extern "C" __global__ void im2col(const void* x, void* cols, int esize, int n, i
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   i64 total = (i64)n * oh * ow * kpad;
   if (i >= total) return;
-  i64 k = i % kpad, m = i / kpad;
-  int ox = m % ow;
-  i64 t = m / ow;
-  int oy = t % oh;
-  int b = t / oh;
+  Pos p = nhwc_pos(i, oh, ow, kpad);
+  i64 k = p.c;
+  int ox = p.x, oy = p.y, b = p.b;
   bool inside = false;
   i64 src = 0;
   if (k < (i64)kh * kw * cin) {
@@ -139,14 +151,10 @@ extern "C" __global__ void im2col_v16(const int4* x, int4* cols, int n, int h, i
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   i64 row = (i64)kh * kw * cin_v;
   if (i >= (i64)n * oh * ow * row) return;
-  i64 m = i / row;
-  int k = (int)(i - m * row);
+  Pos p = nhwc_pos(i, oh, ow, row);
+  int k = (int)p.c, ox = p.x, oy = p.y, b = p.b;
   int cv = k % cin_v, kk = k / cin_v;
   int kx = kk % kw, ky = kk / kw;
-  int ox = m % ow;
-  i64 t = m / ow;
-  int oy = t % oh;
-  int b = t / oh;
   int iy = oy * sh - ph + ky * dh, ix = ox * sw - pw + kx * dw;
   cols[i] = (iy >= 0 && iy < h && ix >= 0 && ix < wd)
                 ? x[(((i64)b * h + iy) * wd + ix) * cin_v + cv]
@@ -208,11 +216,8 @@ extern "C" __global__ void pool(const void* x, int x_t, float x_scale, void* y, 
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   i64 total = (i64)n * oh * ow * c;
   if (i >= total) return;
-  int ch = i % c;
-  i64 t = i / c;
-  int ox = t % ow; t /= ow;
-  int oy = t % oh;
-  int b = t / oh;
+  Pos p = nhwc_pos(i, oh, ow, c);
+  int ch = p.c, ox = p.x, oy = p.y, b = p.b;
   float acc = kind == 0 ? -QS_INF : 0.f;
   int cnt = 0;
   for (int ky = 0; ky < kh; ky++) {
@@ -283,11 +288,8 @@ extern "C" __global__ void resize(const void* x, int x_t, float x_scale, void* y
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   i64 total = (i64)n * oh * ow * c;
   if (i >= total) return;
-  int ch = i % c;
-  i64 t = i / c;
-  int ox = t % ow; t /= ow;
-  int oy = t % oh;
-  int b = t / oh;
+  Pos p = nhwc_pos(i, oh, ow, c);
+  int ch = p.c, ox = p.x, oy = p.y, b = p.b;
   float fy = src_coord(oy, h, oh, scale_h, coord), fx = src_coord(ox, wd, ow, scale_w, coord);
   i64 base = (i64)b * h * wd * c + ch;
   float v;
@@ -338,11 +340,8 @@ extern "C" __global__ void pad_nhwc(const void* x, int x_t, float x_scale, void*
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   i64 total = (i64)n * oh * ow * c;
   if (i >= total) return;
-  int ch = i % c;
-  i64 t = i / c;
-  int ox = t % ow; t /= ow;
-  int oy = t % oh;
-  int b = t / oh;
+  Pos p = nhwc_pos(i, oh, ow, c);
+  int ch = p.c, ox = p.x, oy = p.y, b = p.b;
   int iy = oy - top, ix = ox - left;
   float v = value;
   if (iy >= 0 && iy < h && ix >= 0 && ix < wd) v = ld(x, x_t, (((i64)b * h + iy) * wd + ix) * c + ch, x_scale);
