@@ -622,6 +622,12 @@ impl Builder<'_> {
         }
     }
 
+    /// Node `n`'s float NHWC output: `d`'s batch and channels at `oh` x `ow`.
+    fn spatial_out(&mut self, n: &pb::NodeProto, d: &TensorDesc, oh: usize, ow: usize) -> usize {
+        let shape = vec![d.shape[0], d.shape[1], oh, ow];
+        self.tensor(&n.output[0], shape, Layout::Nhwc, self.float, 1.0)
+    }
+
     /// Adds `step`, whose output `o` is node `n`'s (first) output.
     fn emit(&mut self, n: &pb::NodeProto, o: usize, step: Step) -> PlanResult<()> {
         self.plan.steps.push(step);
@@ -717,13 +723,7 @@ impl Builder<'_> {
             "MaxPool" | "AveragePool" => self.pool(i),
             "GlobalAveragePool" => {
                 let (x, d) = self.nhwc_input(n, "pool")?;
-                let o = self.tensor(
-                    &n.output[0],
-                    vec![d.shape[0], d.shape[1], 1, 1],
-                    Layout::Nhwc,
-                    self.float,
-                    1.0,
-                );
+                let o = self.spatial_out(n, &d, 1, 1);
                 self.emit(
                     n,
                     o,
@@ -1354,13 +1354,7 @@ impl Builder<'_> {
         let pads = conv_pads(n, [d.shape[2], d.shape[3]], ku, su, [1, 1])?;
         let oh = (d.shape[2] + pads[0] + pads[2] - ku[0]) / su[0] + 1;
         let ow = (d.shape[3] + pads[1] + pads[3] - ku[1]) / su[1] + 1;
-        let o = self.tensor(
-            &n.output[0],
-            vec![d.shape[0], d.shape[1], oh, ow],
-            Layout::Nhwc,
-            self.float,
-            1.0,
-        );
+        let o = self.spatial_out(n, &d, oh, ow);
         self.emit(
             n,
             o,
@@ -1580,13 +1574,7 @@ impl Builder<'_> {
             "ceil" => 3,
             m => return Err(err(n, format!("nearest_mode `{m}` is not supported"))),
         };
-        let o = self.tensor(
-            &n.output[0],
-            vec![d.shape[0], d.shape[1], oh, ow],
-            Layout::Nhwc,
-            self.float,
-            1.0,
-        );
+        let o = self.spatial_out(n, &d, oh, ow);
         self.emit(
             n,
             o,
