@@ -15,6 +15,7 @@
 //! | [`backend`] | `Backend` / `Engine`; `cpu` (tract) and `cuda` |
 //! | [`eval`], [`bench`], [`report`] | metrics, timing and memory, output formats |
 //! | [`experiment`], [`pipeline`], [`worker`] | what to run, running it, running it off the UI thread |
+//! | [`files`] | atomic output writes; refusing an output that is an input |
 //! | [`ui`] | the desktop workbench |
 //! | [`cli`] | the command line |
 
@@ -25,6 +26,7 @@ pub mod cli;
 pub mod data;
 pub mod eval;
 pub mod experiment;
+pub mod files;
 pub mod model;
 pub mod pipeline;
 pub mod quant;
