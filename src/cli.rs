@@ -477,24 +477,6 @@ fn sensitivity(
     Ok(out)
 }
 
-/// The experiment setting that reproduces a sensitivity run's mixed-precision plan.
-pub fn mixed_from(r: &crate::sensitivity::SensitivityReport) -> crate::experiment::MixedPrecision {
-    let best_single = r
-        .methods
-        .iter()
-        .filter(|m| m.method != "per-tensor")
-        .max_by(|a, b| a.metric.total_cmp(&b.metric));
-    crate::experiment::MixedPrecision {
-        keep_float: r
-            .amp
-            .as_ref()
-            .map(|a| a.kept_float.clone())
-            .unwrap_or_default(),
-        method: best_single.and_then(|m| m.method.parse().ok()),
-        per_tensor: r.per_tensor_methods.clone(),
-    }
-}
-
 /// The default experiment the app opens with: the bundled segmentation sample.
 pub fn default_experiment_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sample_models/fashion_scenes_deeplab.ron")
@@ -521,7 +503,7 @@ pub fn main() -> Result<()> {
                     ..Default::default()
                 };
                 let (report, _) = sensitivity(&e, &opts)?;
-                e.mixed_precision = Some(mixed_from(&report));
+                e.mixed_precision = Some(report.mixed_precision());
             }
             if let Some(p) = &args.save_experiment {
                 e.save(p)?;
@@ -549,7 +531,7 @@ pub fn main() -> Result<()> {
                     .with_context(|| format!("writing {}", p.display()))?;
             }
             if report.amp.is_some() {
-                e.mixed_precision = Some(mixed_from(&report));
+                e.mixed_precision = Some(report.mixed_precision());
                 if let Some(dir) = &out.export_qdq {
                     let model = Model::load(&e.model)?;
                     let m = e.mixed_precision.as_ref().and_then(|m| m.method);

@@ -742,6 +742,24 @@ pub fn run_with_cache(
 }
 
 impl SensitivityReport {
+    /// The experiment setting that reproduces this run's mixed-precision plan.
+    pub fn mixed_precision(&self) -> crate::experiment::MixedPrecision {
+        let best_single = self
+            .methods
+            .iter()
+            .filter(|m| m.method != "per-tensor")
+            .max_by(|a, b| a.metric.total_cmp(&b.metric));
+        crate::experiment::MixedPrecision {
+            keep_float: self
+                .amp
+                .as_ref()
+                .map(|a| a.kept_float.clone())
+                .unwrap_or_default(),
+            method: best_single.and_then(|m| m.method.parse().ok()),
+            per_tensor: self.per_tensor_methods.clone(),
+        }
+    }
+
     pub fn to_markdown(&self) -> String {
         let name = if self.task == Some(Task::Segmentation) {
             "mIoU"

@@ -548,7 +548,7 @@ impl Workbench {
     pub(super) fn take_sensitivity(&mut self, report: SensitivityReport) {
         if let Some(amp) = &report.amp {
             let mut e = self.exp.clone();
-            e.mixed_precision = Some(crate::cli::mixed_from(&report));
+            e.mixed_precision = Some(report.mixed_precision());
             let msg = format!(
                 "Mixed precision: {}. It is now the experiment's mixed-precision engine: press Run to compare it.",
                 amp.summary()
@@ -566,7 +566,7 @@ impl Workbench {
             Some(mp) => mp,
             None => {
                 let mut mp = match &self.layers.report {
-                    Some(r) => crate::cli::mixed_from(r),
+                    Some(r) => r.mixed_precision(),
                     None => Default::default(),
                 };
                 mp.keep_float.clear();
