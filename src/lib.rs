@@ -15,6 +15,7 @@
 //! | [`backend`] | `Backend` / `Engine`; `cpu` (tract) and `cuda` |
 //! | [`eval`], [`bench`], [`report`] | metrics, timing and memory, output formats |
 //! | [`experiment`], [`pipeline`], [`worker`] | what to run, running it, running it off the UI thread |
+//! | [`timing`] | latency statistics (median, p90, p99) from timed samples |
 //! | [`files`] | atomic output writes; refusing an output that is an input |
 //! | [`ui`] | the desktop workbench |
 //! | [`cli`] | the command line |
@@ -32,5 +33,6 @@ pub mod pipeline;
 pub mod quant;
 pub mod report;
 pub mod sensitivity;
+pub mod timing;
 pub mod ui;
 pub mod worker;

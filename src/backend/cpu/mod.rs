@@ -91,7 +91,7 @@ impl TractModel {
                 LayerTime {
                     layer: node.name.clone(),
                     kernel: node.op().name().to_string(),
-                    time_ms: crate::bench::latency_from(v).median,
+                    time_ms: crate::timing::latency_from(v).median,
                 }
             })
             .collect();
