@@ -60,6 +60,43 @@ pub fn write(path: &Path, bytes: impl AsRef<[u8]>) -> Result<(), OutputError> {
     write_with(path, |w| w.write_all(bytes.as_ref()))
 }
 
+/// The length of `path` if it is a regular file (links followed). FIFOs, sockets and devices are
+/// refused without being opened: opening a FIFO blocks until someone writes to it.
+pub fn regular_file_len(path: &Path) -> Result<u64, String> {
+    let m = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    if m.is_dir() {
+        return Err(format!("{} is a folder, not a file", path.display()));
+    }
+    if !m.is_file() {
+        return Err(format!(
+            "{} is not a regular file (a FIFO, socket or device); give a file",
+            path.display()
+        ));
+    }
+    Ok(m.len())
+}
+
+/// Reads an input file (a model, an experiment, a labels file) whole, after checking that it is
+/// a regular file of at most `max_bytes`, so that a FIFO or a device never hangs the run.
+pub fn read_input(path: &Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
+    let len = regular_file_len(path).map_err(std::io::Error::other)?;
+    if len > max_bytes {
+        return Err(std::io::Error::other(format!(
+            "{} is {len} bytes, more than the {max_bytes} this kind of file may have",
+            path.display()
+        )));
+    }
+    std::fs::read(path)
+}
+
+/// Writes `img` as a PNG, atomically (see [`write_with`]).
+pub fn write_png(path: &Path, img: &image::DynamicImage) -> Result<(), OutputError> {
+    write_with(path, |w| {
+        img.write_to(w, image::ImageFormat::Png)
+            .map_err(std::io::Error::other)
+    })
+}
+
 /// A path made absolute and free of `.`/`..` and links where it exists; for a file that does not
 /// exist yet, its folder is resolved and the file name kept, so two spellings of one future
 /// output compare equal.
@@ -113,6 +150,26 @@ mod tests {
             .map(|e| e.expect("entry").file_name())
             .collect();
         assert_eq!(left.len(), 1, "no temporary file left behind: {left:?}");
+    }
+
+    #[test]
+    fn special_files_are_refused_without_opening_them() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let e = read_input(dir.path(), 10).unwrap_err();
+        assert!(e.to_string().contains("is a folder"), "{e}");
+        let big = dir.path().join("big.onnx");
+        std::fs::write(&big, [0u8; 64]).expect("write");
+        let e = read_input(&big, 10).unwrap_err();
+        assert!(e.to_string().contains("64 bytes"), "{e}");
+        let fifo = dir.path().join("x.onnx");
+        match std::process::Command::new("mkfifo").arg(&fifo).status() {
+            Ok(s) if s.success() => {
+                // Opening it would block forever; the check must not open it.
+                let e = read_input(&fifo, 1 << 20).unwrap_err();
+                assert!(e.to_string().contains("not a regular file"), "{e}");
+            }
+            _ => eprintln!("skipped the FIFO case: mkfifo is not available"),
+        }
     }
 
     #[test]

@@ -16,6 +16,8 @@
 //! | [`eval`], [`bench`], [`report`] | metrics, timing and memory, output formats |
 //! | [`experiment`], [`pipeline`], [`worker`] | what to run, running it, running it off the UI thread |
 //! | [`timing`] | latency statistics (median, p90, p99) from timed samples |
+//! | [`layerwise`] | per-layer isolation of quantization error; empirical bias correction |
+//! | [`guard`] | the panic boundary around engines and worker jobs |
 //! | [`files`] | atomic output writes; refusing an output that is an input |
 //! | [`ui`] | the desktop workbench |
 //! | [`cli`] | the command line |
@@ -28,6 +30,8 @@ pub mod data;
 pub mod eval;
 pub mod experiment;
 pub mod files;
+pub mod guard;
+pub mod layerwise;
 pub mod model;
 pub mod pipeline;
 pub mod quant;

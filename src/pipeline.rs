@@ -3,7 +3,7 @@
 //! Each finished row is handed to the `Sink` at once, so a cancelled run keeps what it has.
 
 use std::collections::HashSet;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -19,6 +19,9 @@ use crate::quant::{self, QdqModel, QuantPlan};
 use crate::report::{
     CalibSummary, EvalSummary, MemoryBytes, ModelSummary, Report, Row, TensorRanges,
 };
+
+/// The mask value that marks a pixel as not counted (VOC's convention).
+pub const IGNORE_LABEL: u8 = 255;
 
 /// FP32 outputs kept in memory for SQNR; past this, SQNR covers the first images only.
 const SQNR_BUDGET_BYTES: usize = 256 << 20;
@@ -69,6 +72,9 @@ pub struct Artifacts {
 pub struct RunOutput {
     pub report: Report,
     pub artifacts: Artifacts,
+    /// Outputs (report files, masks, Q/DQ exports) that could not be written, each naming its
+    /// file. The run's results are in `report` all the same.
+    pub output_errors: Vec<String>,
 }
 
 /// One evaluation image, preprocessed once for every engine.
@@ -88,10 +94,20 @@ pub struct Prepared {
     pub calib_images: Vec<PathBuf>,
 }
 
+/// Load → validate → list the data: everything that can be refused before an engine exists.
+/// The model's own validation runs inside [`Model::load`]; the experiment's settings, the
+/// exclusion names, the memory a run needs and the evaluation labels are checked here.
 pub fn prepare(exp: &Experiment) -> Result<Prepared, PipelineError> {
+    exp.validate().map_err(PipelineError::Config)?;
     let model = Model::load(&exp.model)?;
     model.check_supported()?;
+    quant::check_exclusions(&model, &exp.exclude, "--exclude").map_err(PipelineError::Config)?;
+    if let Some(mp) = &exp.mixed_precision {
+        quant::check_exclusions(&model, &mp.keep_float, "mixed_precision.keep_float")
+            .map_err(PipelineError::Config)?;
+    }
     let hw = model.input_hw(exp.preprocess.size)?;
+    check_memory(&model, hw, exp.bench.batch)?;
     let calib_images = match &exp.calibration.dir {
         Some(d) => {
             let (imgs, skipped) = data::list_images(d)?;
@@ -119,13 +135,9 @@ pub fn prepare(exp: &Experiment) -> Result<Prepared, PipelineError> {
                 set.items.truncate(n);
             }
             if let Some(l) = &exp.evaluation.labels {
-                set.classes = data::read_labels(l).ok_or_else(|| {
-                    PipelineError::Config(format!(
-                        "{}: cannot read class names (one per line)",
-                        l.display()
-                    ))
-                })?;
+                set.classes = data::read_labels_checked(l)?;
             }
+            set.check_labels(output_channels(&model, hw).unwrap_or(0), IGNORE_LABEL)?;
             Some(set)
         }
         None => None,
@@ -208,12 +220,16 @@ pub fn calibrate(
         p.hw
     );
     let key = calib::cache_key(&p.model.fingerprint(), &tensors, &p.calib_images, &prep);
-    if let Some(s) = cache.load(&key) {
-        sink.log(&format!(
-            "calibration statistics from cache ({} images, key {key})",
-            s.images
-        ));
-        return Ok((s, true, 0.0));
+    match cache.load(&key) {
+        Ok(Some(s)) => {
+            sink.log(&format!(
+                "calibration statistics from cache ({} images, key {key})",
+                s.images
+            ));
+            return Ok((s, true, 0.0));
+        }
+        Ok(None) => {}
+        Err(why) => sink.log(&why),
     }
     if p.calib_images.is_empty() {
         return Err(PipelineError::Config(
@@ -221,8 +237,13 @@ pub fn calibrate(
         ));
     }
     let t0 = Instant::now();
-    let probe = backend::cpu::Probe::new(&p.model, p.hw, &tensors)
-        .map_err(|e| PipelineError::Config(format!("{e}")))?;
+    let probe = backend::cpu::Probe::new(&p.model, p.hw, &tensors).map_err(|e| {
+        PipelineError::Config(format!(
+            "{}: cannot run the model for calibration: {e}. `quantscope inspect` lists its ops; \
+             --exclude keeps a failing layer in float",
+            p.model.path.display()
+        ))
+    })?;
     let mut stats = Stats::new(key, &tensors);
     let channels = p.model.info.input_chw[0];
     let n = p.calib_images.len();
@@ -396,120 +417,466 @@ pub fn evaluate(
     Ok(Evaluated { row, predictions })
 }
 
-/// Builds an engine, evaluates and benchmarks it; errors land in the row.
-#[allow(clippy::too_many_arguments)]
-fn run_row(
-    backend: &dyn backend::Backend,
-    input: BuildInput<'_>,
-    p: &Prepared,
-    samples: &[Sample],
+/// What every engine row of a run shares: the backend, the prepared model and data, the input
+/// that is timed, and where progress goes.
+struct RowCtx<'a> {
+    backend: &'a dyn backend::Backend,
+    p: &'a Prepared,
+    samples: &'a [Sample],
     classes: usize,
-    bench_spec: &BenchSpec,
-    bench_input: &[f32],
-    reference: Option<&Reference>,
-    keep_outputs: &mut Option<Vec<Vec<f32>>>,
-    sink: &dyn Sink,
-    cancel: &CancelToken,
-    label: &str,
-) -> Evaluated {
-    let mut row = Row {
-        backend: backend.kind().name().into(),
-        ..Default::default()
-    };
-    // Engine memory = growth over the build + peak growth while timing. Evaluation is left
-    // out: it holds the FP32 outputs kept for SQNR, which are not the engine's.
-    let (rss_before, _) = bench::rss_bytes();
-    let t = Instant::now();
-    let spec = BuildSpec { batch: 1, hw: p.hw };
-    let precision = input.precision();
-    sink.progress(&format!("building {label}"), 0, 1);
-    let mut engine = match backend.build(input, spec) {
-        Ok(e) => e,
-        Err(e) => {
-            row.error = Some(e.to_string());
-            return Evaluated {
-                row,
-                predictions: vec![],
-            };
-        }
-    };
-    row.build_ms = Some(t.elapsed().as_secs_f64() * 1e3);
-    let built_growth = bench::rss_bytes().0.saturating_sub(rss_before);
-    let mut predictions = vec![];
-    if let Some(task) = p.task.filter(|_| !samples.is_empty()) {
-        match evaluate(
-            engine.as_mut(),
-            samples,
-            task,
-            classes,
-            reference,
-            sink,
-            &format!("evaluating {label}"),
-            cancel,
-            keep_outputs,
-        ) {
-            Ok(ev) => {
-                let build_ms = row.build_ms;
-                let backend_name = row.backend.clone();
-                row = ev.row;
-                row.build_ms = build_ms;
-                row.backend = backend_name;
-                predictions = ev.predictions;
-            }
+    bench_spec: &'a BenchSpec,
+    bench_input: Vec<f32>,
+    sink: &'a dyn Sink,
+    cancel: &'a CancelToken,
+}
+
+impl RowCtx<'_> {
+    /// Builds an engine; an error or a panic inside the backend becomes a message naming the
+    /// model and the engine.
+    fn build(
+        &self,
+        input: BuildInput<'_>,
+        batch: usize,
+        label: &str,
+    ) -> Result<Box<dyn Engine>, String> {
+        let spec = BuildSpec {
+            batch,
+            hw: self.p.hw,
+        };
+        let file = self.p.model.path.display();
+        crate::guard::catch(&format!("building the {label} engine for {file}"), || {
+            self.backend.build(input, spec)
+        })?
+        .map_err(|e| {
+            format!(
+                "cannot build the {label} engine for {file}: {e}. `quantscope inspect {file}` lists \
+                 the model's ops; try --backend cpu or keep the failing layer in float (--exclude)"
+            )
+        })
+    }
+
+    /// Builds an engine, evaluates and benchmarks it; errors (and panics inside the backend)
+    /// land in the row, so the run goes on with the next one.
+    fn row(
+        &self,
+        input: BuildInput<'_>,
+        reference: Option<&Reference>,
+        keep_outputs: &mut Option<Vec<Vec<f32>>>,
+        label: &str,
+    ) -> Evaluated {
+        let mut row = Row {
+            backend: self.backend.kind().name().into(),
+            ..Default::default()
+        };
+        // Engine memory = growth over the build + peak growth while timing. Evaluation is left
+        // out: it holds the FP32 outputs kept for SQNR, which are not the engine's.
+        let (rss_before, _) = bench::rss_bytes();
+        let t = Instant::now();
+        let precision = input.precision();
+        self.sink.progress(&format!("building {label}"), 0, 1);
+        let mut engine = match self.build(input, 1, label) {
+            Ok(e) => e,
             Err(e) => {
                 row.error = Some(e);
-                return Evaluated { row, predictions };
+                return Evaluated {
+                    row,
+                    predictions: vec![],
+                };
+            }
+        };
+        row.build_ms = Some(t.elapsed().as_secs_f64() * 1e3);
+        let built_growth = bench::rss_bytes().0.saturating_sub(rss_before);
+        let mut predictions = vec![];
+        if let Some(task) = self.p.task.filter(|_| !self.samples.is_empty()) {
+            let evaluated = crate::guard::catch(&format!("evaluating {label}"), || {
+                evaluate(
+                    engine.as_mut(),
+                    self.samples,
+                    task,
+                    self.classes,
+                    reference,
+                    self.sink,
+                    &format!("evaluating {label}"),
+                    self.cancel,
+                    keep_outputs,
+                )
+            });
+            match evaluated.and_then(|r| r) {
+                Ok(ev) => {
+                    let build_ms = row.build_ms;
+                    let backend_name = row.backend.clone();
+                    row = ev.row;
+                    row.build_ms = build_ms;
+                    row.backend = backend_name;
+                    predictions = ev.predictions;
+                }
+                Err(e) => {
+                    row.error = Some(e);
+                    return Evaluated { row, predictions };
+                }
             }
         }
-    }
-    let keep_going = || !cancel.is_cancelled();
-    sink.progress(&format!("timing {label}"), 0, 1);
-    bench::reset_peak_rss();
-    let (rss_timing, _) = bench::rss_bytes();
-    let timed = bench::measure(engine.as_mut(), bench_input, bench_spec, &keep_going);
-    let peak_rss = built_growth + bench::rss_bytes().1.saturating_sub(rss_timing);
-    match timed {
-        Ok(l) => {
-            row.throughput_ips = (l.median > 0.0).then(|| 1e3 / l.median);
-            row.latency_ms = Some(l);
+        let keep_going = || !self.cancel.is_cancelled();
+        self.sink.progress(&format!("timing {label}"), 0, 1);
+        bench::reset_peak_rss();
+        let (rss_timing, _) = bench::rss_bytes();
+        let timed = crate::guard::catch(&format!("timing {label}"), || {
+            bench::measure(
+                engine.as_mut(),
+                &self.bench_input,
+                self.bench_spec,
+                &keep_going,
+            )
+            .map_err(|e| format!("timing: {e}"))
+        });
+        let peak_rss = built_growth + bench::rss_bytes().1.saturating_sub(rss_timing);
+        match timed.and_then(|r| r) {
+            Ok(l) => {
+                row.throughput_ips = (l.median > 0.0).then(|| 1e3 / l.median);
+                row.latency_ms = Some(l);
+            }
+            Err(e) => row.error = Some(e),
         }
-        Err(e) => row.error = Some(format!("timing: {e}")),
+        let info = engine.info().clone();
+        drop(engine);
+        if self.bench_spec.batch > 1 && !self.cancel.is_cancelled() {
+            self.time_batch(input, &mut row, label);
+        }
+        row.memory_bytes = Some(MemoryBytes {
+            weights: info.weights_bytes,
+            activations: info.activations_bytes,
+            peak_rss,
+        });
+        row.simulated = info.simulated;
+        if precision == Precision::Int8 {
+            row.int8_nodes = Some(info.int8_nodes);
+            row.float_nodes = info.float_nodes;
+        }
+        row.layer_times = info.layer_times;
+        Evaluated { row, predictions }
     }
-    let info = engine.info().clone();
-    drop(engine);
-    if bench_spec.batch > 1 && !cancel.is_cancelled() {
-        let b = bench_spec.batch;
-        let batched: Vec<f32> = bench_input
+
+    /// Throughput at the experiment's batch size, on an engine built for it. A failure here is
+    /// logged and leaves the batch-1 results standing.
+    fn time_batch(&self, input: BuildInput<'_>, row: &mut Row, label: &str) {
+        let b = self.bench_spec.batch;
+        let batched: Vec<f32> = self
+            .bench_input
             .iter()
             .copied()
             .cycle()
-            .take(bench_input.len() * b)
+            .take(self.bench_input.len() * b)
             .collect();
-        sink.progress(&format!("timing {label} at batch {b}"), 0, 1);
-        match backend.build(input, BuildSpec { batch: b, hw: p.hw }) {
-            Ok(mut e) => {
-                if let Ok(l) = bench::measure(e.as_mut(), &batched, bench_spec, &keep_going) {
-                    row.throughput_batch_ips = (l.median > 0.0).then(|| b as f64 * 1e3 / l.median);
-                    row.latency_batch_ms = Some(l);
-                    row.batch = Some(b);
-                    row.layer_times_batch = e.info().layer_times.clone();
-                }
+        self.sink
+            .progress(&format!("timing {label} at batch {b}"), 0, 1);
+        let keep_going = || !self.cancel.is_cancelled();
+        let timed = self.build(input, b, &format!("{label} batch-{b}")).and_then(|mut e| {
+            crate::guard::catch(&format!("timing {label} at batch {b}"), || {
+                bench::measure(e.as_mut(), &batched, self.bench_spec, &keep_going)
+                    .map(|l| (l, e.info().layer_times.clone()))
+                    .map_err(|err| format!("timing {label} at batch {b}: {err}"))
+            })?
+        });
+        match timed {
+            Ok((l, layers)) => {
+                row.throughput_batch_ips = (l.median > 0.0).then(|| b as f64 * 1e3 / l.median);
+                row.latency_batch_ms = Some(l);
+                row.batch = Some(b);
+                row.layer_times_batch = layers;
             }
-            Err(e) => sink.log(&format!("{label}: batch {b} engine: {e}")),
+            Err(e) => self.sink.log(&format!("{label}: batch {b}: {e}")),
         }
     }
-    row.memory_bytes = Some(MemoryBytes {
-        weights: info.weights_bytes,
-        activations: info.activations_bytes,
-        peak_rss,
-    });
-    row.simulated = info.simulated;
-    if precision == Precision::Int8 {
-        row.int8_nodes = Some(info.int8_nodes);
-        row.float_nodes = info.float_nodes;
+}
+
+/// One INT8 engine to build: a method's calibrated ranges, maybe with layers kept in float.
+struct Int8Variant {
+    method: Option<Method>,
+    ranges: Option<Ranges>,
+    kept_float: Vec<String>,
+}
+
+impl Int8Variant {
+    fn label(&self) -> String {
+        match (self.method, self.kept_float.len()) {
+            (Some(m), 0) => format!("INT8 {m}"),
+            (Some(m), k) => format!("INT8 {m} + {k} float"),
+            (None, _) => "INT8 (Q/DQ from the model)".into(),
+        }
     }
-    row.layer_times = info.layer_times;
-    Evaluated { row, predictions }
+}
+
+/// A run in progress: the rows produced so far, what they predicted, and the outputs that could
+/// not be written. Every stage appends to it, so a cancelled or failing stage keeps the rest.
+struct Rows<'a> {
+    exp: &'a Experiment,
+    ctx: RowCtx<'a>,
+    report: Report,
+    artifacts: Artifacts,
+    output_errors: Vec<String>,
+}
+
+impl<'a> Rows<'a> {
+    fn new(exp: &'a Experiment, ctx: RowCtx<'a>) -> Self {
+        let (p, samples) = (ctx.p, ctx.samples);
+        let report = Report {
+            quantscope_version: env!("CARGO_PKG_VERSION").into(),
+            experiment: exp.name.clone(),
+            model: ModelSummary {
+                file: p.model.path.clone(),
+                task: p.task,
+                inputs: p.model.info.inputs.clone(),
+                outputs: p.model.info.outputs.clone(),
+                params: p.model.info.params,
+                param_bytes: p.model.info.param_bytes,
+                op_census: p.model.info.op_census.clone(),
+            },
+            preprocess: exp.preprocess.clone(),
+            input_hw: p.hw,
+            calibration: None,
+            evaluation: EvalSummary {
+                dir: p.eval.as_ref().map(|e| e.root.clone()),
+                task: p.task,
+                images: samples.len(),
+                classes: p
+                    .eval
+                    .as_ref()
+                    .map(|e| e.classes.clone())
+                    .unwrap_or_default(),
+                image_files: p
+                    .eval
+                    .as_ref()
+                    .map(|e| e.items.iter().map(|i| i.image.clone()).collect())
+                    .unwrap_or_default(),
+            },
+            rows: vec![],
+            incomplete: false,
+        };
+        let artifacts = Artifacts {
+            mask_hw: samples
+                .iter()
+                .filter_map(|s| s.gt.as_ref().map(|g| g.1))
+                .collect(),
+            ground_truth: samples
+                .iter()
+                .filter_map(|s| s.gt.as_ref().map(|g| g.0.clone()))
+                .collect(),
+            ..Default::default()
+        };
+        Rows {
+            exp,
+            ctx,
+            report,
+            artifacts,
+            output_errors: vec![],
+        }
+    }
+
+    fn push(
+        &mut self,
+        mut ev: Evaluated,
+        precision: Precision,
+        method: Option<Method>,
+        kept_float: &[String],
+    ) {
+        ev.row.precision = Some(precision);
+        ev.row.method = method;
+        ev.row.kept_float = kept_float.to_vec();
+        self.ctx.sink.row(&ev.row);
+        if let Some(e) = &ev.row.error {
+            self.ctx.sink.log(&format!("{}: {e}", ev.row.label()));
+        }
+        self.report.rows.push(ev.row);
+        self.artifacts.predictions.push(ev.predictions);
+    }
+
+    /// A row for an engine that could not be made at all (calibration or placement failed).
+    fn error_row(&mut self, precision: Precision, method: Option<Method>, error: String) {
+        let row = Row {
+            backend: self.exp.backend.name().into(),
+            error: Some(error),
+            ..Default::default()
+        };
+        let ev = Evaluated {
+            row,
+            predictions: vec![],
+        };
+        self.push(ev, precision, method, &[]);
+    }
+
+    /// FP32 first (the reference for agreement and SQNR), then FP16.
+    fn float_rows(&mut self) -> Reference {
+        let wants = |pr: Precision| self.exp.precisions.contains(&pr);
+        let needs_reference = self.exp.precisions.iter().any(|&p| p != Precision::Fp32);
+        let model = &self.ctx.p.model;
+        let mut reference = Reference::default();
+        if wants(Precision::Fp32) || needs_reference {
+            let mut keep = needs_reference.then(Vec::new);
+            let input = BuildInput::Float {
+                model,
+                precision: Precision::Fp32,
+            };
+            let ev = self.ctx.row(input, None, &mut keep, "FP32");
+            reference = Reference {
+                predictions: ev.predictions.clone(),
+                outputs: keep.unwrap_or_default(),
+            };
+            self.push(ev, Precision::Fp32, None, &[]);
+        }
+        if wants(Precision::Fp16) && !self.ctx.cancel.is_cancelled() {
+            let input = BuildInput::Float {
+                model,
+                precision: Precision::Fp16,
+            };
+            let ev = self.ctx.row(input, Some(&reference), &mut None, "FP16");
+            self.push(ev, Precision::Fp16, None, &[]);
+        }
+        reference
+    }
+
+    /// Calibrate, place Q/DQ, then build and evaluate one INT8 engine per variant. A stage that
+    /// fails leaves an error row per method it would have produced.
+    fn int8_rows(&mut self, cache: &StatsCache, reference: &Reference) {
+        let plan = quant::plan(&self.ctx.p.model, &self.exp.exclude);
+        let variants = crate::guard::catch("calibrating", || self.int8_variants(&plan, cache))
+            .map_err(PipelineError::Config)
+            .and_then(|r| r);
+        let variants = match variants {
+            Ok(v) => v,
+            Err(PipelineError::Cancelled) => vec![],
+            Err(e) => {
+                for m in self.exp.methods.clone() {
+                    self.error_row(Precision::Int8, Some(m), e.to_string());
+                }
+                vec![]
+            }
+        };
+        for v in variants {
+            if self.ctx.cancel.is_cancelled() {
+                break;
+            }
+            self.int8_row(&plan, v, reference);
+        }
+    }
+
+    /// Statistics → ranges for every method (with bias correction when asked) → the engines the
+    /// experiment wants: one per method, plus the mixed-precision plan.
+    fn int8_variants(
+        &mut self,
+        plan: &QuantPlan,
+        cache: &StatsCache,
+    ) -> Result<Vec<Int8Variant>, PipelineError> {
+        let (exp, p, sink) = (self.exp, self.ctx.p, self.ctx.sink);
+        if p.model.info.prequantized {
+            return Ok(vec![Int8Variant {
+                method: None,
+                ranges: None,
+                kept_float: vec![],
+            }]);
+        }
+        if exp.methods.is_empty() {
+            return Ok(vec![]);
+        }
+        let (stats, hit, pass_ms) = calibrate(p, exp, plan, cache, sink, self.ctx.cancel)?;
+        let t = Instant::now();
+        let mut all: Vec<Ranges> = Method::ALL
+            .iter()
+            .map(|&m| stats.ranges(m, exp.percentile))
+            .collect();
+        let ranges_ms = t.elapsed().as_secs_f64() * 1e3;
+        sink.log(&format!(
+            "ranges for all four methods computed in {ranges_ms:.0} ms"
+        ));
+        self.report.calibration = Some(calib_summary(&stats, &all, hit, pass_ms, ranges_ms));
+        if exp.bias_correction {
+            let used: Vec<Method> = exp
+                .methods
+                .iter()
+                .copied()
+                .chain(exp.mixed_precision.as_ref().and_then(|m| m.method))
+                .collect();
+            correct_biases(p, exp, plan, &mut all, &used, sink)?;
+        }
+        let mut variants: Vec<Int8Variant> = exp
+            .methods
+            .iter()
+            .map(|&m| Int8Variant {
+                method: Some(m),
+                ranges: all.iter().find(|r| r.method == m).cloned(),
+                kept_float: vec![],
+            })
+            .collect();
+        if let Some(mp) = &exp.mixed_precision {
+            let m = mp
+                .method
+                .or(exp.methods.first().copied())
+                .unwrap_or(Method::Max);
+            let mut r = mixed_ranges(&all, m, &mp.per_tensor);
+            if exp.bias_correction && !mp.per_tensor.is_empty() {
+                // The per-tensor ranges differ from the base method's: correct for them.
+                let inputs = probe_inputs(p, exp, 32)?;
+                r.bias_correction =
+                    crate::layerwise::bias_corrections(&p.model, p.hw, plan, &r, &inputs)
+                        .map_err(PipelineError::Config)?;
+            }
+            variants.push(Int8Variant {
+                method: Some(m),
+                ranges: Some(r),
+                kept_float: mp.keep_float.clone(),
+            });
+        }
+        Ok(variants)
+    }
+
+    /// Places Q/DQ for one variant, exports it when asked, then builds and evaluates its engine.
+    fn int8_row(&mut self, plan: &QuantPlan, v: Int8Variant, reference: &Reference) {
+        let (exp, p) = (self.exp, self.ctx.p);
+        let label = v.label();
+        let run_plan = if v.kept_float.is_empty() {
+            plan.clone()
+        } else {
+            let excl: Vec<String> = exp.exclude.iter().chain(&v.kept_float).cloned().collect();
+            quant::plan(&p.model, &excl)
+        };
+        let placed = crate::guard::catch(&format!("placing Q/DQ for {label}"), || {
+            quant::build_qdq(&p.model, &run_plan, v.ranges.as_ref()).map_err(|e| e.to_string())
+        });
+        let qdq = match placed.and_then(|r| r) {
+            Ok(q) => q,
+            Err(e) => {
+                self.error_row(Precision::Int8, v.method, e);
+                return;
+            }
+        };
+        if let Some(dir) = &exp.output.qdq_dir {
+            let suffix = if v.kept_float.is_empty() { "" } else { "_mixed" };
+            if let Err(e) = export_qdq(dir, &p.model, &qdq, v.method, suffix) {
+                self.ctx.sink.log(&format!("{label}: {e}"));
+                self.output_errors.push(e);
+            }
+        }
+        let input = BuildInput::Int8 {
+            model: &p.model,
+            qdq: &qdq,
+        };
+        let ev = self.ctx.row(input, Some(reference), &mut None, &label);
+        self.push(ev, Precision::Int8, v.method, &v.kept_float);
+        if let (Some(m), true) = (v.method, v.kept_float.is_empty()) {
+            self.artifacts.qdq.push((m, qdq));
+        }
+    }
+
+    /// Marks a stopped run as incomplete and writes every output it asks for.
+    fn finish(mut self) -> RunOutput {
+        self.report.incomplete = self.ctx.cancel.is_cancelled();
+        let errors = write_outputs(self.exp, &self.report, &self.artifacts, self.ctx.sink);
+        self.output_errors.extend(errors);
+        RunOutput {
+            report: self.report,
+            artifacts: self.artifacts,
+            output_errors: self.output_errors,
+        }
+    }
 }
 
 /// Runs the whole experiment.
@@ -524,299 +891,177 @@ pub fn run(
     run_with_cache(exp, &cache, sink, cancel)
 }
 
+/// The stages, top-down: load and validate the model, list the data (`prepare`); check the
+/// backend; preprocess the evaluation images; FP32 and FP16 rows; calibrate, place Q/DQ and run
+/// the INT8 rows; write the report. Once rows exist, failures become error rows and cancelling
+/// keeps what is finished (marked incomplete), so the report is always written.
 pub fn run_with_cache(
     exp: &Experiment,
     cache: &StatsCache,
     sink: &dyn Sink,
     cancel: &CancelToken,
 ) -> Result<RunOutput, PipelineError> {
+    check_outputs(exp, &[], &[])?;
     let p = prepare(exp)?;
-    let backend = backend::backend(exp.backend);
-    if let Err(why) = backend.check() {
+    let backend = usable_backend(exp)?;
+    let samples = load_samples(&p, exp, sink, cancel)?;
+    let ctx = RowCtx {
+        backend: backend.as_ref(),
+        p: &p,
+        samples: &samples,
+        classes: classes_of(&p),
+        bench_spec: &exp.bench,
+        bench_input: bench_input(&p, exp, &samples)?,
+        sink,
+        cancel,
+    };
+    let mut rows = Rows::new(exp, ctx);
+    let reference = rows.float_rows();
+    if exp.precisions.contains(&Precision::Int8) && !cancel.is_cancelled() {
+        rows.int8_rows(cache, &reference);
+    }
+    Ok(rows.finish())
+}
+
+/// Refuses, before the run, an output that would destroy an input (the model, the labels, the
+/// experiment file, a data folder's masks), an output that is a folder, and two outputs that
+/// are one file. `more_inputs` and `more_outputs` are the caller's own (the CLI's experiment
+/// file and `--save-experiment`).
+pub fn check_outputs(
+    exp: &Experiment,
+    more_inputs: &[(&Path, &str)],
+    more_outputs: &[&Path],
+) -> Result<(), PipelineError> {
+    let o = &exp.output;
+    let files: Vec<&Path> = [&o.report_json, &o.markdown, &o.csv]
+        .into_iter()
+        .flatten()
+        .map(PathBuf::as_path)
+        .chain(more_outputs.iter().copied())
+        .collect();
+    let err = |e: crate::files::OutputError| PipelineError::Config(e.to_string());
+    if let Some(d) = files.iter().find(|f| f.is_dir()) {
         return Err(PipelineError::Config(format!(
-            "backend `{}` cannot run here: {why}",
-            exp.backend.name()
+            "{}: is a folder; give a file name for this output",
+            d.display()
         )));
     }
-    let samples = load_samples(&p, exp, sink, cancel)?;
-    let classes = match (&p.eval, p.task) {
+    let mut inputs: Vec<(&Path, &str)> = vec![(exp.model.as_path(), "the model")];
+    inputs.extend(exp.evaluation.labels.as_deref().map(|l| (l, "the labels file")));
+    inputs.extend_from_slice(more_inputs);
+    crate::files::refuse_inputs(files.iter().copied(), &inputs).map_err(err)?;
+    for (i, f) in files.iter().enumerate() {
+        crate::files::refuse_inputs(
+            files[i + 1..].iter().copied(),
+            &[(f, "another output of this run")],
+        )
+        .map_err(err)?;
+    }
+    // Overlays are named after the images: written into a data folder they would replace the
+    // ground-truth masks.
+    let mut data_dirs: Vec<(PathBuf, &str)> = vec![];
+    if let Some(d) = &exp.evaluation.dir {
+        data_dirs.push((d.clone(), "the evaluation folder"));
+        data_dirs.push((d.join("masks"), "the evaluation masks"));
+        data_dirs.push((d.join("images"), "the evaluation images"));
+    }
+    if let Some(d) = &exp.calibration.dir {
+        data_dirs.push((d.clone(), "the calibration folder"));
+    }
+    let data_refs: Vec<(&Path, &str)> = data_dirs.iter().map(|(p, w)| (p.as_path(), *w)).collect();
+    crate::files::refuse_inputs(
+        [&o.masks_dir, &o.qdq_dir].into_iter().flatten().map(PathBuf::as_path),
+        &data_refs,
+    )
+    .map_err(err)
+}
+
+/// The experiment's backend, if it can run on this machine.
+fn usable_backend(exp: &Experiment) -> Result<Box<dyn backend::Backend>, PipelineError> {
+    let backend = backend::backend(exp.backend);
+    match backend.check() {
+        Ok(_) => Ok(backend),
+        Err(why) => Err(PipelineError::Config(format!(
+            "backend `{}` cannot run here: {why}. Use --backend cpu, which runs everywhere",
+            exp.backend.name()
+        ))),
+    }
+}
+
+/// How many classes the metrics count: the evaluation set's names for a classifier, else the
+/// model's output channels.
+fn classes_of(p: &Prepared) -> usize {
+    match (&p.eval, p.task) {
         (Some(e), _) if !e.classes.is_empty() && e.kind == Task::Classification => e.classes.len(),
-        _ => output_channels(&p).unwrap_or(0),
-    };
+        _ => output_channels(&p.model, p.hw).unwrap_or(0),
+    }
+}
+
+/// The input every engine is timed on: the first evaluation image, else the first calibration
+/// image, else a constant tensor.
+fn bench_input(
+    p: &Prepared,
+    exp: &Experiment,
+    samples: &[Sample],
+) -> Result<Vec<f32>, PipelineError> {
     let channels = p.model.info.input_chw[0];
-    let bench_input = match (samples.first(), p.calib_images.first()) {
+    Ok(match (samples.first(), p.calib_images.first()) {
         (Some(s), _) => s.input.clone(),
         (None, Some(path)) => {
             exp.preprocess
                 .apply(&data::open_rgb(path)?, p.hw, channels, p.model.info.layout)
         }
         (None, None) => vec![0.5; p.model.input_shape(1, p.hw).iter().product()],
-    };
-    let mut report = Report {
-        quantscope_version: env!("CARGO_PKG_VERSION").into(),
-        experiment: exp.name.clone(),
-        model: ModelSummary {
-            file: p.model.path.clone(),
-            task: p.task,
-            inputs: p.model.info.inputs.clone(),
-            outputs: p.model.info.outputs.clone(),
-            params: p.model.info.params,
-            param_bytes: p.model.info.param_bytes,
-            op_census: p.model.info.op_census.clone(),
-        },
-        preprocess: exp.preprocess.clone(),
-        input_hw: p.hw,
-        calibration: None,
-        evaluation: EvalSummary {
-            dir: p.eval.as_ref().map(|e| e.root.clone()),
-            task: p.task,
-            images: samples.len(),
-            classes: p
-                .eval
-                .as_ref()
-                .map(|e| e.classes.clone())
-                .unwrap_or_default(),
-            image_files: p
-                .eval
-                .as_ref()
-                .map(|e| e.items.iter().map(|i| i.image.clone()).collect())
-                .unwrap_or_default(),
-        },
-        rows: vec![],
-    };
-    let mut artifacts = Artifacts {
-        mask_hw: samples
-            .iter()
-            .filter_map(|s| s.gt.as_ref().map(|g| g.1))
-            .collect(),
-        ground_truth: samples
-            .iter()
-            .filter_map(|s| s.gt.as_ref().map(|g| g.0.clone()))
-            .collect(),
-        ..Default::default()
-    };
-    let push =
-        |report: &mut Report, artifacts: &mut Artifacts, mut ev: Evaluated, precision, method| {
-            ev.row.precision = Some(precision);
-            ev.row.method = method;
-            sink.row(&ev.row);
-            if let Some(e) = &ev.row.error {
-                sink.log(&format!("{}: {e}", ev.row.label()));
-            }
-            report.rows.push(ev.row);
-            artifacts.predictions.push(ev.predictions);
-        };
-
-    // FP32 first: the reference for agreement and SQNR.
-    let mut reference = Reference::default();
-    let wants = |pr: Precision| exp.precisions.contains(&pr);
-    let needs_reference = exp.precisions.iter().any(|&p| p != Precision::Fp32);
-    if wants(Precision::Fp32) || needs_reference {
-        let mut keep = needs_reference.then(Vec::new);
-        let ev = run_row(
-            backend.as_ref(),
-            BuildInput::Float {
-                model: &p.model,
-                precision: Precision::Fp32,
-            },
-            &p,
-            &samples,
-            classes,
-            &exp.bench,
-            &bench_input,
-            None,
-            &mut keep,
-            sink,
-            cancel,
-            "FP32",
-        );
-        reference = Reference {
-            predictions: ev.predictions.clone(),
-            outputs: keep.unwrap_or_default(),
-        };
-        push(&mut report, &mut artifacts, ev, Precision::Fp32, None);
-    }
-    if cancel.is_cancelled() {
-        return Ok(RunOutput { report, artifacts });
-    }
-    if wants(Precision::Fp16) {
-        let ev = run_row(
-            backend.as_ref(),
-            BuildInput::Float {
-                model: &p.model,
-                precision: Precision::Fp16,
-            },
-            &p,
-            &samples,
-            classes,
-            &exp.bench,
-            &bench_input,
-            Some(&reference),
-            &mut None,
-            sink,
-            cancel,
-            "FP16",
-        );
-        push(&mut report, &mut artifacts, ev, Precision::Fp16, None);
-    }
-    if wants(Precision::Int8) && !cancel.is_cancelled() {
-        let plan = quant::plan(&p.model, &exp.exclude);
-        let methods: Vec<Method> = if p.model.info.prequantized {
-            vec![]
-        } else {
-            exp.methods.clone()
-        };
-        let stats = if methods.is_empty() {
-            None
-        } else {
-            match calibrate(&p, exp, &plan, cache, sink, cancel) {
-                Ok(s) => Some(s),
-                Err(PipelineError::Cancelled) => return Ok(RunOutput { report, artifacts }),
-                Err(e) => {
-                    for &m in &methods {
-                        let row = Row {
-                            backend: exp.backend.name().into(),
-                            error: Some(e.to_string()),
-                            ..Default::default()
-                        };
-                        push(
-                            &mut report,
-                            &mut artifacts,
-                            Evaluated {
-                                row,
-                                predictions: vec![],
-                            },
-                            Precision::Int8,
-                            Some(m),
-                        );
-                    }
-                    None
-                }
-            }
-        };
-        let mut runs: Vec<(Option<Method>, Option<Ranges>, Vec<String>)> = vec![];
-        if let Some((stats, hit, pass_ms)) = &stats {
-            let t = Instant::now();
-            let mut all: Vec<Ranges> = Method::ALL
-                .iter()
-                .map(|&m| stats.ranges(m, exp.percentile))
-                .collect();
-            let ranges_ms = t.elapsed().as_secs_f64() * 1e3;
-            sink.log(&format!(
-                "ranges for all four methods computed in {ranges_ms:.0} ms"
-            ));
-            report.calibration = Some(calib_summary(stats, &all, *hit, *pass_ms, ranges_ms));
-            if exp.bias_correction {
-                let used: Vec<Method> = methods
-                    .iter()
-                    .copied()
-                    .chain(exp.mixed_precision.as_ref().and_then(|m| m.method))
-                    .collect();
-                correct_biases(&p, exp, &plan, &mut all, &used, sink)?;
-            }
-            for &m in &methods {
-                runs.push((Some(m), all.iter().find(|r| r.method == m).cloned(), vec![]));
-            }
-            if let Some(mp) = &exp.mixed_precision {
-                let m = mp
-                    .method
-                    .or(methods.first().copied())
-                    .unwrap_or(Method::Max);
-                let mut r = mixed_ranges(&all, m, &mp.per_tensor);
-                if exp.bias_correction && !mp.per_tensor.is_empty() {
-                    // The per-tensor ranges differ from the base method's: correct for them.
-                    let inputs = probe_inputs(&p, exp, 32)?;
-                    r.bias_correction =
-                        crate::sensitivity::bias_corrections(&p, &plan, &r, &inputs)?;
-                }
-                runs.push((Some(m), Some(r), mp.keep_float.clone()));
-            }
-        } else if p.model.info.prequantized {
-            runs.push((None, None, vec![]));
-        }
-        for (method, ranges, kept_float) in runs {
-            if cancel.is_cancelled() {
-                break;
-            }
-            let label = match (method, kept_float.len()) {
-                (Some(m), 0) => format!("INT8 {m}"),
-                (Some(m), k) => format!("INT8 {m} + {k} float"),
-                (None, _) => "INT8 (Q/DQ from the model)".into(),
-            };
-            let run_plan = if kept_float.is_empty() {
-                plan.clone()
-            } else {
-                let excl: Vec<String> = exp.exclude.iter().chain(&kept_float).cloned().collect();
-                quant::plan(&p.model, &excl)
-            };
-            let push = |report: &mut Report,
-                        artifacts: &mut Artifacts,
-                        mut ev: Evaluated,
-                        precision,
-                        method| {
-                ev.row.kept_float = kept_float.clone();
-                push(report, artifacts, ev, precision, method)
-            };
-            let qdq = match quant::build_qdq(&p.model, &run_plan, ranges.as_ref()) {
-                Ok(q) => q,
-                Err(e) => {
-                    let row = Row {
-                        backend: exp.backend.name().into(),
-                        error: Some(e.to_string()),
-                        ..Default::default()
-                    };
-                    push(
-                        &mut report,
-                        &mut artifacts,
-                        Evaluated {
-                            row,
-                            predictions: vec![],
-                        },
-                        Precision::Int8,
-                        method,
-                    );
-                    continue;
-                }
-            };
-            if let Some(dir) = &exp.output.qdq_dir {
-                let suffix = if kept_float.is_empty() { "" } else { "_mixed" };
-                if let Err(e) = export_qdq(dir, &p.model, &qdq, method, suffix) {
-                    sink.log(&format!("{label}: {e}"));
-                }
-            }
-            let ev = run_row(
-                backend.as_ref(),
-                BuildInput::Int8 {
-                    model: &p.model,
-                    qdq: &qdq,
-                },
-                &p,
-                &samples,
-                classes,
-                &exp.bench,
-                &bench_input,
-                Some(&reference),
-                &mut None,
-                sink,
-                cancel,
-                &label,
-            );
-            push(&mut report, &mut artifacts, ev, Precision::Int8, method);
-            if let (Some(m), true) = (method, kept_float.is_empty()) {
-                artifacts.qdq.push((m, qdq));
-            }
-        }
-    }
-    write_outputs(exp, &report, &artifacts, sink);
-    Ok(RunOutput { report, artifacts })
+    })
 }
 
-pub fn output_channels(p: &Prepared) -> Option<usize> {
-    let s = &p.model.info.outputs.first()?.shape;
+/// The model's class count: its output's channel dimension, from the file or inferred.
+pub fn output_channels(model: &Model, hw: [usize; 2]) -> Option<usize> {
+    let s = &model.info.outputs.first()?.shape;
     s.get(1).copied().flatten().map(|v| v as usize).or_else(|| {
-        let shapes = crate::model::infer_shapes(&p.model, p.hw).ok()?;
-        shapes.get(p.model.output_name())?.get(1).copied()
+        let shapes = crate::guard::catch("inferring shapes", || crate::model::infer_shapes(model, hw))
+            .ok()?
+            .ok()?;
+        shapes.get(model.output_name())?.get(1).copied()
     })
+}
+
+/// Refuses a run whose tensors cannot fit in memory (`--size 30000,30000`, `--batch 100000`)
+/// before anything allocates them: an allocation failure aborts the process, which no error
+/// handling can catch. The estimate is every activation at once, times the batch.
+fn check_memory(model: &Model, hw: [usize; 2], batch: usize) -> Result<(), PipelineError> {
+    let Some(available) = bench::available_memory_bytes() else {
+        return Ok(());
+    };
+    let input: u64 = model
+        .input_shape(1, hw)
+        .iter()
+        .fold(4u64, |a, &d| a.saturating_mul(d as u64));
+    let shapes = crate::guard::catch("inferring shapes", || crate::model::infer_shapes(model, hw))
+        .ok()
+        .and_then(|r| r.ok());
+    // Without shapes (tract could not infer them), assume activations 16x the input.
+    let activations: u64 = match &shapes {
+        Some(s) => s
+            .values()
+            .map(|d| d.iter().fold(4u64, |a, &v| a.saturating_mul(v as u64)))
+            .fold(0u64, u64::saturating_add),
+        None => input.saturating_mul(16),
+    };
+    let need = input.saturating_add(activations).saturating_mul(batch.max(1) as u64);
+    if need > available {
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        return Err(PipelineError::Config(format!(
+            "{}: at {}x{} and batch {batch} the engines need about {:.1} GiB of activations, but {:.1} GiB \
+             of memory is available; use a smaller --size or --batch",
+            model.path.display(),
+            hw[0],
+            hw[1],
+            gib(need),
+            gib(available)
+        )));
+    }
+    Ok(())
 }
 
 fn calib_summary(
@@ -858,7 +1103,6 @@ pub fn export_qdq(
     method: Option<Method>,
     suffix: &str,
 ) -> Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     let stem = model
         .path
         .file_stem()
@@ -866,10 +1110,14 @@ pub fn export_qdq(
         .unwrap_or("model");
     let m = method.map(|m| m.name()).unwrap_or("qat");
     let base = format!("{stem}_int8_{m}{suffix}");
-    qdq.save(&dir.join(format!("{base}.onnx")))
-        .map_err(|e| e.to_string())?;
-    qdq.save_calibration_cache(&dir.join(format!("{base}.cache")))
-        .map_err(|e| e.to_string())
+    let (onnx, cache) = (
+        dir.join(format!("{base}.onnx")),
+        dir.join(format!("{base}.cache")),
+    );
+    let err = |e: crate::files::OutputError| e.to_string();
+    crate::files::refuse_inputs([onnx.as_path()], &[(&model.path, "the model")]).map_err(err)?;
+    qdq.save(&onnx).map_err(err)?;
+    qdq.save_calibration_cache(&cache).map_err(err)
 }
 
 /// Probe inputs for passes that need activations: the first 32 calibration images.
@@ -909,7 +1157,8 @@ fn correct_biases(
     let n = todo.len();
     for (i, r) in todo.into_iter().enumerate() {
         sink.progress("bias correction", i, n);
-        r.bias_correction = crate::sensitivity::bias_corrections(p, plan, r, &inputs)?;
+        r.bias_correction = crate::layerwise::bias_corrections(&p.model, p.hw, plan, r, &inputs)
+            .map_err(PipelineError::Config)?;
     }
     sink.log(&format!(
         "bias correction for {n} method(s) in {:.0} ms",
@@ -934,25 +1183,37 @@ pub fn mixed_ranges(
     r
 }
 
-fn write_outputs(exp: &Experiment, report: &Report, artifacts: &Artifacts, sink: &dyn Sink) {
+/// Writes the report files and mask overlays the experiment asks for; returns what failed.
+fn write_outputs(
+    exp: &Experiment,
+    report: &Report,
+    artifacts: &Artifacts,
+    sink: &dyn Sink,
+) -> Vec<String> {
     let o = &exp.output;
-    if let Err(e) = report.write(
-        o.report_json.as_deref(),
-        o.markdown.as_deref(),
-        o.csv.as_deref(),
-    ) {
-        sink.log(&format!("writing the report: {e}"));
-    }
+    let mut failed: Vec<String> = report
+        .write(
+            o.report_json.as_deref(),
+            o.markdown.as_deref(),
+            o.csv.as_deref(),
+        )
+        .into_iter()
+        .map(|e| e.to_string())
+        .collect();
     if let Some(dir) = &o.masks_dir {
         if report.model.task != Some(Task::Segmentation) {
             sink.log("--save-masks applies to segmentation models only");
-            return;
-        }
-        match save_masks(dir, report, artifacts, o.mask_count) {
-            Ok(n) => sink.log(&format!("wrote {n} mask overlays to {}", dir.display())),
-            Err(e) => sink.log(&format!("writing mask overlays: {e}")),
+        } else {
+            match save_masks(dir, report, artifacts, o.mask_count) {
+                Ok(n) => sink.log(&format!("wrote {n} mask overlays to {}", dir.display())),
+                Err(e) => failed.push(format!("mask overlays in {}: {e}", dir.display())),
+            }
         }
     }
+    for e in &failed {
+        sink.log(&format!("could not write an output: {e}"));
+    }
+    failed
 }
 
 /// Writes overlays for the first `count` images: FP32 and every INT8 row.

@@ -20,11 +20,6 @@ pub const QUANTIZABLE: [&str; 4] = ["Conv", "ConvTranspose", "Gemm", "MatMul"];
 
 #[derive(Debug, thiserror::Error)]
 pub enum QuantError {
-    #[error("cannot write {path}")]
-    Write {
-        path: std::path::PathBuf,
-        source: std::io::Error,
-    },
     #[error("{0}")]
     Opset(String),
 }
@@ -66,6 +61,47 @@ fn is_excluded(node: &pb::NodeProto, exclude: &[String]) -> bool {
     exclude
         .iter()
         .any(|e| e == &node.name || e == &node.op_type)
+}
+
+/// Checks that every name the user asked to keep in float (`--exclude`, a plan's `keep_float`)
+/// is a node name or an op type of the model: a misspelt name would otherwise be ignored and
+/// the layer quantized after all. The error suggests the nearest names.
+pub fn check_exclusions(model: &Model, names: &[String], setting: &str) -> Result<(), String> {
+    let nodes = &model.graph().node;
+    let known = |e: &String| nodes.iter().any(|n| &n.name == e || &n.op_type == e);
+    let unknown: Vec<&String> = names.iter().filter(|e| !known(e)).collect();
+    let Some(first) = unknown.first() else {
+        return Ok(());
+    };
+    let mut candidates: Vec<&str> = nodes
+        .iter()
+        .flat_map(|n| [n.name.as_str(), n.op_type.as_str()])
+        .collect();
+    candidates.sort_unstable();
+    candidates.dedup();
+    let mut near: Vec<(f64, &str)> = candidates
+        .iter()
+        .map(|c| (strsim::normalized_levenshtein(first, c), *c))
+        .filter(|(d, _)| *d > 0.4)
+        .collect();
+    near.sort_by(|a, b| b.0.total_cmp(&a.0));
+    let hint = match near.len() {
+        0 => "`quantscope inspect MODEL` lists the model's ops".to_string(),
+        _ => format!(
+            "did you mean {}?",
+            near.iter()
+                .take(3)
+                .map(|(_, c)| format!("`{c}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    };
+    Err(format!(
+        "{setting}: {} not a node name or op type of {}: `{}`; {hint}",
+        if unknown.len() == 1 { "is" } else { "are" },
+        model.path.display(),
+        unknown.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("`, `"),
+    ))
 }
 
 /// Places Q/DQ by TensorRT's rules: both inputs of Conv, ConvTranspose, Gemm, MatMul; the
@@ -213,11 +249,8 @@ impl QdqModel {
         self.proto.encode_to_vec()
     }
 
-    pub fn save(&self, path: &Path) -> Result<(), QuantError> {
-        std::fs::write(path, self.to_bytes()).map_err(|source| QuantError::Write {
-            path: path.into(),
-            source,
-        })
+    pub fn save(&self, path: &Path) -> Result<(), crate::files::OutputError> {
+        crate::files::write(path, self.to_bytes())
     }
 
     /// TensorRT calibration cache: a header line, then `tensor: <hex of the f32 scale>`.
@@ -230,11 +263,8 @@ impl QdqModel {
         s
     }
 
-    pub fn save_calibration_cache(&self, path: &Path) -> Result<(), QuantError> {
-        std::fs::write(path, self.calibration_cache()).map_err(|source| QuantError::Write {
-            path: path.into(),
-            source,
-        })
+    pub fn save_calibration_cache(&self, path: &Path) -> Result<(), crate::files::OutputError> {
+        crate::files::write(path, self.calibration_cache())
     }
 }
 

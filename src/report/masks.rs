@@ -49,7 +49,6 @@ pub fn write_mask_overlays(
     fp32: &[u8],
     others: &[(String, &[u8])],
 ) -> std::io::Result<PathBuf> {
-    std::fs::create_dir_all(dir)?;
     let (w, h) = image.dimensions();
     let panels = 2 + others.len() as u32;
     let mut canvas = RgbImage::from_pixel(w * panels, h, Rgb([0, 0, 0]));
@@ -65,6 +64,6 @@ pub fn write_mask_overlays(
         image::imageops::replace(&mut canvas, &o, (w * (2 + k as u32)) as i64, 0);
     }
     let path = dir.join(format!("{stem}.png"));
-    canvas.save(&path).map_err(std::io::Error::other)?;
+    crate::files::write_png(&path, &canvas.into()).map_err(std::io::Error::other)?;
     Ok(path)
 }

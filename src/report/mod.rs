@@ -133,6 +133,9 @@ pub struct Report {
     pub calibration: Option<CalibSummary>,
     pub evaluation: EvalSummary,
     pub rows: Vec<Row>,
+    /// The run was stopped (Cancel, Ctrl-C) before every requested row was produced.
+    #[serde(default)]
+    pub incomplete: bool,
 }
 
 /// A fraction as a percentage with two decimals, "–" when absent (tables in reports and UI).
@@ -265,29 +268,20 @@ impl Report {
         s
     }
 
-    /// Writes whichever of the three formats have a path.
+    /// Writes whichever of the three formats have a path, each atomically (a temporary file
+    /// renamed into place), and says which could not be written; the others are still written.
     pub fn write(
         &self,
         json: Option<&Path>,
         md: Option<&Path>,
         csv: Option<&Path>,
-    ) -> std::io::Result<()> {
-        let put = |p: &Path, text: String| -> std::io::Result<()> {
-            if let Some(d) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
-                std::fs::create_dir_all(d)?;
-            }
-            std::fs::write(p, text)
-                .map_err(|e| std::io::Error::new(e.kind(), format!("{}: {e}", p.display())))
-        };
-        if let Some(p) = json {
-            put(p, self.to_json())?;
-        }
-        if let Some(p) = md {
-            put(p, self.to_markdown())?;
-        }
-        if let Some(p) = csv {
-            put(p, self.to_csv())?;
-        }
-        Ok(())
+    ) -> Vec<crate::files::OutputError> {
+        let formats: [(Option<&Path>, fn(&Report) -> String); 3] =
+            [(json, Report::to_json), (md, Report::to_markdown), (csv, Report::to_csv)];
+        formats
+            .into_iter()
+            .filter_map(|(p, text)| p.map(|p| crate::files::write(p, text(self))))
+            .filter_map(Result::err)
+            .collect()
     }
 }

@@ -644,7 +644,10 @@ impl Workbench {
                     ExportKind::Markdown => (None, Some(path), None),
                     _ => (None, None, Some(path)),
                 };
-                report.write(j, m, c).map_err(|e| format!("{e:#}"))
+                match report.write(j, m, c).into_iter().next() {
+                    Some(e) => Err(e.to_string()),
+                    None => Ok(()),
+                }
             }
             ExportKind::ViewPng => self.screenshot(path),
             ExportKind::MaskPng => super::results::masks::export_png(self, path),
@@ -680,10 +683,9 @@ impl Workbench {
             let [w, h] = region.size;
             let bytes: Vec<u8> = region.pixels.iter().flat_map(|c| c.to_array()).collect();
             let note = match image::RgbaImage::from_raw(w as u32, h as u32, bytes) {
-                Some(buf) => buf
-                    .save(&path)
+                Some(buf) => crate::files::write_png(&path, &buf.into())
                     .map(|_| format!("saved screenshot {}", path.display()))
-                    .map_err(|e| format!("screenshot {}: {e}", path.display())),
+                    .map_err(|e| format!("screenshot: {e}")),
                 None => Err("screenshot: unexpected image size".into()),
             };
             let _ = tx.try_send(note);
@@ -745,10 +747,30 @@ impl Workbench {
             }
         }
         for _ in 0..MAX_EVENTS_PER_FRAME {
-            let Some(ev) = self.worker.as_ref().and_then(|w| w.events.try_recv().ok()) else {
-                break;
-            };
-            self.take_event(ctx, ev);
+            let Some(w) = self.worker.as_ref() else { break };
+            match w.events.try_recv() {
+                Ok(ev) => self.take_event(ctx, ev),
+                Err(crossbeam_channel::TryRecvError::Empty) => break,
+                Err(crossbeam_channel::TryRecvError::Disconnected) => {
+                    self.restart_worker();
+                    break;
+                }
+            }
+        }
+    }
+
+    /// The worker's threads ended (they catch panics, so this should not happen): the job in
+    /// flight is lost, the rows already shown are kept, and a new worker takes the next Run.
+    fn restart_worker(&mut self) {
+        let lost = self.run.take().map(|r| r.job);
+        self.worker = None;
+        self.log_error(match lost {
+            Some(job) => format!("the worker stopped during run #{job}; its finished rows are kept. Starting a new worker"),
+            None => "the worker stopped; starting a new worker".into(),
+        });
+        match crate::worker::Worker::spawn() {
+            Ok(w) => self.worker = Some(w),
+            Err(e) => self.log_error(format!("cannot start the worker thread: {e:#}")),
         }
     }
 

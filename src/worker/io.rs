@@ -63,6 +63,54 @@ pub struct FileDialog {
     pub file_name: Option<String>,
 }
 
+/// [`answer`], with a panic turned into the request's own error answer, so the UI never waits
+/// for an answer that will not come and the thread lives on.
+pub(super) fn answer_guarded(job: JobId, req: IoRequest) -> Event {
+    let asked = req.clone();
+    crate::guard::catch("answering the request", || answer(job, req))
+        .unwrap_or_else(|error| failed(job, asked, error))
+}
+
+/// The answer to `req` that says it failed with `error`.
+fn failed(job: JobId, req: IoRequest, error: String) -> Event {
+    match req {
+        IoRequest::Inspect { path } => Event::Inspected {
+            job,
+            path,
+            result: Err(error),
+        },
+        IoRequest::ScanCalib { .. } => Event::CalibScanned {
+            job,
+            result: Err(error),
+        },
+        IoRequest::ScanEval { .. } => Event::EvalScanned {
+            job,
+            result: Err(error),
+        },
+        IoRequest::Preview { .. } => Event::Preview {
+            job,
+            result: Err(error),
+        },
+        IoRequest::Image { path, .. } => Event::Image {
+            job,
+            path,
+            result: Err(error),
+        },
+        IoRequest::CheckBackends => Event::Backends {
+            job,
+            status: [BackendKind::Cpu, BackendKind::Cuda]
+                .into_iter()
+                .map(|k| (k, Err(error.clone())))
+                .collect(),
+        },
+        IoRequest::Dialog(_) => Event::Picked {
+            job,
+            path: None,
+            dialog_ms: 0.0,
+        },
+    }
+}
+
 pub(super) fn answer(job: JobId, req: IoRequest) -> Event {
     match req {
         IoRequest::Inspect { path } => Event::Inspected {

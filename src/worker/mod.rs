@@ -126,7 +126,7 @@ enum Request {
 }
 
 /// Light requests, answered by the I/O thread.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub enum IoRequest {
     Inspect {
         path: PathBuf,
@@ -226,16 +226,24 @@ impl Worker {
                                 job,
                                 tx: run_events.clone(),
                             };
-                            match pipeline::run(&experiment, &sink, &cancel) {
-                                Ok(out) => Event::Finished {
-                                    job,
-                                    report: Box::new(out.report),
-                                    artifacts: Box::new(out.artifacts),
-                                },
-                                Err(e) => Event::Failed {
-                                    job,
-                                    error: format!("{e:#}"),
-                                },
+                            // A panic anywhere in the run becomes a failed job: the UI
+                            // returns to idle and this thread takes the next job.
+                            let ran = crate::guard::catch("running the experiment", || {
+                                pipeline::run(&experiment, &sink, &cancel)
+                                    .map_err(|e| format!("{e:#}"))
+                            });
+                            match ran.and_then(|r| r) {
+                                Ok(out) => {
+                                    for e in &out.output_errors {
+                                        sink.log(&format!("could not write an output: {e}"));
+                                    }
+                                    Event::Finished {
+                                        job,
+                                        report: Box::new(out.report),
+                                        artifacts: Box::new(out.artifacts),
+                                    }
+                                }
+                                Err(error) => Event::Failed { job, error },
                             }
                         }
                         Request::Sensitivity {
@@ -248,11 +256,14 @@ impl Worker {
                                 job,
                                 tx: run_events.clone(),
                             };
+                            let ran = crate::guard::catch("analysing layers", || {
+                                sensitivity::run(&experiment, &options, &sink, &cancel)
+                                    .map(|(report, _qdq)| Box::new(report))
+                                    .map_err(|e| format!("{e:#}"))
+                            });
                             Event::Sensitivity {
                                 job,
-                                result: sensitivity::run(&experiment, &options, &sink, &cancel)
-                                    .map(|(report, _qdq)| Box::new(report))
-                                    .map_err(|e| format!("{e:#}")),
+                                result: ran.and_then(|r| r),
                             }
                         }
                     };
@@ -263,7 +274,7 @@ impl Worker {
             .name("quantscope-io".into())
             .spawn(move || {
                 for (job, req) in io_rx {
-                    let ev = io::answer(job, req);
+                    let ev = io::answer_guarded(job, req);
                     if ev_tx.send(ev).is_err() {
                         break;
                     }
