@@ -163,9 +163,14 @@ fn resolve(base: &Path, p: &mut PathBuf) {
 impl Experiment {
     /// Reads a `.ron` file; relative paths in it are taken relative to the file's folder.
     pub fn load(path: &Path) -> Result<Experiment, ExperimentError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ExperimentError::Read {
+        let read_err = |source| ExperimentError::Read {
             path: path.into(),
             source,
+        };
+        let bytes = crate::files::read_input(path, 16 << 20).map_err(read_err)?;
+        let text = String::from_utf8(bytes).map_err(|_| ExperimentError::Parse {
+            path: path.into(),
+            reason: "not UTF-8 text".into(),
         })?;
         let mut e = Self::from_ron(&text).map_err(|reason| ExperimentError::Parse {
             path: path.into(),
@@ -176,8 +181,45 @@ impl Experiment {
         Ok(e)
     }
 
+    /// Parses an experiment; a file from a newer quantscope (a higher `version`) is refused
+    /// rather than run with fields it would silently ignore.
     pub fn from_ron(text: &str) -> Result<Experiment, String> {
-        ron::from_str(text).map_err(|e| e.to_string())
+        let e: Experiment = ron::from_str(text).map_err(|e| e.to_string())?;
+        if e.version == 0 || e.version > EXPERIMENT_VERSION {
+            return Err(format!(
+                "version {} is not one this quantscope reads (it reads version 1 to {EXPERIMENT_VERSION}); \
+                 it was written by another quantscope: upgrade, or re-create the experiment",
+                e.version
+            ));
+        }
+        Ok(e)
+    }
+
+    /// Checks every setting that does not need the model: preprocessing values, the percentile,
+    /// timing and selection settings, budgets. The message names the setting and its CLI flag.
+    pub fn validate(&self) -> Result<(), String> {
+        self.preprocess.validate()?;
+        self.calibration.select.validate()?;
+        if !(self.percentile > 0.0 && self.percentile <= 100.0) {
+            return Err(format!(
+                "percentile {} must be in (0, 100] (--percentile; 99.99 is usual)",
+                self.percentile
+            ));
+        }
+        self.bench.validate()?;
+        if self.evaluation.count == Some(0) {
+            return Err("the evaluation image count must be ≥ 1 (--eval-count)".into());
+        }
+        if self.precisions.is_empty() {
+            return Err("no precision to build: name at least one (--precisions fp32,fp16,int8)".into());
+        }
+        if self.precisions.contains(&Precision::Int8)
+            && self.methods.is_empty()
+            && self.mixed_precision.is_none()
+        {
+            return Err("INT8 needs at least one calibration method (--methods max,percentile,mse,entropy)".into());
+        }
+        Ok(())
     }
 
     pub fn to_ron(&self) -> String {
@@ -192,7 +234,7 @@ impl Experiment {
         if let Ok(cwd) = std::env::current_dir() {
             e.resolve_paths(&cwd);
         }
-        std::fs::write(path, e.to_ron()).map_err(|e| ExperimentError::Write {
+        crate::files::write(path, e.to_ron()).map_err(|e| ExperimentError::Write {
             path: path.into(),
             reason: e.to_string(),
         })
@@ -235,6 +277,19 @@ mod tests {
         let parsed = Experiment::from_ron(older).expect("unknown fields are tolerated");
         assert_eq!(parsed.model, PathBuf::from("a.onnx"));
         assert_eq!(parsed.percentile, 99.99);
+    }
+
+    #[test]
+    fn newer_versions_and_bad_settings_are_refused() {
+        let e = Experiment::from_ron("(version: 99, model: \"a.onnx\")").unwrap_err();
+        assert!(e.contains("version 99"), "{e}");
+        let mut x = Experiment::default();
+        assert_eq!(x.validate(), Ok(()));
+        x.percentile = 150.0;
+        assert!(x.validate().unwrap_err().contains("--percentile"));
+        x.percentile = 99.9;
+        x.bench.min_runs = 0;
+        assert!(x.validate().unwrap_err().contains("--min-runs"));
     }
 
     #[test]

@@ -27,7 +27,41 @@ impl Default for BenchSpec {
     }
 }
 
+impl BenchSpec {
+    /// A timing with no runs would report 0 ms; a batch of 0 or a huge one cannot be built.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.min_runs < 1 {
+            return Err("timed runs must be ≥ 1 (--min-runs)".into());
+        }
+        if !(self.min_time_ms.is_finite() && self.min_time_ms >= 0.0) {
+            return Err(format!(
+                "minimum timing {} ms must be finite and ≥ 0 (--min-time-ms)",
+                self.min_time_ms
+            ));
+        }
+        if !(1..=4096).contains(&self.batch) {
+            return Err(format!(
+                "batch {} must be between 1 and 4096 (--batch; 1 skips the batch measurement)",
+                self.batch
+            ));
+        }
+        if self.warmup_runs > 10_000 {
+            return Err(format!("{} warm-up runs is too many (at most 10000)", self.warmup_runs));
+        }
+        Ok(())
+    }
+}
+
 pub use crate::timing::{Latency, latency_from, percentile};
+
+/// Memory the kernel says a new allocation can get without swapping (`MemAvailable`), where
+/// the platform tells it.
+pub fn available_memory_bytes() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib.saturating_mul(1024))
+}
 
 /// Times `engine` on `input` (one batch). `keep_going` is polled between runs (cancel).
 pub fn measure(

@@ -142,25 +142,66 @@ impl StatsCache {
         self.dir.join("stats").join(format!("{key}.json"))
     }
 
-    /// Cached statistics for `key`; a missing or unreadable cache is just a miss.
-    pub fn load(&self, key: &str) -> Option<Stats> {
-        let bytes = std::fs::read(self.path(key)).ok()?;
-        serde_json::from_slice::<Stats>(&bytes)
-            .ok()
-            .filter(|s| s.key == key)
+    /// Cached statistics for `key`: `Ok(None)` on a miss; `Err` when a file is there but damaged
+    /// or edited (its checksum does not match its content), so the caller says so and
+    /// recomputes.
+    pub fn load(&self, key: &str) -> Result<Option<Stats>, String> {
+        let path = self.path(key);
+        let Ok(bytes) = crate::files::read_input(&path, 1 << 30) else {
+            return Ok(None);
+        };
+        let bad = |why: &str| format!("{}: {why}; recomputing the statistics", path.display());
+        let sealed: Sealed = serde_json::from_slice(&bytes).map_err(|_| bad("unreadable"))?;
+        if sealed.checksum != checksum(&sealed.stats) {
+            return Err(bad("its checksum does not match its content (edited or damaged)"));
+        }
+        Ok(Some(sealed.stats).filter(|s| s.key == key))
     }
 
-    pub fn store(&self, stats: &Stats) -> std::io::Result<PathBuf> {
+    /// Writes `stats` with a checksum of its content, atomically.
+    pub fn store(&self, stats: &Stats) -> Result<PathBuf, crate::files::OutputError> {
         let p = self.path(&stats.key);
-        if let Some(d) = p.parent() {
-            std::fs::create_dir_all(d)?;
-        }
-        let tmp = p.with_extension("tmp");
-        std::fs::write(
-            &tmp,
-            serde_json::to_vec(stats).map_err(std::io::Error::other)?,
-        )?;
-        std::fs::rename(&tmp, &p)?;
+        let sealed = Sealed {
+            checksum: checksum(stats),
+            stats: stats.clone(),
+        };
+        let bytes = serde_json::to_vec(&sealed).unwrap_or_default();
+        crate::files::write(&p, bytes)?;
         Ok(p)
+    }
+}
+
+/// The cache file: statistics and a BLAKE3 hash of them, so an edited file is noticed.
+#[derive(Serialize, Deserialize)]
+struct Sealed {
+    checksum: String,
+    stats: Stats,
+}
+
+fn checksum(stats: &Stats) -> String {
+    blake3::hash(&serde_json::to_vec(stats).unwrap_or_default())
+        .to_hex()
+        .to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_edited_cache_is_refused_and_a_sound_one_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let cache = StatsCache {
+            dir: dir.path().into(),
+        };
+        let mut stats = Stats::new("k1".into(), &["t".to_string()]);
+        stats.add(&["t".to_string()], &[vec![0.5f32, -2.0]]);
+        let p = cache.store(&stats).expect("store");
+        assert_eq!(cache.load("k1"), Ok(Some(stats.clone())));
+        assert_eq!(cache.load("other"), Ok(None));
+        let text = std::fs::read_to_string(&p).expect("read");
+        std::fs::write(&p, text.replacen("\"images\":1", "\"images\":7", 1)).expect("edit");
+        let e = cache.load("k1").unwrap_err();
+        assert!(e.contains("checksum"), "{e}");
     }
 }

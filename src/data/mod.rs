@@ -2,8 +2,13 @@
 //! segmentation) and the preprocessing that turns a decoded image into a model input.
 //! Knows nothing about engines.
 
-use std::collections::HashSet;
+mod walk;
+
+use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
+
+use walk::check_regular_file;
+pub use walk::{MAX_IMAGE_FILE_BYTES, list_images};
 
 use image::{DynamicImage, RgbImage, imageops::FilterType};
 use serde::{Deserialize, Serialize};
@@ -18,7 +23,7 @@ pub enum DataError {
         source: std::io::Error,
     },
     #[error(
-        "{path}: no images found (looked for jpg, jpeg, png, bmp, webp; {skipped} other files skipped)"
+        "{path}: no images found (looked for jpg, jpeg, png, bmp, webp; {skipped} other entries skipped: other file types, FIFOs/devices, files over 256 MiB, unreadable entries)"
     )]
     NoImages { path: PathBuf, skipped: usize },
     #[error("{path}: cannot decode the image: {reason}")]
@@ -27,6 +32,8 @@ pub enum DataError {
     Mask { path: PathBuf, reason: String },
     #[error("{path}: {reason}")]
     Layout { path: PathBuf, reason: String },
+    #[error("{path}: cannot use the class names: {reason}")]
+    Labels { path: PathBuf, reason: String },
 }
 
 const IMAGE_EXTENSIONS: [&str; 5] = ["jpg", "jpeg", "png", "bmp", "webp"];
@@ -35,31 +42,6 @@ fn is_image(p: &Path) -> bool {
     p.extension()
         .and_then(|e| e.to_str())
         .is_some_and(|e| IMAGE_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
-}
-
-/// Every image below `dir`, recursively, sorted by path; and how many other files were skipped.
-pub fn list_images(dir: &Path) -> Result<(Vec<PathBuf>, usize), DataError> {
-    let mut images = vec![];
-    let mut skipped = 0;
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let entries = std::fs::read_dir(&d).map_err(|source| DataError::Folder {
-            path: d.clone(),
-            source,
-        })?;
-        for e in entries.flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p);
-            } else if is_image(&p) {
-                images.push(p);
-            } else {
-                skipped += 1;
-            }
-        }
-    }
-    images.sort();
-    Ok((images, skipped))
 }
 
 /// How the image is brought to the model's input size.
@@ -109,6 +91,9 @@ pub struct Preprocess {
     pub channel_order: ChannelOrder,
     pub normalize: Normalize,
 }
+
+/// Smallest |std| accepted: below it, normalised inputs reach magnitudes no model expects.
+const MIN_STD: f32 = 1e-6;
 
 /// Where a model-input pixel comes from in the original image, so predictions can be
 /// compared at mask resolution.
@@ -166,22 +151,65 @@ impl Geometry {
     }
 }
 
-pub fn open_rgb(path: &Path) -> Result<RgbImage, DataError> {
-    let img = image::ImageReader::open(path)
-        .map_err(|e| DataError::Image {
-            path: path.into(),
-            reason: e.to_string(),
-        })?
+/// Largest width or height accepted for an image or mask: far above any model input, and
+/// small enough that one decoded image cannot exhaust memory.
+pub const MAX_IMAGE_SIDE_PX: u32 = 16384;
+/// Most memory one image decode may allocate.
+const MAX_DECODE_BYTES: u64 = 1024 * 1024 * 1024;
+
+fn decode_limits() -> image::Limits {
+    // `image::Limits` is non-exhaustive, so it is built from the default.
+    let mut limits = image::Limits::default();
+    limits.max_image_width = Some(MAX_IMAGE_SIDE_PX);
+    limits.max_image_height = Some(MAX_IMAGE_SIDE_PX);
+    limits.max_alloc = Some(MAX_DECODE_BYTES);
+    limits
+}
+
+/// A reader for `path` with its format guessed and decode limits set; refuses FIFOs,
+/// devices and huge files before opening them.
+fn image_reader(
+    path: &Path,
+) -> Result<image::ImageReader<std::io::BufReader<std::fs::File>>, DataError> {
+    let err = |reason: String| DataError::Image {
+        path: path.into(),
+        reason,
+    };
+    check_regular_file(path, MAX_IMAGE_FILE_BYTES).map_err(err)?;
+    let mut reader = image::ImageReader::open(path)
+        .map_err(|e| err(e.to_string()))?
         .with_guessed_format()
-        .map_err(|e| DataError::Image {
-            path: path.into(),
-            reason: e.to_string(),
-        })?
+        .map_err(|e| err(e.to_string()))?;
+    reader.limits(decode_limits());
+    Ok(reader)
+}
+
+fn image_error(path: &Path, e: image::ImageError) -> DataError {
+    let reason = match e {
+        image::ImageError::Limits(e) => format!(
+            "{e}: images are limited to {MAX_IMAGE_SIDE_PX}x{MAX_IMAGE_SIDE_PX} pixels and {} MiB decoded; shrink the image or remove it from the folder",
+            MAX_DECODE_BYTES / (1024 * 1024)
+        ),
+        e => e.to_string(),
+    };
+    DataError::Image {
+        path: path.into(),
+        reason,
+    }
+}
+
+/// Height and width of the image at `path`, from its header only (nothing is decoded).
+pub fn image_hw(path: &Path) -> Result<[usize; 2], DataError> {
+    let (w, h) = image_reader(path)?
+        .into_dimensions()
+        .map_err(|e| image_error(path, e))?;
+    Ok([h as usize, w as usize])
+}
+
+pub fn open_rgb(path: &Path) -> Result<RgbImage, DataError> {
+    let img = image_reader(path)?
         .decode()
-        .map_err(|e| DataError::Image {
-            path: path.into(),
-            reason: e.to_string(),
-        })?;
+        .map_err(|e| image_error(path, e))?;
     Ok(match img {
         DynamicImage::ImageRgb8(i) => i,
         other => other.to_rgb8(),
@@ -210,6 +238,45 @@ pub fn resize(img: &RgbImage, hw: [usize; 2], mode: ResizeMode) -> RgbImage {
 }
 
 impl Preprocess {
+    /// Refuses settings that would silently turn every input into NaN, infinity or garbage
+    /// (a NaN mean, a zero std, a 0-pixel size). The message names the value and its flag.
+    pub fn validate(&self) -> Result<(), String> {
+        fn finite(flag: &str, v: &[f32]) -> Result<(), String> {
+            match v.iter().find(|x| !x.is_finite()) {
+                Some(x) => Err(format!(
+                    "{flag}: {x} is not a finite number; give plain numbers"
+                )),
+                None => Ok(()),
+            }
+        }
+        match self.normalize {
+            Normalize::MeanStd { mean, std } => {
+                finite("--mean", &mean)?;
+                finite("--std", &std)?;
+                // Dividing by a (near-)zero std blows every input up to infinity.
+                if let Some(s) = std.iter().find(|s| s.abs() < MIN_STD) {
+                    return Err(format!(
+                        "--std: {s} is zero or too close to it (|std| must be at least {MIN_STD}); inputs would be divided by it"
+                    ));
+                }
+            }
+            Normalize::ScaleOffset { scale, offset } => {
+                finite("--scale", &[scale])?;
+                finite("--offset", &[offset])?;
+            }
+        }
+        if let Some(hw) = self.size {
+            let max = MAX_IMAGE_SIDE_PX as usize;
+            if let Some(v) = hw.iter().find(|v| !(1..=max).contains(*v)) {
+                return Err(format!(
+                    "--size: {v} pixels is out of range for {}x{}; each side must be 1..={max}",
+                    hw[0], hw[1]
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Turns an image into one input tensor (`channels x H x W` in `layout` order).
     pub fn apply(
         &self,
@@ -249,18 +316,51 @@ impl Preprocess {
     }
 }
 
+/// Memory the PNG decoder may use for its own buffers (palette, text and ICC chunks); the
+/// output buffer is ours and bounded by [`MAX_IMAGE_SIDE_PX`] before it is allocated.
+const MASK_DECODER_BYTES: usize = 64 * 1024 * 1024;
+
 /// Decodes a palette or grey PNG holding class indices (255 = ignore).
 pub fn read_mask(path: &Path) -> Result<(Vec<u8>, [usize; 2]), DataError> {
     let err = |reason: String| DataError::Mask {
         path: path.into(),
         reason,
     };
+    check_regular_file(path, MAX_IMAGE_FILE_BYTES).map_err(err)?;
     let file = std::fs::File::open(path).map_err(|e| err(e.to_string()))?;
-    let mut dec = png::Decoder::new(std::io::BufReader::new(file));
+    let mut dec = png::Decoder::new_with_limits(
+        std::io::BufReader::new(file),
+        png::Limits {
+            bytes: MASK_DECODER_BYTES,
+        },
+    );
     dec.set_transformations(png::Transformations::IDENTITY);
     let mut reader = dec
         .read_info()
         .map_err(|e| err(format!("not a readable PNG: {e}")))?;
+    // Everything is checked from the header before the output buffer is allocated, so a
+    // forged header cannot make us allocate gigabytes.
+    let (w, h) = reader.info().size();
+    if w > MAX_IMAGE_SIDE_PX || h > MAX_IMAGE_SIDE_PX {
+        return Err(err(format!(
+            "mask is {w}x{h} pixels, over the {MAX_IMAGE_SIDE_PX}x{MAX_IMAGE_SIDE_PX} limit; shrink it to its image's size"
+        )));
+    }
+    let (color, depth) = reader.output_color_type();
+    match color {
+        png::ColorType::Indexed | png::ColorType::Grayscale => {}
+        other => {
+            return Err(err(format!(
+                "mask is {other:?}; expected a palette or grey PNG holding class indices"
+            )));
+        }
+    }
+    let bits = depth as usize;
+    if bits > 8 {
+        return Err(err(format!(
+            "{bits}-bit mask; expected 8-bit class indices"
+        )));
+    }
     let mut buf = vec![
         0;
         reader
@@ -269,30 +369,27 @@ pub fn read_mask(path: &Path) -> Result<(Vec<u8>, [usize; 2]), DataError> {
     ];
     let frame = reader
         .next_frame(&mut buf)
-        .map_err(|e| err(e.to_string()))?;
+        .map_err(|e| err(format!("not a readable PNG: {e}")))?;
     let (w, h) = (frame.width as usize, frame.height as usize);
-    match frame.color_type {
-        png::ColorType::Indexed | png::ColorType::Grayscale => {}
-        other => {
-            return Err(err(format!(
-                "mask is {other:?}; expected a palette or grey PNG holding class indices"
-            )));
-        }
-    }
-    let bits = frame.bit_depth as usize;
-    if bits > 8 {
+    let line = frame.line_size;
+    // The decoder promises these, but a malformed file must give an error, never a panic.
+    let fits = bits.is_power_of_two()
+        && line.checked_mul(8).is_some_and(|l| l >= w * bits)
+        && line.checked_mul(h).is_some_and(|n| n <= buf.len());
+    if !fits {
         return Err(err(format!(
-            "{bits}-bit mask; expected 8-bit class indices"
+            "malformed PNG: {w}x{h} at {bits} bits does not fit rows of {line} bytes in a {} byte frame",
+            buf.len()
         )));
     }
     let mut out = Vec::with_capacity(w * h);
-    for y in 0..h {
-        let row = &buf[y * frame.line_size..(y + 1) * frame.line_size];
+    let value_mask = ((1u16 << bits) - 1) as u8;
+    for row in buf.chunks_exact(line.max(1)).take(h) {
         for x in 0..w {
             let bit = x * bits;
-            let byte = row[bit / 8];
+            let byte = row.get(bit / 8).copied().unwrap_or(0);
             let shift = 8 - bits - (bit % 8);
-            out.push((byte >> shift) & ((1u16 << bits) - 1) as u8);
+            out.push((byte >> shift) & value_mask);
         }
     }
     Ok((out, [h, w]))
@@ -311,6 +408,16 @@ pub enum Selection {
 }
 
 impl Selection {
+    /// Refuses `EveryNth(0)`, which `pick` would otherwise quietly treat as "every image".
+    pub fn validate(&self) -> Result<(), String> {
+        match self {
+            Selection::EveryNth(0) => {
+                Err("--calib-every must be ≥ 1 (0 would take no step)".into())
+            }
+            _ => Ok(()),
+        }
+    }
+
     pub fn pick(&self, mut items: Vec<PathBuf>) -> Vec<PathBuf> {
         match *self {
             Selection::All => items,
@@ -345,15 +452,65 @@ pub struct EvalSet {
     pub kind: crate::model::Task,
 }
 
+/// Largest class-name file accepted; real ones hold at most a few thousand short lines.
+const MAX_LABELS_FILE_BYTES: u64 = 1024 * 1024;
+
 /// Class names from a `labels.txt`-style file: one per line, blank lines ignored.
-pub fn read_labels(path: &Path) -> Option<Vec<String>> {
-    let text = std::fs::read_to_string(path).ok()?;
+/// Refuses a file over 1 MiB, an empty list and duplicate names (a duplicate would make
+/// two output indices claim the same folder).
+pub fn read_labels_checked(path: &Path) -> Result<Vec<String>, DataError> {
+    let err = |reason: String| DataError::Labels {
+        path: path.into(),
+        reason,
+    };
+    check_regular_file(path, MAX_LABELS_FILE_BYTES).map_err(err)?;
+    let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
     let v: Vec<String> = text
         .lines()
         .map(|l| l.trim().to_string())
         .filter(|l| !l.is_empty())
         .collect();
-    (!v.is_empty()).then_some(v)
+    if v.is_empty() {
+        return Err(err(
+            "no class names; list one per line in the model's output order".into(),
+        ));
+    }
+    let mut seen = std::collections::HashMap::new();
+    for (i, name) in v.iter().enumerate() {
+        if let Some(first) = seen.insert(name.as_str(), i) {
+            return Err(err(format!(
+                "`{name}` is listed twice (entries {} and {}); each class must appear once, in output order",
+                first + 1,
+                i + 1
+            )));
+        }
+    }
+    Ok(v)
+}
+
+/// [`read_labels_checked`] for callers that report their own error.
+pub fn read_labels(path: &Path) -> Option<Vec<String>> {
+    read_labels_checked(path).ok()
+}
+
+/// `root/labels.txt` if present; an error if present but unusable, so that a broken file
+/// is not silently replaced by folder order.
+fn root_labels(root: &Path) -> Result<Option<Vec<String>>, DataError> {
+    let path = root.join("labels.txt");
+    // `symlink_metadata`, so a dangling link named labels.txt is reported, not ignored.
+    if std::fs::symlink_metadata(&path).is_err() {
+        return Ok(None);
+    }
+    read_labels_checked(&path).map(Some)
+}
+
+/// At most 5 names for an error message, with a count of the rest.
+fn first_five(names: &[String]) -> String {
+    let mut s = names.iter().take(5).cloned().collect::<Vec<_>>().join(", ");
+    if names.len() > 5 {
+        s.push_str(&format!(" and {} more", names.len() - 5));
+    }
+    s
 }
 
 impl EvalSet {
@@ -367,7 +524,8 @@ impl EvalSet {
     }
 
     fn open_segmentation(root: &Path, exclude: &HashSet<PathBuf>) -> Result<EvalSet, DataError> {
-        let (images, skipped) = list_images(&root.join("images"))?;
+        let images_dir = root.join("images");
+        let (images, skipped) = list_images(&images_dir)?;
         let mut items = vec![];
         let mut missing = vec![];
         for img in images {
@@ -376,13 +534,16 @@ impl EvalSet {
             }
             let stem = img.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
             let mask = root.join("masks").join(format!("{stem}.png"));
-            if mask.is_file() {
+            // Anything present counts as the mask; `read_mask` then says why a FIFO or a
+            // folder in its place is unusable, which is clearer than "missing".
+            if std::fs::symlink_metadata(&mask).is_ok() {
                 items.push(EvalItem {
                     image: img,
                     label: Label::Mask(mask),
                 });
             } else {
-                missing.push(stem.to_string());
+                let name = img.strip_prefix(&images_dir).unwrap_or(&img);
+                missing.push(name.display().to_string());
             }
         }
         if items.is_empty() {
@@ -394,7 +555,20 @@ impl EvalSet {
                 ),
             });
         }
-        let classes = read_labels(&root.join("labels.txt")).unwrap_or_default();
+        // Scoring only the images that have masks would quietly evaluate a different set
+        // than the user pointed at.
+        if !missing.is_empty() {
+            return Err(DataError::Layout {
+                path: root.into(),
+                reason: format!(
+                    "{} of {} images in images/ have no mask masks/<stem>.png: {}; add the masks or remove those images",
+                    missing.len(),
+                    missing.len() + items.len(),
+                    first_five(&missing)
+                ),
+            });
+        }
+        let classes = root_labels(root)?.unwrap_or_default();
         Ok(EvalSet {
             root: root.into(),
             items,
@@ -404,17 +578,8 @@ impl EvalSet {
     }
 
     fn open_image_folder(root: &Path, exclude: &HashSet<PathBuf>) -> Result<EvalSet, DataError> {
-        let entries = std::fs::read_dir(root).map_err(|source| DataError::Folder {
-            path: root.into(),
-            source,
-        })?;
-        let mut dirs: Vec<String> = entries
-            .flatten()
-            .filter(|e| e.path().is_dir())
-            .filter_map(|e| e.file_name().to_str().map(String::from))
-            .collect();
-        dirs.sort();
-        let classes = match read_labels(&root.join("labels.txt")) {
+        let dirs = class_folders(root)?;
+        let classes = match root_labels(root)? {
             Some(order) => {
                 if let Some(d) = dirs.iter().find(|d| !order.contains(d)) {
                     return Err(DataError::Layout {
@@ -475,6 +640,139 @@ impl EvalSet {
     }
 }
 
+impl EvalSet {
+    /// Checks the labels against the model once its class count is known (`classes` = the
+    /// model's output channels; 0 = unknown, which skips what depends on it). Catches the
+    /// mismatches that would otherwise produce a plausible-looking but meaningless score.
+    ///
+    /// Classification: the set's class count must equal `classes`. Segmentation: every mask
+    /// must have its image's size and hold only ids below `classes` or `ignore`; this reads
+    /// every mask and every image header.
+    pub fn check_labels(&self, classes: usize, ignore: u8) -> Result<(), DataError> {
+        match self.kind {
+            crate::model::Task::Classification => self.check_class_count(classes),
+            crate::model::Task::Segmentation => self.check_masks(classes, ignore),
+        }
+    }
+
+    fn check_class_count(&self, classes: usize) -> Result<(), DataError> {
+        let n = self.classes.len();
+        if classes == 0 || n == classes {
+            return Ok(());
+        }
+        // Say where the class list came from, so the fix points at the right thing.
+        let labels_txt = self.root.join("labels.txt");
+        if read_labels(&labels_txt).as_ref() == Some(&self.classes) {
+            return Err(DataError::Layout {
+                path: labels_txt,
+                reason: format!(
+                    "labels.txt lists {n} classes but the model outputs {classes} classes; list exactly the model's classes in output order (folders are matched by name)"
+                ),
+            });
+        }
+        // Unreadable now means it cannot have been the source; fall through to the generic message.
+        if class_folders(&self.root).is_ok_and(|d| d == self.classes) {
+            return Err(DataError::Layout {
+                path: self.root.clone(),
+                reason: format!(
+                    "the folder has {n} class folders but the model outputs {classes} classes; add a labels.txt that lists the model's classes in output order (folders are matched by name)"
+                ),
+            });
+        }
+        Err(DataError::Layout {
+            path: self.root.clone(),
+            reason: format!(
+                "the class-name file lists {n} classes but the model outputs {classes} classes; list exactly the model's classes in output order"
+            ),
+        })
+    }
+
+    fn check_masks(&self, classes: usize, ignore: u8) -> Result<(), DataError> {
+        let mut first_bad: Option<PathBuf> = None;
+        let mut wrong_size = vec![];
+        let mut bad_id_files = vec![];
+        let mut bad_ids = BTreeSet::new();
+        for it in &self.items {
+            let Label::Mask(m) = &it.label else { continue };
+            let (mask, mask_hw) = read_mask(m)?;
+            let image_hw = image_hw(&it.image)?;
+            let name = m
+                .strip_prefix(&self.root)
+                .unwrap_or(m)
+                .display()
+                .to_string();
+            let mut bad = false;
+            if mask_hw != image_hw {
+                wrong_size.push(format!(
+                    "{name} ({}x{} mask, {}x{} image)",
+                    mask_hw[0], mask_hw[1], image_hw[0], image_hw[1]
+                ));
+                bad = true;
+            }
+            if classes > 0 {
+                // A presence table, not a set per pixel: masks can have millions of pixels.
+                let mut present = [false; 256];
+                for &v in &mask {
+                    present[v as usize] = true;
+                }
+                let ids: Vec<u8> = (0..=255u8)
+                    .filter(|&v| present[v as usize] && v != ignore && v as usize >= classes)
+                    .collect();
+                if !ids.is_empty() {
+                    bad_ids.extend(ids);
+                    bad_id_files.push(name);
+                    bad = true;
+                }
+            }
+            if bad && first_bad.is_none() {
+                first_bad = Some(m.clone());
+            }
+        }
+        let Some(path) = first_bad else {
+            return Ok(());
+        };
+        let mut problems = vec![];
+        if !wrong_size.is_empty() {
+            problems.push(format!(
+                "{} masks differ in size from their image (height x width): {}; masks must have their image's size",
+                wrong_size.len(),
+                first_five(&wrong_size)
+            ));
+        }
+        if !bad_id_files.is_empty() {
+            let ids = bad_ids
+                .iter()
+                .map(|v| v.to_string())
+                .collect::<Vec<_>>()
+                .join(", ");
+            problems.push(format!(
+                "{} masks hold class ids the model does not have (ids {ids} ≥ {classes} classes ({ignore} is ignore)): {}; relabel those pixels to {ignore} or use a model with more classes",
+                bad_id_files.len(),
+                first_five(&bad_id_files)
+            ));
+        }
+        Err(DataError::Mask {
+            path,
+            reason: problems.join("; and "),
+        })
+    }
+}
+
+/// Sorted names of the sub-folders of `root`: the class list when there is no labels.txt.
+fn class_folders(root: &Path) -> Result<Vec<String>, DataError> {
+    let entries = std::fs::read_dir(root).map_err(|source| DataError::Folder {
+        path: root.into(),
+        source,
+    })?;
+    let mut dirs: Vec<String> = entries
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| e.file_name().to_str().map(String::from))
+        .collect();
+    dirs.sort();
+    Ok(dirs)
+}
+
 pub fn canonical(p: &Path) -> PathBuf {
     std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf())
 }
@@ -527,5 +825,242 @@ mod tests {
         assert_eq!(&v[8..12], &[10.0; 4]);
         let v = p.apply(&img, [2, 2], 3, Layout::Nhwc);
         assert_eq!(&v[0..3], &[30.0, 20.0, 10.0]);
+    }
+
+    fn write_png(path: &Path, hw: [u32; 2]) {
+        RgbImage::from_pixel(hw[1], hw[0], image::Rgb([1, 2, 3]))
+            .save(path)
+            .expect("write png");
+    }
+
+    fn write_mask(path: &Path, hw: [u32; 2], ids: &[u8]) {
+        let file = std::fs::File::create(path).expect("create");
+        let mut enc = png::Encoder::new(file, hw[1], hw[0]);
+        enc.set_color(png::ColorType::Grayscale);
+        enc.set_depth(png::BitDepth::Eight);
+        let mut w = enc.write_header().expect("header");
+        let data: Vec<u8> = (0..hw[0] * hw[1])
+            .map(|i| ids[i as usize % ids.len()])
+            .collect();
+        w.write_image_data(&data).expect("data");
+    }
+
+    /// images/ + masks/ with one 4x4 image `a` and the given mask.
+    fn seg_set(mask_hw: [u32; 2], ids: &[u8]) -> (tempfile::TempDir, EvalSet) {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path();
+        std::fs::create_dir(root.join("images")).expect("mkdir");
+        std::fs::create_dir(root.join("masks")).expect("mkdir");
+        write_png(&root.join("images/a.png"), [4, 4]);
+        write_mask(&root.join("masks/a.png"), mask_hw, ids);
+        let set = EvalSet::open(root, &HashSet::new()).expect("open");
+        (tmp, set)
+    }
+
+    #[test]
+    fn missing_mask_is_an_error_naming_the_file() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path();
+        std::fs::create_dir(root.join("images")).expect("mkdir");
+        std::fs::create_dir(root.join("masks")).expect("mkdir");
+        write_png(&root.join("images/a.png"), [4, 4]);
+        write_png(&root.join("images/b.png"), [4, 4]);
+        write_mask(&root.join("masks/a.png"), [4, 4], &[0]);
+        let err = EvalSet::open(root, &HashSet::new()).expect_err("b has no mask");
+        let msg = err.to_string();
+        assert!(matches!(err, DataError::Layout { .. }), "{msg}");
+        assert!(
+            msg.contains("1 of 2 images") && msg.contains("b.png"),
+            "{msg}"
+        );
+        assert!(!msg.contains("a.png"), "{msg}");
+    }
+
+    #[test]
+    fn check_labels_refuses_a_mask_of_another_size() {
+        let (_tmp, set) = seg_set([2, 2], &[0]);
+        let msg = set
+            .check_labels(21, 255)
+            .expect_err("2x2 mask, 4x4 image")
+            .to_string();
+        assert!(
+            msg.contains("masks/a.png") && msg.contains("2x2 mask, 4x4 image"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn check_labels_refuses_out_of_range_ids() {
+        let (_tmp, set) = seg_set([4, 4], &[0, 3, 40, 255]);
+        let msg = set
+            .check_labels(3, 255)
+            .expect_err("3 and 40 >= 3")
+            .to_string();
+        assert!(
+            msg.contains("ids 3, 40 ≥ 3 classes (255 is ignore)"),
+            "{msg}"
+        );
+        assert!(msg.contains("masks/a.png"), "{msg}");
+        // In range once the model has enough classes; 255 is ignore, not a class.
+        set.check_labels(41, 255).expect("all ids < 41");
+        // 0 = class count unknown: only the size is checked.
+        set.check_labels(0, 255).expect("no id check");
+    }
+
+    #[test]
+    fn class_count_mismatch_is_an_error() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path();
+        for c in ["cat", "dog"] {
+            std::fs::create_dir(root.join(c)).expect("mkdir");
+            write_png(&root.join(c).join("1.png"), [2, 2]);
+        }
+        let set = EvalSet::open(root, &HashSet::new()).expect("open");
+        let msg = set
+            .check_labels(3, 255)
+            .expect_err("2 folders, 3 outputs")
+            .to_string();
+        assert!(
+            msg.contains("2 class folders")
+                && msg.contains("outputs 3")
+                && msg.contains("labels.txt"),
+            "{msg}"
+        );
+        set.check_labels(2, 255).expect("2 folders, 2 outputs");
+
+        // With labels.txt its length counts; a class without a folder is fine.
+        std::fs::write(root.join("labels.txt"), "bird\ncat\ndog\n").expect("write");
+        let set = EvalSet::open(root, &HashSet::new()).expect("open");
+        set.check_labels(3, 255).expect("labels.txt lists 3");
+        let msg = set
+            .check_labels(2, 255)
+            .expect_err("3 labels, 2 outputs")
+            .to_string();
+        assert!(msg.contains("labels.txt lists 3"), "{msg}");
+    }
+
+    #[test]
+    fn labels_with_duplicates_are_refused() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let root = tmp.path();
+        std::fs::create_dir(root.join("cat")).expect("mkdir");
+        write_png(&root.join("cat/1.png"), [2, 2]);
+        std::fs::write(root.join("labels.txt"), "cat\ndog\ncat\n").expect("write");
+        let msg = EvalSet::open(root, &HashSet::new())
+            .expect_err("cat twice")
+            .to_string();
+        assert!(msg.contains("`cat` is listed twice"), "{msg}");
+        assert_eq!(read_labels(&root.join("labels.txt")), None);
+    }
+
+    #[test]
+    fn fifo_and_huge_files_are_refused_without_opening() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let big = tmp.path().join("big.png");
+        std::fs::File::create(&big)
+            .expect("create")
+            .set_len(MAX_IMAGE_FILE_BYTES + 1)
+            .expect("set_len");
+        let msg = open_rgb(&big).expect_err("over the cap").to_string();
+        assert!(msg.contains("256 MiB limit"), "{msg}");
+        let msg = read_mask(&big).expect_err("over the cap").to_string();
+        assert!(msg.contains("256 MiB limit"), "{msg}");
+
+        let fifo = tmp.path().join("x.png");
+        if !walk::tests::mkfifo(&fifo) {
+            return;
+        }
+        // Opening a FIFO blocks until a writer appears: without the check these hang.
+        let f = fifo.clone();
+        let msg = walk::tests::within(10, move || open_rgb(&f).map(|_| ()))
+            .expect_err("fifo")
+            .to_string();
+        assert!(msg.contains("not a regular file"), "{msg}");
+        let f = fifo.clone();
+        let msg = walk::tests::within(10, move || read_mask(&f).map(|_| ()))
+            .expect_err("fifo")
+            .to_string();
+        assert!(msg.contains("not a regular file"), "{msg}");
+    }
+
+    #[test]
+    fn mask_dimensions_are_capped_before_allocating() {
+        // A header claiming 20000x20000 with a token IDAT: the size check must fire first.
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let path = tmp.path().join("m.png");
+        let file = std::fs::File::create(&path).expect("create");
+        let mut enc = png::Encoder::new(file, 20_000, 20_000);
+        enc.set_color(png::ColorType::Grayscale);
+        enc.set_depth(png::BitDepth::Eight);
+        let mut w = enc.write_header().expect("header");
+        w.write_chunk(
+            png::chunk::IDAT,
+            &[0x78, 0x9c, 0x03, 0x00, 0x00, 0x00, 0x00, 0x01],
+        )
+        .expect("idat");
+        drop(w);
+        let msg = read_mask(&path).expect_err("too large").to_string();
+        assert!(
+            msg.contains("20000x20000") && msg.contains("16384"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn preprocess_validate_refuses_nan_mean_zero_std_and_zero_size() {
+        Preprocess::default()
+            .validate()
+            .expect("defaults are valid");
+        let nan_mean = Preprocess {
+            normalize: Normalize::MeanStd {
+                mean: [0.5, f32::NAN, 0.5],
+                std: [0.2; 3],
+            },
+            ..Default::default()
+        };
+        let msg = nan_mean.validate().expect_err("NaN mean");
+        assert!(msg.starts_with("--mean") && msg.contains("NaN"), "{msg}");
+        let zero_std = Preprocess {
+            normalize: Normalize::MeanStd {
+                mean: [0.5; 3],
+                std: [0.2, 0.0, 0.2],
+            },
+            ..Default::default()
+        };
+        assert!(
+            zero_std
+                .validate()
+                .expect_err("zero std")
+                .starts_with("--std")
+        );
+        let inf_scale = Preprocess {
+            normalize: Normalize::ScaleOffset {
+                scale: f32::INFINITY,
+                offset: 0.0,
+            },
+            ..Default::default()
+        };
+        assert!(
+            inf_scale
+                .validate()
+                .expect_err("inf")
+                .starts_with("--scale")
+        );
+        let zero_size = Preprocess {
+            size: Some([224, 0]),
+            ..Default::default()
+        };
+        assert!(
+            zero_size
+                .validate()
+                .expect_err("0 px")
+                .starts_with("--size")
+        );
+    }
+
+    #[test]
+    fn every_0th_is_refused() {
+        assert!(Selection::EveryNth(0).validate().is_err());
+        Selection::EveryNth(1).validate().expect("every image");
     }
 }

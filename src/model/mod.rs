@@ -7,6 +7,7 @@ pub mod graph;
 pub mod proto;
 #[doc(hidden)]
 pub mod testing;
+pub mod validate;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
@@ -42,6 +43,9 @@ pub enum ModelError {
     Unsupported { path: PathBuf, list: String },
     #[error("{path}: {reason}")]
     Shape { path: PathBuf, reason: String },
+    /// The validation stage's findings: the first few, and how many there are.
+    #[error("{path}: the model is invalid: {summary}")]
+    Invalid { path: PathBuf, summary: String },
 }
 
 /// What the model is for, detected from its output shape.
@@ -108,6 +112,9 @@ pub struct Model {
     pub info: ModelInfo,
 }
 
+/// Protobuf's own limit on one message: an ONNX file over it keeps its weights as external data.
+const MAX_MODEL_BYTES: u64 = 2 << 30;
+
 /// Ops that are part of the default ONNX domain and that tract knows.
 fn tract_knows(op: &str) -> bool {
     thread_local! {
@@ -120,9 +127,11 @@ impl Model {
     /// Reads and prepares `path`. The image input's spatial size may stay dynamic here; the
     /// experiment fixes it when an engine is built.
     pub fn load(path: &Path) -> Result<Model, ModelError> {
-        let bytes = std::fs::read(path).map_err(|source| ModelError::Io {
-            path: path.into(),
-            source,
+        let bytes = crate::files::read_input(path, MAX_MODEL_BYTES).map_err(|source| {
+            ModelError::Io {
+                path: path.into(),
+                source,
+            }
         })?;
         Self::from_bytes(path, &bytes)
     }
@@ -160,6 +169,18 @@ impl Model {
             reason,
         })?;
         constants_to_initializers(graph);
+        let problems = validate::validate(graph, opset);
+        if !problems.is_empty() {
+            let shown: Vec<String> = problems.iter().take(3).map(|p| p.to_string()).collect();
+            let more = match problems.len() {
+                n if n > 3 => format!(" (and {} more)", n - 3),
+                _ => String::new(),
+            };
+            return Err(ModelError::Invalid {
+                path: path.into(),
+                summary: format!("{}{more}", shown.join("; ")),
+            });
+        }
         let init_names: HashSet<String> =
             graph.initializer.iter().map(|t| t.name.clone()).collect();
         graph.input.retain(|i| !init_names.contains(&i.name));
@@ -182,7 +203,10 @@ impl Model {
             return;
         }
         let Ok(hw) = self.input_hw(None) else { return };
-        let Ok(shapes) = infer_shapes(self, hw) else {
+        // tract may still panic on a graph it cannot analyse: the shapes stay unknown then, and
+        // the build reports the problem as an error row.
+        let Ok(Ok(shapes)) = crate::guard::catch("inferring output shapes", || infer_shapes(self, hw))
+        else {
             return;
         };
         for o in self.info.outputs.iter_mut() {
@@ -296,38 +320,64 @@ impl Model {
 }
 
 fn inline_external_data(graph: &mut pb::GraphProto, dir: &Path) -> Result<(), (String, String)> {
+    use std::io::{Read, Seek, SeekFrom};
     for t in graph.initializer.iter_mut() {
         if t.data_location != Some(pb::tensor_proto::DataLocation::External as i32) {
             continue;
         }
+        let fail = |reason: String| (t.name.clone(), reason);
         let get = |k: &str| {
             t.external_data
                 .iter()
                 .find(|e| e.key == k)
                 .map(|e| e.value.clone())
         };
-        let location =
-            get("location").ok_or_else(|| (t.name.clone(), "no `location` entry".to_string()))?;
-        let offset: usize = get("offset").and_then(|v| v.parse().ok()).unwrap_or(0);
-        let file = dir.join(&location);
-        let data = std::fs::read(&file)
-            .map_err(|e| (t.name.clone(), format!("{}: {e}", file.display())))?;
-        let (numel, elem) = proto::tensor_numel_and_elem_bytes(t);
-        let length: usize = get("length")
-            .and_then(|v| v.parse().ok())
-            .unwrap_or((numel * elem) as usize);
-        if offset + length > data.len() {
-            return Err((
-                t.name.clone(),
-                format!(
-                    "{} holds {} bytes, needs {} at offset {offset}",
-                    file.display(),
-                    data.len(),
-                    length
-                ),
-            ));
+        let number = |k: &str| -> Result<Option<u64>, (String, String)> {
+            get(k)
+                .map(|v| {
+                    v.trim()
+                        .parse::<u64>()
+                        .map_err(|_| fail(format!("`{k}` is `{v}`, not a byte count")))
+                })
+                .transpose()
+        };
+        let location = get("location").ok_or_else(|| fail("no `location` entry".into()))?;
+        // The data lives beside the model: an absolute path or `..` would read any file.
+        let rel = Path::new(&location);
+        if rel.is_absolute()
+            || rel
+                .components()
+                .any(|c| !matches!(c, std::path::Component::Normal(_)))
+        {
+            return Err(fail(format!(
+                "location `{location}` must be a file name relative to the model's folder"
+            )));
         }
-        t.raw_data = data[offset..offset + length].to_vec();
+        let offset = number("offset")?.unwrap_or(0);
+        let declared = validate::declared_elements(t).map_err(fail)?;
+        let (_, elem) = proto::tensor_numel_and_elem_bytes(t);
+        let length = match number("length")? {
+            Some(l) => l,
+            None => declared
+                .checked_mul(elem)
+                .ok_or_else(|| fail("the declared size overflows".into()))?,
+        };
+        let file = dir.join(rel);
+        let size = crate::files::regular_file_len(&file).map_err(fail)?;
+        let end = offset.checked_add(length).filter(|&e| e <= size);
+        if end.is_none() {
+            return Err(fail(format!(
+                "{} holds {size} bytes, needs {length} at offset {offset}",
+                file.display()
+            )));
+        }
+        let mut f = std::fs::File::open(&file)
+            .map_err(|e| fail(format!("{}: {e}", file.display())))?;
+        let mut data = vec![0u8; length as usize];
+        f.seek(SeekFrom::Start(offset))
+            .and_then(|_| f.read_exact(&mut data))
+            .map_err(|e| fail(format!("{}: {e}", file.display())))?;
+        t.raw_data = data;
         t.external_data.clear();
         t.data_location = None;
     }
@@ -382,6 +432,7 @@ pub fn fold_batch_norms(graph: &mut pb::GraphProto) -> usize {
         let g = Graph::new(graph);
         let Some((conv_i, bn_i)) = graph.node.iter().enumerate().find_map(|(bi, bn)| {
             if bn.op_type != "BatchNormalization"
+                || bn.input.len() != 5
                 || bn.output.iter().filter(|o| !o.is_empty()).count() != 1
             {
                 return None;
@@ -389,6 +440,8 @@ pub fn fold_batch_norms(graph: &mut pb::GraphProto) -> usize {
             let ci = g.producer(&bn.input[0])?;
             let conv = &graph.node[ci];
             (conv.op_type == "Conv"
+                && conv.input.len() >= 2
+                && conv.output.len() == 1
                 && g.consumers(&conv.output[0]).len() == 1
                 && !g.is_graph_output(&conv.output[0])
                 && bn.input[1..].iter().all(|n| g.initializer(n).is_some())
@@ -416,17 +469,23 @@ pub fn fold_batch_norms(graph: &mut pb::GraphProto) -> usize {
             break;
         };
         let eps = proto::attr_f(&bn, "epsilon").unwrap_or(1e-5);
-        let m = w.dims[0];
-        if scale.len() != m || shift.len() != m || mean.len() != m || var.len() != m {
+        let m = w.dims.first().copied().unwrap_or(0);
+        // Validation checked the BN parameters against each other; the conv's channels are
+        // checked here. A mismatch leaves the pair unfolded for the backend to reject.
+        if m == 0
+            || w.len() % m != 0
+            || [&scale, &shift, &mean, &var].iter().any(|t| t.len() != m)
+        {
             break;
         }
-        let per = w.len() / m.max(1);
+        let per = w.len() / m;
         let bias = conv
             .input
             .get(2)
             .filter(|s| !s.is_empty())
             .and_then(|b| init(b))
             .map(|b| b.data)
+            .filter(|b| b.len() == m)
             .unwrap_or(vec![0.0; m]);
         let mut new_w = w.data.clone();
         let mut new_b = vec![0.0f32; m];

@@ -27,7 +27,7 @@ impl F32Tensor {
 /// Integer initializers (shapes, axes) are decoded by [`tensor_i64`].
 pub fn tensor_f32(t: &TensorProto) -> Option<F32Tensor> {
     let dims: Vec<usize> = t.dims.iter().map(|&d| d.max(0) as usize).collect();
-    let n: usize = dims.iter().product();
+    let n: usize = dims.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d))?;
     let data = match DataType::try_from(t.data_type).ok()? {
         DataType::Float => {
             if !t.raw_data.is_empty() {
@@ -95,7 +95,11 @@ pub fn tensor_i64(t: &TensorProto) -> Option<Vec<i64>> {
 
 /// Number of elements and bytes one element takes, for the parameter count.
 pub fn tensor_numel_and_elem_bytes(t: &TensorProto) -> (u64, u64) {
-    let n: u64 = t.dims.iter().map(|&d| d.max(0) as u64).product();
+    // Saturating: sizes come from the file; validation refuses the ones that overflow.
+    let n: u64 = t
+        .dims
+        .iter()
+        .fold(1u64, |acc, &d| acc.saturating_mul(d.max(0) as u64));
     let b = match DataType::try_from(t.data_type).unwrap_or(DataType::Undefined) {
         DataType::Float | DataType::Int32 | DataType::Uint32 => 4,
         DataType::Double | DataType::Int64 | DataType::Uint64 => 8,

@@ -165,3 +165,12 @@ fn old_opsets_are_raised_to_13() {
         "old Softmax keeps its 2-D meaning"
     );
 }
+
+#[test]
+fn a_misspelt_exclusion_is_an_error_with_suggestions() {
+    let m = residual_classifier(4).model();
+    check_exclusions(&m, &["block.conv1".into(), "Gemm".into()], "--exclude").expect("known names");
+    let e = check_exclusions(&m, &["block.conv_1".into()], "--exclude").unwrap_err();
+    assert!(e.contains("`block.conv_1`"), "{e}");
+    assert!(e.contains("did you mean `block.conv1`"), "{e}");
+}
