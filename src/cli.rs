@@ -1,7 +1,7 @@
 //! The command line: `inspect`, `run`, `eval` and `gui`. Progress goes to stderr as a bar;
 //! results go to stdout and the report files.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use anyhow::{Context, Result};
@@ -16,6 +16,31 @@ use crate::model::Model;
 use crate::pipeline::{self, CancelToken, Sink};
 use crate::report::{Report, Row};
 
+/// Exit codes: what a script can rely on. When several apply, the highest wins.
+pub mod exit {
+    /// Every requested engine produced its row and every output was written.
+    pub const OK: u8 = 0;
+    /// quantscope itself failed (a bug): please report it with the command.
+    pub const INTERNAL: u8 = 1;
+    /// Bad input, refused before any engine ran: a flag, the model, the data or the experiment
+    /// file (also clap's own usage errors).
+    pub const BAD_INPUT: u8 = 2;
+    /// Some engines failed: their rows carry the error; the other rows are in the report.
+    pub const ENGINES_FAILED: u8 = 3;
+    /// An output (report, experiment, Q/DQ export, mask overlays) could not be written.
+    pub const OUTPUT_FAILED: u8 = 4;
+    /// Interrupted (Ctrl-C): the rows already finished were written, marked incomplete.
+    pub const INTERRUPTED: u8 = 130;
+}
+
+const EXIT_CODES_HELP: &str = "Exit codes:
+  0    every requested engine produced its row and every output was written
+  1    quantscope itself failed (a bug; please report it)
+  2    bad input, refused before any engine ran (flag, model, data or experiment file)
+  3    some engines failed; their rows carry the error, the others are in the report
+  4    an output (report, experiment, Q/DQ export, mask overlays) could not be written
+  130  interrupted (Ctrl-C); the finished rows were written, marked incomplete";
+
 #[derive(Parser, Debug)]
 #[command(
     name = "quantscope",
@@ -24,7 +49,8 @@ use crate::report::{Report, Row};
     long_about = "quantscope calibrates an ONNX image model (max, percentile, MSE or entropy), writes a \
 TensorRT-ready Q/DQ ONNX model and calibration cache, builds FP32, FP16 and INT8 engines on the CPU \
 (tract) or an NVIDIA GPU (cuda), and compares their accuracy or mIoU, agreement with FP32, SQNR, \
-latency and memory.\n\nWith no command it opens the desktop workbench on the bundled segmentation sample."
+latency and memory.\n\nWith no command it opens the desktop workbench on the bundled segmentation sample.",
+    after_help = EXIT_CODES_HELP
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -380,14 +406,105 @@ impl Sink for CliSink {
     }
 }
 
-fn run_experiment(exp: &Experiment) -> Result<Report> {
-    let sink = CliSink::new();
+/// A cancel token that Ctrl-C sets: the run stops between images and writes what is finished.
+/// A second Ctrl-C quits at once.
+fn interrupt_token(sink: &CliSink) -> CancelToken {
     let cancel = CancelToken::default();
+    let c = cancel.clone();
+    let bar = sink.bar.clone();
+    let installed = ctrlc::set_handler(move || {
+        if c.is_cancelled() {
+            std::process::exit(exit::INTERRUPTED as i32);
+        }
+        c.cancel();
+        bar.suspend(|| {
+            eprintln!(
+                "interrupted: stopping after the current image and writing the finished rows (Ctrl-C again quits at once)"
+            )
+        });
+    });
+    if let Err(e) = installed {
+        sink.log(&format!("Ctrl-C will quit without writing partial results: {e}"));
+    }
+    cancel
+}
+
+/// The exit code a finished run earns (see [`exit`]).
+fn run_exit_code(report: &Report, output_errors: &[String]) -> u8 {
+    if report.incomplete {
+        exit::INTERRUPTED
+    } else if !output_errors.is_empty() {
+        exit::OUTPUT_FAILED
+    } else if report.rows.iter().any(|r| r.error.is_some()) {
+        exit::ENGINES_FAILED
+    } else {
+        exit::OK
+    }
+}
+
+/// Runs `exp` with a progress bar; prints the table; writes the experiment to `save_as` only
+/// when the run succeeded, so a failed run never replaces a good experiment file.
+fn run_experiment(
+    exp: &Experiment,
+    experiment_file: Option<&Path>,
+    save_as: Option<&Path>,
+) -> Result<u8> {
+    let mut inputs: Vec<(&Path, &str)> = vec![];
+    inputs.extend(experiment_file.map(|f| (f, "the experiment file")));
+    pipeline::check_outputs(exp, &inputs, save_as.as_slice())?;
+    let sink = CliSink::new();
+    let cancel = interrupt_token(&sink);
     let out = pipeline::run(exp, &sink, &cancel)
         .with_context(|| format!("running `{}`", exp.model.display()))?;
     sink.bar.finish_and_clear();
     println!("{}", out.report.to_markdown());
-    Ok(out.report)
+    let mut code = run_exit_code(&out.report, &out.output_errors);
+    for e in &out.output_errors {
+        eprintln!("error: {e}");
+    }
+    if let Some(p) = save_as {
+        if matches!(code, exit::OK | exit::OUTPUT_FAILED) {
+            match exp.save(p) {
+                Ok(()) => eprintln!("saved the experiment to {}", p.display()),
+                Err(e) => {
+                    eprintln!("error: {e}");
+                    code = code.max(exit::OUTPUT_FAILED);
+                }
+            }
+        } else {
+            eprintln!(
+                "not saving the experiment to {}: the run did not succeed (exit code {code})",
+                p.display()
+            );
+        }
+    }
+    match code {
+        exit::ENGINES_FAILED => eprintln!("error: some engines failed; see their rows"),
+        exit::INTERRUPTED => eprintln!("interrupted: the report holds the finished rows"),
+        _ => {}
+    }
+    Ok(code)
+}
+
+/// The exit code for an error that ended a command early.
+fn error_code(e: &anyhow::Error) -> u8 {
+    for cause in e.chain() {
+        if let Some(p) = cause.downcast_ref::<pipeline::PipelineError>() {
+            return match p {
+                pipeline::PipelineError::Cancelled => exit::INTERRUPTED,
+                _ => exit::BAD_INPUT,
+            };
+        }
+        if cause.downcast_ref::<crate::files::OutputError>().is_some()
+            || matches!(
+                cause.downcast_ref::<crate::experiment::ExperimentError>(),
+                Some(crate::experiment::ExperimentError::Write { .. })
+            )
+        {
+            return exit::OUTPUT_FAILED;
+        }
+    }
+    exit::BAD_INPUT
 }
 
 fn inspect(path: &PathBuf, json: bool) -> Result<()> {
@@ -464,7 +581,8 @@ fn sensitivity(
     crate::quant::QdqModel,
 )> {
     let sink = CliSink::new();
-    let out = crate::sensitivity::run(e, opts, &sink, &CancelToken::default())
+    let cancel = interrupt_token(&sink);
+    let out = crate::sensitivity::run(e, opts, &sink, &cancel)
         .with_context(|| format!("sensitivity of `{}`", e.model.display()))?;
     sink.bar.finish_and_clear();
     if let Some(a) = &out.0.amp {
@@ -482,21 +600,41 @@ pub fn default_experiment_path() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("sample_models/fashion_scenes_deeplab.ron")
 }
 
-pub fn main() -> Result<()> {
+/// Parses the command line and runs it; returns the process's exit code (see [`exit`]). A panic
+/// anywhere below becomes exit code 1 with its message, never an abort with a backtrace.
+pub fn main() -> std::process::ExitCode {
+    crate::guard::install_hook();
     let cli = Cli::parse();
-    match cli.command {
-        None => crate::ui::run(Some(default_experiment_path())),
-        Some(Command::Gui { path }) => {
-            crate::ui::run(path.or_else(|| Some(default_experiment_path())))
+    let code = match crate::guard::catch("running the command", || dispatch(cli)) {
+        Ok(Ok(code)) => code,
+        Ok(Err(e)) => {
+            eprintln!("error: {e:#}");
+            error_code(&e)
         }
-        Some(Command::Inspect { model, json }) => inspect(&model, json),
+        Err(panic) => {
+            eprintln!("error: {panic}");
+            exit::INTERNAL
+        }
+    };
+    std::process::ExitCode::from(code)
+}
+
+fn dispatch(cli: Cli) -> Result<u8> {
+    match cli.command {
+        None => crate::ui::run(Some(default_experiment_path())).map(|_| exit::OK),
+        Some(Command::Gui { path }) => crate::ui::run(path.or_else(|| Some(default_experiment_path())))
+            .map(|_| exit::OK),
+        Some(Command::Inspect { model, json }) => inspect(&model, json).map(|_| exit::OK),
         Some(Command::Run { experiment, out }) => {
             let mut e = Experiment::load(&experiment)?;
             out.apply(&mut e);
-            run_experiment(&e).map(|_| ())
+            run_experiment(&e, Some(&experiment), None)
         }
         Some(Command::Eval(args)) => {
             let mut e = args.to_experiment();
+            let save_as = args.save_experiment.as_deref();
+            // Refuse bad outputs before the (long) sensitivity pass, not after it.
+            pipeline::check_outputs(&e, &[], save_as.as_slice())?;
             if let Some(budget) = args.budget() {
                 let opts = crate::sensitivity::SensitivityOptions {
                     budget: Some(budget),
@@ -505,13 +643,22 @@ pub fn main() -> Result<()> {
                 let (report, _) = sensitivity(&e, &opts)?;
                 e.mixed_precision = Some(report.mixed_precision());
             }
-            if let Some(p) = &args.save_experiment {
-                e.save(p)?;
-            }
-            run_experiment(&e).map(|_| ())
+            run_experiment(&e, None, save_as)
         }
         Some(Command::Sensitivity(args)) => {
             let mut e = args.eval.to_experiment();
+            let out = &args.eval.out;
+            let save_as = args.eval.save_experiment.as_deref();
+            let report_files: Vec<&Path> = [&out.report, &out.md]
+                .into_iter()
+                .flatten()
+                .map(PathBuf::as_path)
+                .chain(save_as)
+                .collect();
+            // The sensitivity report goes to --report/--md, not the run's outputs.
+            let mut checked = e.clone();
+            checked.output = Default::default();
+            pipeline::check_outputs(&checked, &[], &report_files)?;
             let opts = crate::sensitivity::SensitivityOptions {
                 probe_images: args.probe_images,
                 candidates: args.candidates,
@@ -521,28 +668,31 @@ pub fn main() -> Result<()> {
             };
             let (report, qdq) = sensitivity(&e, &opts)?;
             println!("{}", report.to_markdown());
-            let out = &args.eval.out;
-            if let Some(p) = &out.report {
-                std::fs::write(p, serde_json::to_string_pretty(&report)?)
-                    .with_context(|| format!("writing {}", p.display()))?;
-            }
-            if let Some(p) = &out.md {
-                std::fs::write(p, report.to_markdown())
-                    .with_context(|| format!("writing {}", p.display()))?;
+            let mut code = exit::OK;
+            let mut put = |r: Result<(), String>| {
+                if let Err(e) = r {
+                    eprintln!("error: {e}");
+                    code = exit::OUTPUT_FAILED;
+                }
+            };
+            let json = serde_json::to_string_pretty(&report).unwrap_or_default();
+            for (path, text) in [(&out.report, json), (&out.md, report.to_markdown())] {
+                if let Some(p) = path {
+                    put(crate::files::write(p, text).map_err(|e| e.to_string()));
+                }
             }
             if report.amp.is_some() {
                 e.mixed_precision = Some(report.mixed_precision());
                 if let Some(dir) = &out.export_qdq {
                     let model = Model::load(&e.model)?;
                     let m = e.mixed_precision.as_ref().and_then(|m| m.method);
-                    pipeline::export_qdq(dir, &model, &qdq, m, "_mixed")
-                        .map_err(anyhow::Error::msg)?;
+                    put(pipeline::export_qdq(dir, &model, &qdq, m, "_mixed"));
                 }
             }
-            if let Some(p) = &args.eval.save_experiment {
-                e.save(p)?;
+            if let Some(p) = save_as {
+                put(e.save(p).map_err(|e| e.to_string()));
             }
-            Ok(())
+            Ok(code)
         }
     }
 }

@@ -1,11 +1,6 @@
-//! The `quantscope` binary: everything lives in the library; this only reports errors.
+//! The `quantscope` binary: everything lives in the library, which also chooses the exit code
+//! (see `quantscope --help`).
 
 fn main() -> std::process::ExitCode {
-    match quantscope::cli::main() {
-        Ok(()) => std::process::ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            std::process::ExitCode::FAILURE
-        }
-    }
+    quantscope::cli::main()
 }
