@@ -239,3 +239,35 @@ fn layer_analysis_runs_on_the_worker_and_a_toggled_layer_becomes_an_engine() {
         rows.iter().map(|r| r.label()).collect::<Vec<_>>()
     );
 }
+
+#[test]
+fn a_failed_run_returns_to_idle_with_the_error_and_run_works_again() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let good = experiment(dir.path(), 20.0);
+    // The same model with a NaN weight: refused by validation, on the worker.
+    let mut bad = good.clone();
+    let mut broken = residual_classifier(3);
+    if let Some(t) = broken.graph.initializer.iter_mut().find(|t| t.name == "fc.w") {
+        t.raw_data[0..4].copy_from_slice(&f32::NAN.to_le_bytes());
+    }
+    bad.model = dir.path().join("broken.onnx");
+    std::fs::write(&bad.model, broken.to_bytes(13)).expect("model file");
+    let mut wb = Workbench::new(None, Settings::default());
+    wb.apply(Command::SetExperiment(Box::new(bad)));
+    let mut h = harness(wb);
+    h.state_mut().push(Command::Run);
+    h.step();
+    assert!(h.state().is_running());
+    run_to_end(&mut h, "the failing run");
+    let banner = h.state().banner.clone().map(|b| b.0).unwrap_or_default();
+    assert!(
+        banner.contains("broken.onnx") && banner.contains("non-finite"),
+        "the error names the file and the problem: {banner}"
+    );
+    h.state_mut().apply(Command::SetExperiment(Box::new(good)));
+    h.state_mut().push(Command::Run);
+    h.step();
+    assert!(h.state().is_running(), "Run works again");
+    run_to_end(&mut h, "the good run");
+    assert_eq!(h.state().results.rows().len(), 6, "every engine of the good run");
+}

@@ -27,6 +27,8 @@ pub const SC_CANCEL: KeyboardShortcut = KeyboardShortcut::new(Modifiers::NONE, K
 
 /// Events taken per frame at most, so a burst never makes a long frame.
 const MAX_EVENTS_PER_FRAME: usize = 256;
+/// How long a cancelled job may take to stop before the window lets go of it.
+const CANCEL_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 /// A dialog that answers `None` faster than this had no portal to show it.
 const NO_DIALOG_MS: f64 = 250.0;
 
@@ -158,6 +160,7 @@ impl Workbench {
             Command::Cancel => {
                 if let Some(run) = &mut self.run {
                     run.cancelling = true;
+                    run.cancelled_at.get_or_insert_with(Instant::now);
                     if let Some(w) = &mut self.worker {
                         w.cancel();
                     }
@@ -532,6 +535,7 @@ impl Workbench {
             total: 0,
             rows_expected: 0,
             cancelling: false,
+            cancelled_at: None,
             sensitivity: true,
         });
         self.log_info(format!(
@@ -613,6 +617,7 @@ impl Workbench {
             total: 0,
             rows_expected,
             cancelling: false,
+            cancelled_at: None,
             sensitivity: false,
         });
         self.log_info(format!(
@@ -737,7 +742,8 @@ impl Workbench {
         order
     }
 
-    /// Takes worker events (at most a frame's worth); drops those of stale jobs.
+    /// Takes worker events (at most a frame's worth); drops those of stale jobs; lets go of a
+    /// cancelled job that does not stop.
     pub fn poll_events(&mut self, ctx: &egui::Context) {
         self.ctx = Some(ctx.clone());
         while let Ok(note) = self.notes_rx.try_recv() {
@@ -746,6 +752,7 @@ impl Workbench {
                 Err(t) => self.log_error(t),
             }
         }
+        self.abandon_stuck_run();
         for _ in 0..MAX_EVENTS_PER_FRAME {
             let Some(w) = self.worker.as_ref() else { break };
             match w.events.try_recv() {
@@ -756,6 +763,27 @@ impl Workbench {
                     break;
                 }
             }
+        }
+    }
+
+    /// A cancelled job that has not answered within [`CANCEL_GRACE`] is stuck in one long
+    /// step (a large model's build, say): the window goes back to idle with the rows it has,
+    /// the job's late answer is dropped as stale, and the next Run queues behind it.
+    fn abandon_stuck_run(&mut self) {
+        let stuck = self
+            .run
+            .as_ref()
+            .and_then(|r| r.cancelled_at)
+            .is_some_and(|t| t.elapsed() > CANCEL_GRACE);
+        if let Some(run) = stuck.then(|| self.run.take()).flatten() {
+            self.results.partial = true;
+            self.log_error(format!(
+                "run #{} did not stop within {} s of Cancel (it is inside one long step); \
+                 it finishes in the background and its results are dropped. Kept {} rows",
+                run.job,
+                CANCEL_GRACE.as_secs(),
+                self.results.rows.len()
+            ));
         }
     }
 

@@ -98,6 +98,9 @@ pub struct RunState {
     pub total: usize,
     pub rows_expected: usize,
     pub cancelling: bool,
+    /// When Cancel was pressed: a job that has not stopped a few seconds later (stuck in one
+    /// long step) is abandoned, so the window never waits on it.
+    pub cancelled_at: Option<Instant>,
     /// A per-layer sensitivity analysis rather than a build of the engines.
     pub sensitivity: bool,
 }
