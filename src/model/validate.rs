@@ -166,6 +166,18 @@ fn arity(op: &str, opset: i64) -> Option<(usize, usize)> {
     })
 }
 
+/// The input positions of `op` that hold integers (shapes, axes, pads, indices, steps).
+fn integer_inputs(op: &str) -> &'static [usize] {
+    match op {
+        "Reshape" | "Expand" | "Tile" | "Split" | "Squeeze" | "Unsqueeze" | "TopK"
+        | "ReduceMean" | "ReduceSum" | "ReduceMax" | "ReduceMin" | "ReduceL2" | "ReduceL1"
+        | "ReduceProd" | "ReduceSumSquare" | "ReduceLogSumExp" | "Pad" => &[1],
+        "Slice" => &[1, 2, 3, 4],
+        "ConstantOfShape" => &[0],
+        _ => &[],
+    }
+}
+
 /// What the graph already tells about a tensor's rank (graph inputs and value_info).
 fn known_ranks(g: &pb::GraphProto) -> HashMap<&str, i64> {
     g.input
@@ -192,10 +204,8 @@ fn check_node(
     inits: &HashMap<&str, &pb::TensorProto>,
     ranks: &HashMap<&str, i64>,
 ) -> Result<(), Problem> {
-    let default_domain = n.domain.is_empty() || n.domain == "ai.onnx";
-    if !default_domain {
-        return Ok(());
-    }
+    // Other domains are reported unsupported later, but tract still reads such a node by its
+    // op type while inferring shapes: the same checks keep it from panicking there.
     let op = n.op_type.as_str();
     if n.output.iter().all(|o| o.is_empty()) {
         return Err(problem(n, "has no output"));
@@ -215,6 +225,35 @@ fn check_node(
         }
         if let Some(i) = n.input.iter().take(fewest).position(|s| s.is_empty()) {
             return Err(problem(n, format!("required input {i} is empty")));
+        }
+    }
+    // Inputs that must be integer tensors (shapes, axes, indices, steps): a float weight there
+    // (a mislabelled node) would be read as sizes.
+    for &i in integer_inputs(op) {
+        if let Some(t) = n.input.get(i).and_then(|s| inits.get(s.as_str())) {
+            let Some(values) = proto::tensor_i64(t) else {
+                return Err(problem(
+                    n,
+                    format!(
+                        "input {i} (`{}`) must be an integer tensor, not {}",
+                        t.name,
+                        proto::data_type_name(t.data_type)
+                    ),
+                ));
+            };
+            if op == "Slice" && i == 4 && values.contains(&0) {
+                return Err(problem(n, format!("a step of 0 in `{}`", t.name)));
+            }
+        }
+    }
+    if op == "Resize" && (11..13).contains(&opset) {
+        // Opsets 11 and 12 take roi and scales by position: an empty name there shifts them.
+        if n.input.len() < 3 || n.input[1].is_empty() || n.input[2].is_empty() {
+            return Err(problem(
+                n,
+                "at opset 11 and 12 Resize needs named roi and scales inputs (empty tensors are \
+                 fine, empty names are not); re-export at opset 13",
+            ));
         }
     }
     let rank_of = |i: usize| n.input.get(i).and_then(|s| ranks.get(s.as_str())).copied();
@@ -432,6 +471,13 @@ pub fn validate(g: &mut pb::GraphProto, opset: i64) -> Vec<Problem> {
     if !problems.is_empty() {
         // Per-node checks decode initializers: only once those are sound.
         return problems;
+    }
+    // Trailing empty inputs mean "not given" (ONNX allows both spellings); tract expects them
+    // left out.
+    for n in g.node.iter_mut() {
+        while n.input.last().is_some_and(|s| s.is_empty()) {
+            n.input.pop();
+        }
     }
     let inits: HashMap<&str, &pb::TensorProto> =
         g.initializer.iter().map(|t| (t.name.as_str(), t)).collect();
