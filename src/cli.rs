@@ -156,9 +156,10 @@ pub struct EvalArgs {
     /// p for the percentile method.
     #[arg(long, default_value_t = 99.99)]
     pub percentile: f64,
-    /// Precisions, comma separated.
-    #[arg(long, value_delimiter = ',', default_value = "fp32,fp16,int8")]
-    pub precisions: Vec<Precision>,
+    /// Precisions, comma separated [default: fp32,int8 on the CPU, where FP16 is only
+    /// simulated and slow; fp32,fp16,int8 on cuda].
+    #[arg(long, value_delimiter = ',')]
+    pub precisions: Option<Vec<Precision>>,
     /// Use the first N calibration images (sorted by path).
     #[arg(long)]
     pub calib_count: Option<usize>,
@@ -273,7 +274,10 @@ impl EvalArgs {
             model: self.model.clone(),
             methods: self.methods.clone(),
             percentile: self.percentile,
-            precisions: self.precisions.clone(),
+            precisions: self
+                .precisions
+                .clone()
+                .unwrap_or_else(|| vec![Precision::Fp32, Precision::Int8]),
             exclude: self.exclude.clone(),
             ..Default::default()
         };
@@ -315,6 +319,9 @@ impl EvalArgs {
         e.bench.min_time_ms = self.min_time_ms;
         e.bench.batch = self.batch;
         self.out.apply(&mut e);
+        if self.precisions.is_none() && e.backend == BackendKind::Cuda {
+            e.precisions = vec![Precision::Fp32, Precision::Fp16, Precision::Int8];
+        }
         e
     }
 }
@@ -686,7 +693,7 @@ fn dispatch(cli: Cli) -> Result<u8> {
                 if let Some(dir) = &out.export_qdq {
                     let model = Model::load(&e.model)?;
                     let m = e.mixed_precision.as_ref().and_then(|m| m.method);
-                    put(pipeline::export_qdq(dir, &model, &qdq, m, "_mixed"));
+                    put(pipeline::export_qdq(dir, &model.path, &qdq, m, "_mixed").map(|_| ()));
                 }
             }
             if let Some(p) = save_as {

@@ -143,7 +143,8 @@ impl Default for Experiment {
             preprocess: Preprocess::default(),
             methods: Method::ALL.to_vec(),
             percentile: 99.99,
-            precisions: vec![Precision::Fp32, Precision::Fp16, Precision::Int8],
+            // FP16 on the CPU is a simulation that costs many times FP32: opt in.
+            precisions: vec![Precision::Fp32, Precision::Int8],
             backend: BackendKind::Cpu,
             bench: BenchSpec::default(),
             exclude: vec![],
@@ -193,6 +194,16 @@ impl Experiment {
             ));
         }
         Ok(e)
+    }
+
+    /// The class-name file in force: the experiment's own, else `<model>.labels.txt` beside
+    /// the model (the convention of the bundled samples and of many model zoos).
+    pub fn labels_file(&self) -> Option<PathBuf> {
+        self.evaluation.labels.clone().or_else(|| {
+            let stem = self.model.file_stem()?.to_str()?;
+            let beside = self.model.with_file_name(format!("{stem}.labels.txt"));
+            beside.is_file().then_some(beside)
+        })
     }
 
     /// Checks every setting that does not need the model: preprocessing values, the percentile,

@@ -134,10 +134,24 @@ pub fn prepare(exp: &Experiment) -> Result<Prepared, PipelineError> {
             if let Some(n) = exp.evaluation.count {
                 set.items.truncate(n);
             }
-            if let Some(l) = &exp.evaluation.labels {
-                set.classes = data::read_labels_checked(l)?;
-            }
             set.check_labels(output_channels(&model, hw).unwrap_or(0), IGNORE_LABEL)?;
+            // Names only, after the check: they rename the classes in output order.
+            if let Some(l) = exp.labels_file() {
+                let names = data::read_labels_checked(&l)?;
+                let want = match set.kind {
+                    Task::Classification => set.classes.len(),
+                    Task::Segmentation => output_channels(&model, hw).unwrap_or(names.len()),
+                };
+                if names.len() == want {
+                    set.classes = names;
+                } else if exp.evaluation.labels.is_some() {
+                    return Err(PipelineError::Config(format!(
+                        "{}: lists {} class names but the model has {want} classes; list one name per class, in output order",
+                        l.display(),
+                        names.len()
+                    )));
+                }
+            }
             Some(set)
         }
         None => None,
@@ -428,6 +442,11 @@ struct RowCtx<'a> {
     bench_input: Vec<f32>,
     sink: &'a dyn Sink,
     cancel: &'a CancelToken,
+    /// Set when the first engine could not be built at the experiment's batch: the model
+    /// cannot run it (a batch-1 export's reshapes say 1), so no later engine tries.
+    batch_refused: std::cell::RefCell<Option<String>>,
+    /// Some engine did run at the batch: a later failure is that engine's own.
+    batch_ok: std::cell::Cell<bool>,
 }
 
 impl RowCtx<'_> {
@@ -438,21 +457,28 @@ impl RowCtx<'_> {
         input: BuildInput<'_>,
         batch: usize,
         label: &str,
-    ) -> Result<Box<dyn Engine>, String> {
+    ) -> Result<Box<dyn Engine>, BuildFailure> {
         let spec = BuildSpec {
             batch,
             hw: self.p.hw,
         };
         let file = self.p.model.path.display();
-        crate::guard::catch(&format!("building the {label} engine for {file}"), || {
-            self.backend.build(input, spec)
-        })?
-        .map_err(|e| {
-            format!(
-                "cannot build the {label} engine for {file}: {e}. `quantscope inspect {file}` lists \
-                 the model's ops; try --backend cpu or keep the failing layer in float (--exclude)"
-            )
-        })
+        let what = format!("building the {label} engine for {file}");
+        match crate::guard::catch(&what, || self.backend.build(input, spec)) {
+            Ok(Ok(engine)) => Ok(engine),
+            Ok(Err(e)) => Err(BuildFailure {
+                cause: e.to_string(),
+                message: format!(
+                    "cannot build the {label} engine for {file}: {e}. `quantscope inspect {file}` \
+                     lists the model's ops; try --backend cpu or keep the failing layer in float \
+                     (--exclude)"
+                ),
+            }),
+            Err(panic) => Err(BuildFailure {
+                cause: panic.clone(),
+                message: panic,
+            }),
+        }
     }
 
     /// Builds an engine, evaluates and benchmarks it; errors (and panics inside the backend)
@@ -477,7 +503,7 @@ impl RowCtx<'_> {
         let mut engine = match self.build(input, 1, label) {
             Ok(e) => e,
             Err(e) => {
-                row.error = Some(e);
+                row.error = Some(e.message);
                 return Evaluated {
                     row,
                     predictions: vec![],
@@ -570,7 +596,32 @@ impl RowCtx<'_> {
         self.sink
             .progress(&format!("timing {label} at batch {b}"), 0, 1);
         let keep_going = || !self.cancel.is_cancelled();
-        let timed = self.build(input, b, &format!("{label} batch-{b}")).and_then(|mut e| {
+        if self.batch_refused.borrow().is_some() {
+            return;
+        }
+        let built = self.build(input, b, &format!("{label} batch-{b}"));
+        if let Err(e) = &built
+            && !self.batch_ok.get()
+        {
+            let declared = self.p.model.info.inputs[0]
+                .shape
+                .first()
+                .copied()
+                .flatten()
+                .map(|d| format!(" (its input declares batch {d})"))
+                .unwrap_or_default();
+            let note = format!(
+                "{} does not run at batch {b}{declared}, so throughput is measured at batch 1 only. \
+                 Export the model with a dynamic batch to measure larger batches (the backend \
+                 said: {})",
+                self.p.model.path.display(),
+                e.cause.lines().next().unwrap_or_default()
+            );
+            self.sink.log(&note);
+            *self.batch_refused.borrow_mut() = Some(note);
+            return;
+        }
+        let timed = built.map_err(|e| e.message).and_then(|mut e| {
             crate::guard::catch(&format!("timing {label} at batch {b}"), || {
                 bench::measure(e.as_mut(), &batched, self.bench_spec, &keep_going)
                     .map(|l| (l, e.info().layer_times.clone()))
@@ -579,6 +630,7 @@ impl RowCtx<'_> {
         });
         match timed {
             Ok((l, layers)) => {
+                self.batch_ok.set(true);
                 row.throughput_batch_ips = (l.median > 0.0).then(|| b as f64 * 1e3 / l.median);
                 row.latency_batch_ms = Some(l);
                 row.batch = Some(b);
@@ -587,6 +639,13 @@ impl RowCtx<'_> {
             Err(e) => self.sink.log(&format!("{label}: batch {b}: {e}")),
         }
     }
+}
+
+/// Why an engine could not be built: the backend's own words, and the message for the row
+/// (which names the model and what to try).
+struct BuildFailure {
+    cause: String,
+    message: String,
 }
 
 /// One INT8 engine to build: a method's calibrated ranges, maybe with layers kept in float.
@@ -651,6 +710,7 @@ impl<'a> Rows<'a> {
             },
             rows: vec![],
             incomplete: false,
+            notes: vec![],
         };
         let artifacts = Artifacts {
             mask_hw: samples
@@ -850,7 +910,7 @@ impl<'a> Rows<'a> {
         };
         if let Some(dir) = &exp.output.qdq_dir {
             let suffix = if v.kept_float.is_empty() { "" } else { "_mixed" };
-            if let Err(e) = export_qdq(dir, &p.model, &qdq, v.method, suffix) {
+            if let Err(e) = export_qdq(dir, &p.model.path, &qdq, v.method, suffix) {
                 self.ctx.sink.log(&format!("{label}: {e}"));
                 self.output_errors.push(e);
             }
@@ -869,6 +929,7 @@ impl<'a> Rows<'a> {
     /// Marks a stopped run as incomplete and writes every output it asks for.
     fn finish(mut self) -> RunOutput {
         self.report.incomplete = self.ctx.cancel.is_cancelled();
+        self.report.notes.extend(self.ctx.batch_refused.borrow_mut().take());
         let errors = write_outputs(self.exp, &self.report, &self.artifacts, self.ctx.sink);
         self.output_errors.extend(errors);
         RunOutput {
@@ -914,6 +975,8 @@ pub fn run_with_cache(
         bench_input: bench_input(&p, exp, &samples)?,
         sink,
         cancel,
+        batch_refused: Default::default(),
+        batch_ok: Default::default(),
     };
     let mut rows = Rows::new(exp, ctx);
     let reference = rows.float_rows();
@@ -1096,15 +1159,16 @@ fn calib_summary(
     }
 }
 
+/// Writes `<model>_int8_<method><suffix>.onnx` and its TensorRT calibration cache into `dir`;
+/// returns both paths.
 pub fn export_qdq(
     dir: &std::path::Path,
-    model: &Model,
+    model_path: &Path,
     qdq: &QdqModel,
     method: Option<Method>,
     suffix: &str,
-) -> Result<(), String> {
-    let stem = model
-        .path
+) -> Result<[PathBuf; 2], String> {
+    let stem = model_path
         .file_stem()
         .and_then(|s| s.to_str())
         .unwrap_or("model");
@@ -1115,9 +1179,10 @@ pub fn export_qdq(
         dir.join(format!("{base}.cache")),
     );
     let err = |e: crate::files::OutputError| e.to_string();
-    crate::files::refuse_inputs([onnx.as_path()], &[(&model.path, "the model")]).map_err(err)?;
+    crate::files::refuse_inputs([onnx.as_path()], &[(model_path, "the model")]).map_err(err)?;
     qdq.save(&onnx).map_err(err)?;
-    qdq.save_calibration_cache(&cache).map_err(err)
+    qdq.save_calibration_cache(&cache).map_err(err)?;
+    Ok([onnx, cache])
 }
 
 /// Probe inputs for passes that need activations: the first 32 calibration images.

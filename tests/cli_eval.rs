@@ -39,6 +39,8 @@ fn eval_args<'a>(dir: &'a Path, report: &'a str) -> Vec<String> {
         "10".into(),
         "--batch".into(),
         "2".into(),
+        "--precisions".into(),
+        "fp32,fp16,int8".into(),
         "--report".into(),
         p(report),
         "--md".into(),
@@ -180,4 +182,50 @@ fn bad_inputs_give_errors_that_name_the_file() {
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("cuda") && !err.contains("panicked"), "{err}");
     }
+}
+
+#[test]
+fn a_batch_the_model_cannot_run_is_explained_once() {
+    use quantscope::model::{proto, testing::GraphBuilder};
+    let dir = setup("batch");
+    // A constant concatenated along channels pins the batch at 1, as in many exports.
+    let mut b = GraphBuilder::new(&[1, 3, 16, 16]);
+    let c = b.conv("c1", "x", 3, 4, 3);
+    b.graph.initializer.push(proto::f32_tensor(
+        "pinned",
+        &[1, 4, 16, 16],
+        &vec![0.5; 4 * 16 * 16],
+    ));
+    let cat = "cat.out".to_string();
+    b.graph.node.push(proto::node(
+        "Concat",
+        "cat",
+        &[&c, "pinned"],
+        &[&cat],
+        vec![proto::int_attr("axis", 1)],
+    ));
+    let y = b.head(&cat, 8, 4);
+    b.output(&y);
+    std::fs::write(dir.join("pinned.onnx"), b.to_bytes(13)).expect("model");
+    let mut args = eval_args(&dir, "batch.json");
+    args[2] = dir.join("pinned.onnx").to_string_lossy().into_owned();
+    let i = args.iter().position(|a| a == "--batch").expect("batch");
+    args[i + 1] = "8".into();
+    let out = bin()
+        .args(&args)
+        .env("QUANTSCOPE_CACHE", dir.join("cache"))
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert_eq!(
+        err.matches("does not run at batch 8").count(),
+        1,
+        "one explanation, not one error per engine: {err}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("batch.json")).expect("report"))
+            .expect("json");
+    assert!(report["notes"][0].as_str().unwrap_or("").contains("batch 1 only"));
+    assert!(report["rows"].as_array().expect("rows").iter().all(|r| r["error"].is_null()));
 }

@@ -91,9 +91,9 @@ fn build_panel_precisions_backend_and_run() {
         cuda.accesskit_node().is_disabled(),
         "CUDA is disabled without a driver"
     );
-    h.get_all_by_role_and_label(egui::accesskit::Role::CheckBox, "FP16")
+    h.get_all_by_role_and_label(egui::accesskit::Role::CheckBox, "FP16 (simulated)")
         .next()
-        .expect("the FP16 checkbox")
+        .expect("the FP16 checkbox, labelled simulated on the CPU")
         .click();
     h.run();
     assert_eq!(

@@ -136,6 +136,9 @@ pub struct Report {
     /// The run was stopped (Cancel, Ctrl-C) before every requested row was produced.
     #[serde(default)]
     pub incomplete: bool,
+    /// What the run decided on the user's behalf and why (e.g. a batch the model cannot run).
+    #[serde(default)]
+    pub notes: Vec<String>,
 }
 
 /// A fraction as a percentage with two decimals, "–" when absent (tables in reports and UI).
@@ -229,6 +232,12 @@ impl Report {
                     .unwrap_or_else(|| "–".into()),
                 note.replace('|', "/"),
             ));
+        }
+        for n in &self.notes {
+            s.push_str(&format!("\nNote: {n}\n"));
+        }
+        if self.incomplete {
+            s.push_str("\nIncomplete: the run was stopped; these are the rows that finished.\n");
         }
         s
     }

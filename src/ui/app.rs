@@ -9,7 +9,8 @@ use std::time::Instant;
 use egui::{Key, KeyboardShortcut, Modifiers};
 
 use super::{
-    DialogPurpose, LayerSort, MAX_RECENT, MaskViewState, Results, RunState, Scan, Tab, Workbench,
+    DialogPurpose, LayerSort, MAX_RECENT, MaskViewState, PAST_RUNS_KEPT, Results, RunState, Scan,
+    Tab, Workbench,
     theme,
 };
 use crate::backend::Precision;
@@ -42,6 +43,8 @@ pub enum ExportKind {
     ViewPng,
     /// Image, FP32 and the chosen INT8 masks side by side, rendered with the image crate.
     MaskPng,
+    /// Each method's Q/DQ ONNX model and TensorRT calibration cache, into a folder.
+    Qdq,
 }
 
 impl ExportKind {
@@ -51,6 +54,7 @@ impl ExportKind {
             ExportKind::Markdown => "md",
             ExportKind::Csv => "csv",
             ExportKind::ViewPng | ExportKind::MaskPng => "png",
+            ExportKind::Qdq => "onnx",
         }
     }
 }
@@ -68,6 +72,11 @@ pub enum Command {
     SetExperiment(Box<Experiment>),
     ChooseCalibDir,
     ChooseEvalDir,
+    ChooseLabels,
+    /// Show the window where a path can be typed (for desktops without a file dialog).
+    ShowOpenPath,
+    /// Open the experiment the window autosaved (after a crash, say).
+    RestoreAutosave,
     Rescan,
     Run,
     Cancel,
@@ -93,9 +102,28 @@ pub enum Command {
     ClearRecent,
 }
 
-fn is_model(p: &Path) -> bool {
+pub(crate) fn is_model(p: &Path) -> bool {
     p.extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("onnx"))
+}
+
+/// An evaluation set's layout: `images/` + `masks/`, or class folders holding files.
+fn looks_like_eval_set(dir: &Path) -> bool {
+    if dir.join("images").is_dir() && dir.join("masks").is_dir() {
+        return true;
+    }
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return false;
+    };
+    let (mut folders, mut files) = (0, 0);
+    for e in entries.flatten().take(10_000) {
+        match e.file_type() {
+            Ok(t) if t.is_dir() => folders += 1,
+            Ok(_) => files += 1,
+            Err(_) => {}
+        }
+    }
+    folders >= 2 && files <= folders
 }
 
 impl Workbench {
@@ -145,6 +173,15 @@ impl Workbench {
                 &[],
                 None,
             ),
+            Command::ChooseLabels => self.dialog(
+                DialogPurpose::Labels,
+                DialogKind::OpenFile,
+                "Class names, one per line",
+                &[("labels", &["txt"])],
+                None,
+            ),
+            Command::ShowOpenPath => self.open_path_window = true,
+            Command::RestoreAutosave => self.restore_autosave(),
             Command::ChooseEvalDir => self.dialog(
                 DialogPurpose::EvalDir,
                 DialogKind::PickFolder,
@@ -207,6 +244,13 @@ impl Workbench {
                     self.masks.textures.clear();
                 }
             }
+            Command::Export(ExportKind::Qdq) => self.dialog(
+                DialogPurpose::Export(ExportKind::Qdq),
+                DialogKind::PickFolder,
+                "Folder for the Q/DQ ONNX models and TensorRT calibration caches",
+                &[],
+                None,
+            ),
             Command::Export(kind) => {
                 let name = format!("{}_report.{}", self.experiment_stem(), kind.extension());
                 let ext = kind.extension();
@@ -284,6 +328,11 @@ impl Workbench {
     }
 
     fn open(&mut self, p: &Path) {
+        let labels = p.extension().is_some_and(|e| e.eq_ignore_ascii_case("txt"));
+        if p.is_dir() || labels {
+            self.route_path(p.to_path_buf());
+            return;
+        }
         if is_model(p) {
             let stem = p
                 .file_stem()
@@ -423,7 +472,7 @@ impl Workbench {
         self.data.eval = match w.request(IoRequest::ScanEval {
             dir,
             task: self.exp.evaluation.task.fixed(),
-            labels: self.exp.evaluation.labels.clone(),
+            labels: self.exp.labels_file(),
         }) {
             Ok(job) => Scan::Loading(job),
             Err(e) => Scan::Failed(format!("{e:#}")),
@@ -606,7 +655,17 @@ impl Workbench {
             return;
         };
         let job = w.submit(self.exp.clone());
-        self.results = Results::default();
+        self.keep_autosave(true);
+        let previous = std::mem::take(&mut self.results);
+        if !previous.rows().is_empty() {
+            self.past_runs.insert(0, previous);
+            self.past_runs.truncate(PAST_RUNS_KEPT);
+        }
+        self.results.title = format!(
+            "run #{job}: {} on {}",
+            self.experiment_stem(),
+            self.exp.backend.name()
+        );
         self.masks = MaskViewState::default();
         self.run = Some(RunState {
             job,
@@ -656,14 +715,61 @@ impl Workbench {
             }
             ExportKind::ViewPng => self.screenshot(path),
             ExportKind::MaskPng => super::results::masks::export_png(self, path),
+            ExportKind::Qdq => self.export_qdq(path),
         };
         match result {
-            Ok(()) if kind == ExportKind::ViewPng => {
-                self.log_info(format!("screenshot requested: {}", path.display()))
+            Ok(()) if matches!(kind, ExportKind::ViewPng | ExportKind::Qdq) => {
+                self.log_info(format!("export requested: {}", path.display()))
             }
-            Ok(()) => self.log_info(format!("exported {}", path.display())),
-            Err(e) => self.log_error(format!("export to {}: {e}", path.display())),
+            Ok(()) => self.notify(format!("Exported {}", path.display())),
+            Err(e) => {
+                let msg = format!("export to {}: {e}", path.display());
+                self.log_error(msg.clone());
+                self.banner = Some((msg, true));
+            }
         }
+    }
+
+    /// Shows an earlier run (index into `past_runs`) in the Results area; the one shown
+    /// until now takes its place in the history.
+    pub fn show_past_run(&mut self, k: usize) {
+        if self.is_running() || k >= self.past_runs.len() {
+            return;
+        }
+        std::mem::swap(&mut self.results, &mut self.past_runs[k]);
+        self.masks = MaskViewState::default();
+        self.pick_default_engines();
+    }
+
+    /// Says where files went: in the log and in the banner above the results.
+    fn notify(&mut self, text: String) {
+        self.log_info(text.clone());
+        self.banner = Some((text, false));
+    }
+
+    /// Hands the finished run's Q/DQ models to the I/O thread, which writes them into `dir`.
+    fn export_qdq(&mut self, dir: &Path) -> Result<(), String> {
+        let qdq = self
+            .results
+            .artifacts
+            .as_ref()
+            .map(|a| a.qdq.clone())
+            .filter(|q| !q.is_empty())
+            .ok_or("no INT8 engine in the results: run an experiment with INT8 first")?;
+        let model = self
+            .results
+            .report
+            .as_ref()
+            .map(|r| r.model.file.clone())
+            .unwrap_or_else(|| self.exp.model.clone());
+        let w = self.worker.as_mut().ok_or("no worker thread")?;
+        w.request(IoRequest::ExportQdq {
+            dir: dir.to_path_buf(),
+            model,
+            qdq,
+        })
+        .map(|_| ())
+        .map_err(|e| e.to_string())
     }
 
     fn screenshot(&mut self, path: &Path) -> Result<(), String> {
@@ -753,6 +859,7 @@ impl Workbench {
             }
         }
         self.abandon_stuck_run();
+        self.keep_autosave(false);
         for _ in 0..MAX_EVENTS_PER_FRAME {
             let Some(w) = self.worker.as_ref() else { break };
             match w.events.try_recv() {
@@ -763,6 +870,30 @@ impl Workbench {
                     break;
                 }
             }
+        }
+    }
+
+    /// Writes the experiment to the autosave file when it changed (at once when `now`).
+    fn keep_autosave(&mut self, now: bool) {
+        let exp = self.exp.clone();
+        if let Some(Err(e)) = self.autosave.as_mut().map(|a| a.keep(&exp, now)) {
+            self.log_error(e);
+            self.autosave = None;
+        }
+    }
+
+    /// Opens the autosaved experiment as a new, unsaved one.
+    fn restore_autosave(&mut self) {
+        let Some(path) = self.autosave.as_ref().map(|a| a.path.clone()) else {
+            return;
+        };
+        match Experiment::load(&path) {
+            Ok(e) => {
+                self.log_info(format!("restored the autosaved experiment from {}", path.display()));
+                self.exp_path = None;
+                self.set_experiment(e);
+            }
+            Err(e) => self.log_error(format!("{e:#}")),
         }
     }
 
@@ -847,6 +978,7 @@ impl Workbench {
                     report.rows.len()
                 ));
                 self.results = Results {
+                    title: std::mem::take(&mut self.results.title),
                     rows: report.rows.clone(),
                     report: Some(*report),
                     artifacts: Some(*artifacts),
@@ -992,6 +1124,29 @@ impl Workbench {
                 };
                 self.picked(purpose, path, dialog_ms);
             }
+            Event::Exported { result, .. } => match result {
+                Ok(files) => {
+                    let dir = files
+                        .first()
+                        .and_then(|f| f.parent())
+                        .map(|d| d.display().to_string())
+                        .unwrap_or_default();
+                    let names: Vec<String> = files
+                        .iter()
+                        .filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned()))
+                        .collect();
+                    self.notify(format!(
+                        "Wrote {} files to {dir}: {}",
+                        files.len(),
+                        names.join(", ")
+                    ));
+                }
+                Err(e) => {
+                    let msg = format!("Q/DQ export failed: {e}");
+                    self.log_error(msg.clone());
+                    self.banner = Some((msg, true));
+                }
+            },
             Event::Inspected { .. }
             | Event::CalibScanned { .. }
             | Event::EvalScanned { .. }
@@ -1025,14 +1180,22 @@ impl Workbench {
                             self.experiment_stem(),
                             self.masks.image
                         ),
+                        ExportKind::Qdq => String::new(),
                         k => format!("{}_report.{}", self.experiment_stem(), k.extension()),
                     };
                     self.log_info("no file dialog available; exporting next to the experiment");
                     self.apply(Command::ExportTo(kind, dir.join(name)));
                 }
-                _ if no_portal => self.log_error(
-                    "no file dialog available (xdg-desktop-portal); type a path in File > Open path, or drop a file on the window",
-                ),
+                _ if no_portal => {
+                    let msg = "No file dialog on this desktop (no xdg-desktop-portal or zenity): \
+                               type the path into the field, drop the file or folder on it, or use \
+                               File > Open path…";
+                    self.log_error(msg);
+                    self.banner = Some((msg.into(), true));
+                    if purpose == DialogPurpose::Open {
+                        self.open_path_window = true;
+                    }
+                }
                 _ => {}
             }
             return;
@@ -1055,6 +1218,11 @@ impl Workbench {
             DialogPurpose::EvalDir => {
                 let mut e = self.exp.clone();
                 e.evaluation.dir = Some(path);
+                self.apply(Command::SetExperiment(Box::new(e)));
+            }
+            DialogPurpose::Labels => {
+                let mut e = self.exp.clone();
+                e.evaluation.labels = Some(path);
                 self.apply(Command::SetExperiment(Box::new(e)));
             }
             DialogPurpose::Export(kind) => self.apply(Command::ExportTo(kind, path)),
@@ -1115,16 +1283,105 @@ impl Workbench {
                 self.push(Command::PrevImage);
             }
         }
-        let dropped: Vec<PathBuf> = ctx.input(|i| {
-            i.raw
-                .dropped_files
-                .iter()
-                .map(|f| f.path().to_path_buf())
-                .filter(|p| !p.as_os_str().is_empty())
-                .collect()
+        // Dropped paths wait for the frame: a path field under the pointer claims them, the
+        // rest are routed by what they are when the frame ends.
+        let (dropped, pos): (Vec<PathBuf>, _) = ctx.input(|i| {
+            (
+                i.raw
+                    .dropped_files
+                    .iter()
+                    .map(|f| f.path().to_path_buf())
+                    .filter(|p| !p.as_os_str().is_empty())
+                    .collect(),
+                i.pointer.latest_pos(),
+            )
         });
-        for p in dropped {
-            self.push(Command::Open(p));
+        self.drops = dropped;
+        self.drop_pos = pos;
+    }
+
+    /// A dropped path, if the drop landed inside `rect` (a path field's row).
+    pub fn claim_drop(&mut self, rect: egui::Rect) -> Option<PathBuf> {
+        let inside = self.drop_pos.is_some_and(|p| rect.contains(p));
+        (inside && !self.drops.is_empty()).then(|| self.drops.remove(0))
+    }
+
+    /// Where a path goes when it is dropped on the window or typed into File > Open path:
+    /// experiments and models open, a folder becomes the evaluation set when it is laid out as
+    /// one (images/ + masks/, or class folders) and the calibration folder otherwise, a .txt
+    /// file becomes the labels. Says what it did.
+    pub fn route_path(&mut self, p: PathBuf) {
+        let ext = p
+            .extension()
+            .map(|e| e.to_string_lossy().to_ascii_lowercase())
+            .unwrap_or_default();
+        let mut e = self.exp.clone();
+        let what = if p.is_dir() {
+            if looks_like_eval_set(&p) {
+                e.evaluation.dir = Some(p.clone());
+                "the evaluation set"
+            } else {
+                e.calibration.dir = Some(p.clone());
+                "the calibration folder"
+            }
+        } else if ext == "txt" && p.is_file() {
+            e.evaluation.labels = Some(p.clone());
+            "the class names"
+        } else if ext == "onnx" || ext == "ron" {
+            self.apply(Command::Open(p));
+            return;
+        } else {
+            self.log_error(format!(
+                "{}: not a model (.onnx), an experiment (.ron), a labels file (.txt) or a folder",
+                p.display()
+            ));
+            return;
+        };
+        self.log_info(format!("{}: used as {what}", p.display()));
+        self.apply(Command::SetExperiment(Box::new(e)));
+    }
+
+    /// The window for typing a path: File > Open path…, or when no file dialog exists.
+    pub(super) fn open_path_window_ui(&mut self, ctx: &egui::Context) {
+        if !self.open_path_window {
+            return;
+        }
+        let mut open = true;
+        let mut go = false;
+        egui::Window::new("Open a path")
+            .open(&mut open)
+            .collapsible(false)
+            .resizable(false)
+            .show(ctx, |ui| {
+                ui.label("An experiment (.ron), a model (.onnx), a data folder or a labels file (.txt):");
+                let r = ui
+                    .horizontal(|ui| {
+                        let name = ui.label("Path:");
+                        ui.add(
+                            egui::TextEdit::singleline(&mut self.open_path_text)
+                                .hint_text("/path/to/model.onnx")
+                                .desired_width(360.0),
+                        )
+                        .labelled_by(name.id)
+                    })
+                    .inner;
+                let enter = r.lost_focus() && ui.input(|i| i.key_pressed(egui::Key::Enter));
+                let t = self.open_path_text.trim();
+                let exists = !t.is_empty() && Path::new(t).exists();
+                if !t.is_empty() && !exists {
+                    ui.colored_label(theme::ERROR, "no such file or folder");
+                }
+                ui.horizontal(|ui| {
+                    go = ui.add_enabled(exists, egui::Button::new("Open")).clicked()
+                        || (enter && exists);
+                });
+            });
+        if go {
+            let p = PathBuf::from(self.open_path_text.trim());
+            self.open_path_window = false;
+            self.route_path(p);
+        } else if !open {
+            self.open_path_window = false;
         }
     }
 
@@ -1140,23 +1397,26 @@ impl Workbench {
                     self.push(Command::OpenDialog);
                     ui.close();
                 }
-                ui.horizontal(|ui| {
-                    ui.add(
-                        egui::TextEdit::singleline(&mut self.open_path_text)
-                            .hint_text("path to .ron or .onnx")
-                            .desired_width(220.0),
+                if ui
+                    .button("Open path…")
+                    .on_hover_text("Type the path of an experiment, a model, a folder or a labels file")
+                    .clicked()
+                {
+                    self.push(Command::ShowOpenPath);
+                    ui.close();
+                }
+                let autosaved = self.autosave.as_ref().is_some_and(|a| a.path.is_file());
+                if ui
+                    .add_enabled(autosaved, egui::Button::new("Restore autosaved experiment"))
+                    .on_hover_text(
+                        "The experiment as it was last edited or run in this window (kept in case of a crash)",
                     )
-                    .on_hover_text("Type a path when no file dialog is available");
-                    if ui
-                        .button("Open path")
-                        .on_hover_text("Open the typed experiment or model")
-                        .clicked()
-                        && !self.open_path_text.trim().is_empty()
-                    {
-                        self.push(Command::Open(PathBuf::from(self.open_path_text.trim())));
-                        ui.close();
-                    }
-                });
+                    .on_disabled_hover_text("Nothing autosaved yet")
+                    .clicked()
+                {
+                    self.push(Command::RestoreAutosave);
+                    ui.close();
+                }
                 ui.menu_button("Recent", |ui| {
                     if self.settings.recent.is_empty() {
                         ui.label("No recent experiments");
@@ -1222,6 +1482,25 @@ impl Workbench {
                     .clicked()
                 {
                     self.push(Command::Export(ExportKind::ViewPng));
+                    ui.close();
+                }
+                let has_qdq = self
+                    .results
+                    .artifacts
+                    .as_ref()
+                    .is_some_and(|a| !a.qdq.is_empty());
+                if ui
+                    .add_enabled(
+                        has_qdq,
+                        egui::Button::new("Export Q/DQ ONNX + TensorRT cache…"),
+                    )
+                    .on_hover_text(
+                        "Each INT8 method's Q/DQ model (for trtexec --stronglyTyped) and calibration cache, into a folder you choose",
+                    )
+                    .on_disabled_hover_text("Run an experiment with INT8 first")
+                    .clicked()
+                {
+                    self.push(Command::Export(ExportKind::Qdq));
                     ui.close();
                 }
                 let has_masks = self.results.artifacts.is_some();
@@ -1386,9 +1665,15 @@ pub fn progress_ui(ui: &mut egui::Ui, run: &RunState, rows_done: usize, width: f
         run.done,
         run.total
     );
+    let quiet = if run.is_timing() {
+        "\nWhile an engine is timed the window redraws once a second, so it does not compete \
+         with the benchmark for the CPU"
+    } else {
+        ""
+    };
     ui.add(egui::ProgressBar::new(frac).desired_width(width).text(text))
         .on_hover_text(format!(
-            "Rows finished: {rows_done} of {}; running for {:.0} s",
+            "Rows finished: {rows_done} of {}; running for {:.0} s{quiet}",
             run.rows_expected,
             run.started.elapsed().as_secs_f64()
         ));

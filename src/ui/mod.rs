@@ -106,6 +106,11 @@ pub struct RunState {
 }
 
 impl RunState {
+    /// An engine is being timed: the window keeps quiet.
+    pub fn is_timing(&self) -> bool {
+        self.stage.starts_with("timing")
+    }
+
     /// Seconds left in the current stage, from its pace so far.
     pub fn eta_s(&self) -> Option<f64> {
         if self.done == 0 || self.total <= self.done {
@@ -117,8 +122,13 @@ impl RunState {
 }
 
 /// Results of the last job: rows as they arrive, then the full report and predictions.
+/// How many earlier runs the history keeps.
+pub const PAST_RUNS_KEPT: usize = 8;
+
 #[derive(Default)]
 pub struct Results {
+    /// Which run these are, for the run-history picker ("run #3: model on cpu").
+    pub title: String,
     pub rows: Vec<Row>,
     pub report: Option<Report>,
     pub artifacts: Option<Artifacts>,
@@ -229,6 +239,7 @@ pub enum DialogPurpose {
     SaveExperiment,
     CalibDir,
     EvalDir,
+    Labels,
     Export(ExportKind),
 }
 
@@ -243,6 +254,11 @@ pub struct Workbench {
     pub data: DataState,
     pub run: Option<RunState>,
     pub results: Results,
+    /// Earlier runs of this session, newest first, kept for comparison (at most
+    /// [`PAST_RUNS_KEPT`]); the Results area can show any of them.
+    pub past_runs: Vec<Results>,
+    /// Set for the real window (not in tests): keeps the experiment on disk as it is edited.
+    pub autosave: Option<Autosave>,
     pub tab: Tab,
     pub masks: MaskViewState,
     pub layers: LayersState,
@@ -255,6 +271,12 @@ pub struct Workbench {
     /// The method used when "compare all methods" is off.
     pub primary_method: Method,
     pub open_path_text: String,
+    /// File > Open path… is showing.
+    pub open_path_window: bool,
+    /// Paths dropped on the window this frame and not yet claimed by a path field.
+    pub drops: Vec<PathBuf>,
+    /// Where the pointer was when they were dropped.
+    pub drop_pos: Option<egui::Pos2>,
     /// Commands pushed while drawing this frame, applied at its end.
     pub pending: Vec<Command>,
     /// Every command applied, most recent last (bounded), for the log and tests.
@@ -301,6 +323,8 @@ impl Workbench {
             data: DataState::default(),
             run: None,
             results: Results::default(),
+            past_runs: vec![],
+            autosave: None,
             tab: Tab::Compare,
             masks: MaskViewState::default(),
             layers: LayersState::default(),
@@ -310,6 +334,9 @@ impl Workbench {
             banner: None,
             backends: vec![(BackendKind::Cpu, Ok("this machine's CPU".into()))],
             open_path_text: String::new(),
+            open_path_window: false,
+            drops: vec![],
+            drop_pos: None,
             pending: vec![],
             history: vec![],
             worker: None,
@@ -326,6 +353,7 @@ impl Workbench {
     /// Shows a finished report (and its predictions) as if a job had produced it.
     pub fn set_results(&mut self, report: Report, artifacts: Option<Artifacts>) {
         self.results = Results {
+            title: format!("report {}", report.experiment),
             rows: report.rows.clone(),
             report: Some(report),
             artifacts,
@@ -393,11 +421,50 @@ impl Workbench {
             self.central_rect = ui.max_rect();
             results::results_ui(self, ui)
         });
-        self.apply_pending();
-        if self.is_running() {
-            ui.ctx()
-                .request_repaint_after(std::time::Duration::from_millis(100));
+        self.open_path_window_ui(ui.ctx());
+        for p in std::mem::take(&mut self.drops) {
+            self.route_path(p);
         }
+        self.apply_pending();
+        if let Some(run) = &self.run {
+            // While an engine is being timed the window redraws once a second: a software-
+            // rendered frame costs more CPU than the benchmark thread has to spare.
+            let every_ms = if run.is_timing() { 1000 } else { 100 };
+            ui.ctx()
+                .request_repaint_after(std::time::Duration::from_millis(every_ms));
+        }
+    }
+}
+
+/// Where the window keeps the experiment being edited, so a crash loses nothing: written a
+/// few seconds after each change and before each run.
+pub struct Autosave {
+    pub path: PathBuf,
+    /// The experiment as last written, and when.
+    written: Option<(Experiment, Instant)>,
+}
+
+impl Autosave {
+    pub fn new(path: PathBuf) -> Autosave {
+        Autosave {
+            path,
+            written: None,
+        }
+    }
+
+    /// Writes `exp` if it changed and the last write is `quiet` old (or `now`).
+    pub fn keep(&mut self, exp: &Experiment, now: bool) -> Result<(), String> {
+        let quiet = std::time::Duration::from_secs(2);
+        let due = match &self.written {
+            Some((e, _)) if e == exp => false,
+            Some((_, t)) => now || t.elapsed() >= quiet,
+            None => true,
+        };
+        if !due || exp.model.as_os_str().is_empty() {
+            return Ok(());
+        }
+        self.written = Some((exp.clone(), Instant::now()));
+        exp.save(&self.path).map_err(|e| format!("autosave: {e}"))
     }
 }
 
@@ -448,6 +515,14 @@ pub fn run(path: Option<PathBuf>) -> anyhow::Result<()> {
                 .unwrap_or_default();
             theme::apply(&cc.egui_ctx, settings.light_theme);
             let mut wb = Workbench::new(path.as_deref(), settings);
+            wb.autosave = Some(Autosave::new(
+                crate::calib::StatsCache::default_dir().join("autosave.ron"),
+            ));
+            if wb.autosave.as_ref().is_some_and(|a| a.path.is_file()) {
+                wb.log_info(
+                    "the experiment of the last session is kept: File > Restore autosaved experiment",
+                );
+            }
             if let Ok(tab) = std::env::var("QUANTSCOPE_TAB") {
                 if let Some(t) = Tab::from_name(&tab) {
                     wb.tab = t;

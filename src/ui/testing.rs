@@ -197,6 +197,7 @@ pub fn sample_workbench() -> Workbench {
     let mut wb = Workbench::without_worker(Settings::default());
     wb.exp.name = "sample".into();
     wb.exp.model = "segmenter.onnx".into();
+    wb.exp.precisions = vec![Precision::Fp32, Precision::Fp16, Precision::Int8];
     wb.saved = wb.exp.clone();
     wb.model.info = Some(sample_model_info());
     wb.backends = vec![

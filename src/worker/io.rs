@@ -108,6 +108,10 @@ fn failed(job: JobId, req: IoRequest, error: String) -> Event {
             path: None,
             dialog_ms: 0.0,
         },
+        IoRequest::ExportQdq { .. } => Event::Exported {
+            job,
+            result: Err(error),
+        },
     }
 }
 
@@ -156,6 +160,14 @@ pub(super) fn answer(job: JobId, req: IoRequest) -> Event {
                 .into_iter()
                 .map(|k| (k, backend::backend(k).check()))
                 .collect(),
+        },
+        IoRequest::ExportQdq { dir, model, qdq } => Event::Exported {
+            job,
+            result: qdq
+                .iter()
+                .map(|(m, q)| crate::pipeline::export_qdq(&dir, &model, q, Some(*m), ""))
+                .collect::<Result<Vec<[PathBuf; 2]>, String>>()
+                .map(|v| v.into_iter().flatten().collect()),
         },
         IoRequest::Dialog(d) => {
             let t = Instant::now();

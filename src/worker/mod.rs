@@ -82,6 +82,11 @@ pub enum Event {
         job: JobId,
         status: Vec<(BackendKind, Result<String, String>)>,
     },
+    /// Q/DQ models and calibration caches written: the files, or why not.
+    Exported {
+        job: JobId,
+        result: Result<Vec<PathBuf>, String>,
+    },
     /// A file dialog's answer. `dialog_ms` tells a cancelled dialog from a missing portal
     /// (which answers `None` at once).
     Picked {
@@ -106,6 +111,7 @@ impl Event {
             | Event::Preview { job, .. }
             | Event::Image { job, .. }
             | Event::Backends { job, .. }
+            | Event::Exported { job, .. }
             | Event::Picked { job, .. } => *job,
         }
     }
@@ -156,6 +162,12 @@ pub enum IoRequest {
     },
     CheckBackends,
     Dialog(FileDialog),
+    /// Write each method's Q/DQ ONNX model and TensorRT calibration cache into `dir`.
+    ExportQdq {
+        dir: PathBuf,
+        model: PathBuf,
+        qdq: Vec<(crate::calib::Method, crate::quant::QdqModel)>,
+    },
 }
 
 /// Why a request could not be queued.

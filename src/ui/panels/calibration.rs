@@ -22,8 +22,15 @@ pub fn calibration_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::U
     ui.horizontal_wrapped(|ui| {
         ui.label("Method:");
         for m in Method::ALL {
-            ui.radio_value(&mut primary, m, m.name())
-                .on_hover_text(method_help(m));
+            let tip = match all {
+                true => format!(
+                    "{}. With \"Compare all methods\" ticked, this method's engine comes first \
+                     and is the one the Masks tab and mixed precision start from",
+                    method_help(m)
+                ),
+                false => method_help(m).to_string(),
+            };
+            ui.radio_value(&mut primary, m, m.name()).on_hover_text(tip);
         }
     });
     ui.horizontal(|ui| {
@@ -44,8 +51,11 @@ pub fn calibration_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::U
     if primary != wb.primary_method {
         wb.primary_method = primary;
     }
+    // The chosen method first: its row leads the table and is the Masks tab's default.
     let methods = if all {
-        Method::ALL.to_vec()
+        std::iter::once(primary)
+            .chain(Method::ALL.into_iter().filter(|&m| m != primary))
+            .collect()
     } else {
         vec![primary]
     };

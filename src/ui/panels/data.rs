@@ -2,7 +2,7 @@
 //! classes), the preprocessing editor and a live preview of one preprocessed image (decoded
 //! on the I/O thread).
 
-use super::path_label_ui;
+use super::{PathKind, path_field_ui};
 use crate::data::{ChannelOrder, Normalize, ResizeMode};
 use crate::experiment::{Experiment, TaskChoice};
 use crate::model::Task;
@@ -18,15 +18,17 @@ pub fn data_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
 }
 
 fn calib_folder_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
-    let dir = exp.calibration.dir.as_deref();
-    folder_row_ui(
+    if let Some(dir) = path_field_ui(
         wb,
         ui,
         "Calibration:",
-        dir,
-        "Folder of calibration images (searched recursively)",
-        Command::ChooseCalibDir,
-    );
+        exp.calibration.dir.as_deref(),
+        PathKind::Folder,
+        Some(Command::ChooseCalibDir),
+        "Folder of calibration images (searched recursively): type, drop or choose it",
+    ) {
+        exp.calibration.dir = dir;
+    }
     if let Some(s) = scan_state_ui(ui, &wb.data.calib, "The folder could not be read") {
         ui.label(format!(
             "{} images, {} selected{}",
@@ -53,24 +55,6 @@ fn calib_folder_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) 
     }
 }
 
-/// "<label> <folder> [Choose…]" on one row.
-fn folder_row_ui(
-    wb: &mut Workbench,
-    ui: &mut egui::Ui,
-    label: &str,
-    dir: Option<&std::path::Path>,
-    hover: &str,
-    choose: Command,
-) {
-    ui.horizontal(|ui| {
-        ui.label(label);
-        path_label_ui(ui, dir, "no folder");
-        if ui.button("Choose…").on_hover_text(hover).clicked() {
-            wb.push(choose);
-        }
-    });
-}
-
 /// A spinner while a folder scan runs, its error if it failed; its result once done.
 fn scan_state_ui<'a, T>(ui: &mut egui::Ui, scan: &'a Scan<T>, failed_hover: &str) -> Option<&'a T> {
     match scan {
@@ -92,15 +76,45 @@ fn scan_state_ui<'a, T>(ui: &mut egui::Ui, scan: &'a Scan<T>, failed_hover: &str
 }
 
 fn eval_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
-    let dir = exp.evaluation.dir.as_deref();
-    folder_row_ui(
+    if let Some(dir) = path_field_ui(
         wb,
         ui,
         "Evaluation:",
-        dir,
-        "ImageFolder (<class>/<image>) or images/ + masks/ folder",
-        Command::ChooseEvalDir,
-    );
+        exp.evaluation.dir.as_deref(),
+        PathKind::Folder,
+        Some(Command::ChooseEvalDir),
+        "ImageFolder (<class>/<image>) or images/ + masks/ folder: type, drop or choose it",
+    ) {
+        exp.evaluation.dir = dir;
+    }
+    let beside = exp.labels_file().filter(|_| exp.evaluation.labels.is_none());
+    let hover = match &beside {
+        Some(f) => format!(
+            "Class names, one per line, in output order. Now: {} (found beside the model)",
+            f.display()
+        ),
+        None => "Class names, one per line, in output order (default: <model>.labels.txt \
+                 beside the model, or labels.txt in the evaluation folder)"
+            .to_string(),
+    };
+    if let Some(l) = path_field_ui(
+        wb,
+        ui,
+        "Labels:",
+        exp.evaluation.labels.as_deref(),
+        PathKind::Labels,
+        Some(Command::ChooseLabels),
+        &hover,
+    ) {
+        exp.evaluation.labels = l;
+    }
+    if let Some(f) = beside {
+        ui.weak(format!(
+            "class names from {}",
+            f.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()
+        ))
+        .on_hover_text(f.display().to_string());
+    }
     if let Some(s) = scan_state_ui(ui, &wb.data.eval, "The evaluation set could not be read") {
         let kind = match s.kind {
             Task::Classification => "classification (ImageFolder)",

@@ -1,7 +1,7 @@
 //! The Model panel: file, opset, inputs and outputs with shapes, task, parameters and size,
 //! op census; unsupported ops in red with their node names.
 
-use super::path_label_ui;
+use super::{PathKind, path_field_ui};
 use crate::model::{Task, TensorInfo};
 use crate::ui::{Command, Workbench, theme};
 use eframe::egui;
@@ -16,18 +16,18 @@ fn shape_text(t: &TensorInfo) -> String {
 }
 
 pub fn model_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
-    ui.horizontal(|ui| {
-        ui.label("File:");
-        let p = (!wb.exp.model.as_os_str().is_empty()).then_some(wb.exp.model.as_path());
-        path_label_ui(ui, p, "no model");
-        if ui
-            .button("Open…")
-            .on_hover_text("Open an ONNX model or an experiment (Ctrl+O); you can also drop a file on the window")
-            .clicked()
-        {
-            wb.push(Command::OpenDialog);
-        }
-    });
+    let current = (!wb.exp.model.as_os_str().is_empty()).then(|| wb.exp.model.clone());
+    if let Some(Some(p)) = path_field_ui(
+        wb,
+        ui,
+        "File:",
+        current.as_deref(),
+        PathKind::Model,
+        Some(Command::OpenDialog),
+        "An ONNX model: type its path, drop it here, or choose it (Ctrl+O also opens experiments)",
+    ) {
+        wb.push(Command::Open(p));
+    }
     if wb.model.loading.is_some() {
         ui.horizontal(|ui| {
             ui.spinner();

@@ -106,6 +106,9 @@ pub fn results_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
             });
         });
     }
+    if !wb.past_runs.is_empty() {
+        run_history_ui(wb, ui);
+    }
     ui.horizontal(|ui| {
         for t in Tab::ALL {
             let label = match t {
@@ -128,6 +131,36 @@ pub fn results_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
         Tab::Calibration => calib::calib_ui(wb, ui),
         Tab::Layers => layers::layers_ui(wb, ui),
         Tab::Log => log::log_ui(wb, ui),
+    }
+}
+
+/// Which run the tabs show: this one or an earlier one of the session, kept for comparison.
+fn run_history_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
+    let title = |r: &crate::ui::Results| {
+        let t = if r.title.is_empty() { "a run" } else { r.title.as_str() };
+        format!("{t} ({} rows)", r.rows().len())
+    };
+    let mut pick = None;
+    ui.horizontal(|ui| {
+        ui.label("Showing:");
+        ui.add_enabled_ui(!wb.is_running(), |ui| {
+            egui::ComboBox::from_id_salt("results.history")
+                .selected_text(title(&wb.results))
+                .width(320.0)
+                .show_ui(ui, |ui| {
+                    for (k, r) in wb.past_runs.iter().enumerate() {
+                        if ui.selectable_label(false, title(r)).clicked() {
+                            pick = Some(k);
+                        }
+                    }
+                })
+                .response
+                .on_hover_text("Earlier runs of this session, newest first: pick one to compare")
+                .on_disabled_hover_text("Wait for the run to finish");
+        });
+    });
+    if let Some(k) = pick {
+        wb.show_past_run(k);
     }
 }
 

@@ -1,0 +1,236 @@
+//! The newcomer's flows without a file dialog: paths typed into the fields, folders and files
+//! dropped on a field or on the window, a labels file (picked, or found beside the model), the
+//! Q/DQ export from the window, and the run history. Driven through egui_kittest.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use eframe::egui;
+use egui::accesskit::Role;
+use egui_kittest::Harness;
+use egui_kittest::kittest::{NodeT, Queryable};
+use quantscope::backend::Precision;
+use quantscope::experiment::Experiment;
+use quantscope::model::testing::residual_classifier;
+use quantscope::ui::testing::sample_workbench;
+use quantscope::ui::{Command, Settings, Workbench};
+
+fn harness(wb: Workbench) -> Harness<'static, Workbench> {
+    Harness::builder()
+        .with_size(egui::vec2(1400.0, 900.0))
+        .build_ui_state(|ui, wb: &mut Workbench| wb.frame_ui(ui), wb)
+}
+
+/// A dropped file as the window system hands it over.
+#[derive(Debug)]
+struct Dropped(PathBuf);
+
+impl egui::DroppedFile for Dropped {
+    fn path(&self) -> &Path {
+        &self.0
+    }
+    fn bytes(&self) -> Result<Vec<u8>, String> {
+        std::fs::read(&self.0).map_err(|e| e.to_string())
+    }
+}
+
+/// Drops `path` with the pointer at `pos`, as a desktop's drag and drop does.
+fn drop_at(h: &mut Harness<'static, Workbench>, pos: egui::Pos2, path: &Path) {
+    h.hover_at(pos);
+    h.input_mut()
+        .dropped_files
+        .push(Arc::new(Dropped(path.to_path_buf())));
+    h.run();
+}
+
+/// A segmentation-style folder (images/ + masks/) and a flat folder of images.
+fn folders(root: &Path) -> (PathBuf, PathBuf) {
+    let eval = root.join("eval");
+    let calib = root.join("calib");
+    for d in [eval.join("images"), eval.join("masks"), calib.clone()] {
+        std::fs::create_dir_all(&d).expect("mkdir");
+    }
+    image::RgbImage::new(4, 4)
+        .save(calib.join("a.png"))
+        .expect("png");
+    (eval, calib)
+}
+
+/// Replaces the text of the path field labelled `field` and presses Enter.
+fn type_into(h: &mut Harness<'static, Workbench>, field: &str, text: &str) {
+    let node = h.get_by_role_and_label(Role::TextInput, field);
+    node.focus();
+    h.key_press_modifiers(egui::Modifiers::COMMAND, egui::Key::A);
+    h.key_press(egui::Key::Backspace);
+    h.run();
+    let node = h.get_by_role_and_label(Role::TextInput, field);
+    node.type_text(text);
+    h.run();
+    h.key_press(egui::Key::Enter);
+    h.run();
+}
+
+#[test]
+fn typed_paths_are_checked_and_taken() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (eval, calib) = folders(dir.path());
+    let mut h = harness(sample_workbench());
+    h.run();
+    // A folder that does not exist: shown as an error under the field, not taken.
+    let missing = dir.path().join("nowhere");
+    type_into(&mut h, "Calibration:", &missing.to_string_lossy());
+    h.get_by_label_contains("no such folder");
+    assert_ne!(h.state().exp.calibration.dir.as_deref(), Some(missing.as_path()));
+    // A real folder is taken on Enter.
+    type_into(&mut h, "Calibration:", &calib.to_string_lossy());
+    assert_eq!(h.state().exp.calibration.dir.as_deref(), Some(calib.as_path()));
+    // A labels file typed into its field.
+    let labels = dir.path().join("names.txt");
+    std::fs::write(&labels, "background\nperson\n").expect("labels");
+    type_into(&mut h, "Labels:", &labels.to_string_lossy());
+    assert_eq!(h.state().exp.evaluation.labels.as_deref(), Some(labels.as_path()));
+    // A folder typed into a file field is refused with the reason.
+    type_into(&mut h, "Labels:", &eval.to_string_lossy());
+    h.get_by_label_contains("a folder, not a file");
+    assert_eq!(h.state().exp.evaluation.labels.as_deref(), Some(labels.as_path()));
+}
+
+#[test]
+fn dropped_folders_land_where_they_belong() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (eval, calib) = folders(dir.path());
+    let mut h = harness(sample_workbench());
+    h.run();
+    // Onto the Calibration field: that field takes it, whatever its layout.
+    let field = h
+        .get_by_role_and_label(Role::TextInput, "Calibration:")
+        .rect()
+        .center();
+    drop_at(&mut h, field, &eval);
+    assert_eq!(h.state().exp.calibration.dir.as_deref(), Some(eval.as_path()));
+    // Onto the results area: routed by layout, never read as an experiment.
+    drop_at(&mut h, egui::pos2(1000.0, 500.0), &calib);
+    assert_eq!(h.state().exp.calibration.dir.as_deref(), Some(calib.as_path()));
+    drop_at(&mut h, egui::pos2(1000.0, 500.0), &eval);
+    assert_eq!(h.state().exp.evaluation.dir.as_deref(), Some(eval.as_path()));
+    assert!(
+        h.state()
+            .log
+            .iter()
+            .any(|l| l.text.contains("used as the evaluation set")),
+        "the window says what it did with the drop"
+    );
+    assert!(!h.state().log.iter().any(|l| l.error), "no error: {:?}", h.state().log);
+}
+
+#[test]
+fn labels_beside_the_model_are_found() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let model = dir.path().join("net.onnx");
+    std::fs::write(&model, residual_classifier(3).to_bytes(13)).expect("model");
+    std::fs::write(dir.path().join("net.labels.txt"), "cat\ndog\nbird\n").expect("labels");
+    let exp = Experiment {
+        model: model.clone(),
+        ..Default::default()
+    };
+    assert_eq!(exp.labels_file(), Some(dir.path().join("net.labels.txt")));
+    let mut wb = sample_workbench();
+    wb.exp = exp;
+    let mut h = harness(wb);
+    h.run();
+    h.get_by_label_contains("class names from net.labels.txt");
+}
+
+#[test]
+fn open_path_window_takes_what_the_menu_could_not() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let (_, calib) = folders(dir.path());
+    let mut h = harness(sample_workbench());
+    h.run();
+    h.state_mut().push(Command::ShowOpenPath);
+    h.run();
+    let input = h.get_by_role_and_label(Role::TextInput, "Path:");
+    input.focus();
+    input.type_text(&calib.to_string_lossy());
+    h.run();
+    h.get_by_label("Open").click();
+    h.run();
+    assert_eq!(h.state().exp.calibration.dir.as_deref(), Some(calib.as_path()));
+    assert!(!h.state().open_path_window, "the window closes");
+}
+
+/// A tiny classifier with a generated ImageFolder, fast enough to run for real.
+fn tiny_experiment(root: &Path) -> Experiment {
+    let model = root.join("tiny.onnx");
+    std::fs::write(&model, residual_classifier(3).to_bytes(13)).expect("model");
+    let data = root.join("data");
+    for c in 0..3 {
+        let d = data.join(format!("class{c}"));
+        std::fs::create_dir_all(&d).expect("mkdir");
+        for i in 0..4u32 {
+            let img = image::RgbImage::from_fn(16, 16, |x, y| {
+                image::Rgb([(x * 9 + i) as u8, (y * 7) as u8, (c * 80) as u8])
+            });
+            img.save(d.join(format!("{i}.png"))).expect("png");
+        }
+    }
+    let mut e = Experiment {
+        name: "tiny".into(),
+        model,
+        precisions: vec![Precision::Fp32, Precision::Int8],
+        methods: vec![quantscope::calib::Method::Max],
+        ..Default::default()
+    };
+    e.calibration.dir = Some(data.clone());
+    e.evaluation.dir = Some(data);
+    e.bench.min_runs = 2;
+    e.bench.warmup_runs = 0;
+    e.bench.min_time_ms = 0.0;
+    e.bench.batch = 1;
+    e
+}
+
+fn until(h: &mut Harness<'static, Workbench>, what: &str, done: impl Fn(&Workbench) -> bool) {
+    let start = Instant::now();
+    while !done(h.state()) {
+        h.step();
+        assert!(start.elapsed() < Duration::from_secs(120), "{what} never happened");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn qdq_export_from_the_window_and_run_history() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exp = tiny_experiment(dir.path());
+    let mut wb = Workbench::new(None, Settings::default());
+    wb.apply(Command::SetExperiment(Box::new(exp)));
+    let mut h = harness(wb);
+    h.state_mut().push(Command::Run);
+    h.step();
+    until(&mut h, "the first run", |wb| !wb.is_running());
+    assert_eq!(h.state().results.rows().len(), 2, "{:?}", h.state().log);
+    // The export goes to the I/O thread; the banner says where the files went.
+    let out = dir.path().join("exports");
+    h.state_mut()
+        .push(Command::ExportTo(quantscope::ui::ExportKind::Qdq, out.clone()));
+    h.step();
+    until(&mut h, "the export", |wb| {
+        wb.banner.as_ref().is_some_and(|b| b.0.starts_with("Wrote"))
+    });
+    let banner = h.state().banner.clone().map(|b| b.0).unwrap_or_default();
+    assert!(banner.contains(&out.display().to_string()), "{banner}");
+    for f in ["tiny_int8_max.onnx", "tiny_int8_max.cache"] {
+        assert!(out.join(f).is_file(), "{f} written");
+    }
+    // A second run keeps the first for comparison.
+    h.state_mut().push(Command::Run);
+    h.step();
+    until(&mut h, "the second run", |wb| !wb.is_running());
+    assert_eq!(h.state().past_runs.len(), 1);
+    let first = h.state().past_runs[0].title.clone();
+    h.state_mut().show_past_run(0);
+    assert_eq!(h.state().results.title, first, "the earlier run is shown again");
+    assert_eq!(h.state().results.rows().len(), 2);
+}
