@@ -28,10 +28,10 @@ fn model_panel_shows_the_model_and_unsupported_ops() {
     h.get_by_label_contains("1 unsupported op");
     h.get_by_label_contains("GridSample (node `warp/grid`)");
     h.get_by_label_contains("x [1×3×48×64]");
-    // The panel's Open… button asks for a file dialog.
-    h.get_all_by_label("Open…")
+    // The model row's Choose… button asks for a file dialog (its path can also be typed).
+    h.get_all_by_label("Choose…")
         .next()
-        .expect("an Open… button")
+        .expect("the model's Choose… button")
         .click();
     h.run();
     assert!(applied(&h, |c| *c == Command::OpenDialog));
@@ -57,10 +57,10 @@ fn data_panel_edits_preprocessing() {
         h.state().exp.preprocess.channel_order,
         quantscope::data::ChannelOrder::Bgr
     );
-    // Choosing a folder goes through a dialog on the I/O thread.
+    // Choosing a folder goes through a dialog on the I/O thread (the model row comes first).
     h.get_all_by_label("Choose…")
-        .next()
-        .expect("a Choose… button")
+        .nth(1)
+        .expect("the calibration folder's Choose… button")
         .click();
     h.run();
     assert!(applied(&h, |c| *c == Command::ChooseCalibDir));
@@ -79,7 +79,11 @@ fn calibration_panel_picks_methods() {
     assert_eq!(h.state().exp.methods, vec![Method::Mse]);
     h.get_by_label("Compare all methods").click();
     h.run();
-    assert_eq!(h.state().exp.methods, Method::ALL.to_vec());
+    // All four, the chosen method first: it leads the table and the Masks tab.
+    assert_eq!(
+        h.state().exp.methods,
+        vec![Method::Mse, Method::Max, Method::Percentile, Method::Entropy]
+    );
 }
 
 #[test]

@@ -83,33 +83,36 @@ pub(crate) fn path_field_ui(
     let mut committed = None;
     let row = ui.horizontal(|ui| {
         let name = ui.label(label);
-        let button_w = if choose.is_some() { 70.0 } else { 0.0 };
-        let edit = ui
-            .add(
-                egui::TextEdit::singleline(&mut text)
-                    .hint_text(match kind {
-                        PathKind::Folder => "type or drop a folder",
-                        _ => "type or drop a file",
-                    })
-                    .desired_width((ui.available_width() - button_w).max(80.0)),
-            )
-            .labelled_by(name.id)
-            .on_hover_text(hover);
-        if edit.lost_focus() && text.trim() != shown {
-            let t = text.trim();
-            committed = match t.is_empty() {
-                true => Some(None),
-                false => {
-                    let p = PathBuf::from(t);
-                    kind.problem(&p).is_none().then_some(Some(p))
-                }
-            };
-        }
-        if let Some(c) = choose
-            && ui.button("Choose…").on_hover_text(hover).clicked()
-        {
-            wb.push(c);
-        }
+        // The button first, from the right, so the text field takes exactly what is left: a
+        // field sized from a guess would widen the resizable side panel frame after frame.
+        ui.with_layout(egui::Layout::right_to_left(egui::Align::Center), |ui| {
+            if let Some(c) = choose
+                && ui.button("Choose…").on_hover_text(hover).clicked()
+            {
+                wb.push(c);
+            }
+            let edit = ui
+                .add(
+                    egui::TextEdit::singleline(&mut text)
+                        .hint_text(match kind {
+                            PathKind::Folder => "type or drop a folder",
+                            _ => "type or drop a file",
+                        })
+                        .desired_width(ui.available_width().max(80.0)),
+                )
+                .labelled_by(name.id)
+                .on_hover_text(hover);
+            if edit.lost_focus() && text.trim() != shown {
+                let t = text.trim();
+                committed = match t.is_empty() {
+                    true => Some(None),
+                    false => {
+                        let p = PathBuf::from(t);
+                        kind.problem(&p).is_none().then_some(Some(p))
+                    }
+                };
+            }
+        });
     });
     let rect = row.response.rect;
     if ui.ctx().input(|i| !i.raw.hovered_files.is_empty()) {
