@@ -50,6 +50,16 @@ pub fn write_with(
         fill(&mut w).map_err(err)?;
         w.flush().map_err(err)?;
     }
+    // The temporary file is private (0600); the output gets the old file's permissions, or
+    // the usual 0644 for a new one.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        let perms = std::fs::metadata(path)
+            .map(|m| m.permissions())
+            .unwrap_or_else(|_| std::fs::Permissions::from_mode(0o644));
+        tmp.as_file().set_permissions(perms).map_err(err)?;
+    }
     tmp.as_file().sync_all().map_err(err)?;
     tmp.persist(path).map_err(|e| err(e.error))?;
     Ok(())
@@ -178,6 +188,12 @@ mod tests {
         let p = dir.path().join("a/b/out.md");
         write(&p, "x").expect("write");
         assert_eq!(std::fs::read_to_string(&p).expect("read"), "x");
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let mode = std::fs::metadata(&p).expect("meta").permissions().mode() & 0o777;
+            assert_eq!(mode, 0o644, "readable like any other output, not private");
+        }
     }
 
     #[test]

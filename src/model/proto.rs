@@ -169,6 +169,15 @@ pub fn attr_str(node: &NodeProto, name: &str) -> Option<String> {
     attr(node, name).map(|a| String::from_utf8_lossy(&a.s).into_owned())
 }
 
+pub fn str_attr(name: &str, v: &str) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: pb::attribute_proto::AttributeType::String as i32,
+        s: v.as_bytes().to_vec(),
+        ..Default::default()
+    }
+}
+
 pub fn int_attr(name: &str, v: i64) -> AttributeProto {
     AttributeProto {
         name: name.into(),

@@ -471,11 +471,44 @@ impl Autosave {
 /// The eframe face of the workbench.
 struct WorkbenchApp {
     wb: Workbench,
+    /// `QUANTSCOPE_SMOKE_OUT`: when the autorun ends, write the report and a screenshot there
+    /// and close (the Xvfb smoke test drives a whole run this way).
+    smoke: Option<Smoke>,
+}
+
+/// Where the smoke run is: waiting for the run, then for the screenshot to be written.
+struct Smoke {
+    dir: PathBuf,
+    shot_requested: Option<Instant>,
+}
+
+impl WorkbenchApp {
+    fn smoke_step(&mut self, ctx: &egui::Context) {
+        let Some(smoke) = &mut self.smoke else { return };
+        ctx.request_repaint_after(std::time::Duration::from_millis(200));
+        let shot = smoke.dir.join("window.png");
+        match smoke.shot_requested {
+            None if !self.wb.is_running() && self.wb.pending.is_empty() => {
+                let dir = smoke.dir.clone();
+                smoke.shot_requested = Some(Instant::now());
+                self.wb
+                    .apply(Command::ExportTo(ExportKind::Json, dir.join("report.json")));
+                self.wb.apply(Command::ExportTo(ExportKind::ViewPng, shot));
+            }
+            Some(t) if shot.is_file() || t.elapsed().as_secs() > 20 => {
+                let log: Vec<String> = self.wb.log.iter().map(|l| l.text.clone()).collect();
+                let _ = std::fs::write(smoke.dir.join("log.txt"), log.join("\n"));
+                ctx.send_viewport_cmd(egui::ViewportCommand::Close);
+            }
+            _ => {}
+        }
+    }
 }
 
 impl eframe::App for WorkbenchApp {
     fn logic(&mut self, ctx: &egui::Context, _frame: &mut eframe::Frame) {
         self.wb.poll_events(ctx);
+        self.smoke_step(ctx);
     }
 
     fn ui(&mut self, ui: &mut egui::Ui, _frame: &mut eframe::Frame) {
@@ -490,7 +523,8 @@ impl eframe::App for WorkbenchApp {
 /// Opens the workbench window on `path` (an experiment or a model). A missing file is
 /// reported in the window, never a panic. With `QUANTSCOPE_AUTORUN=1` the experiment starts
 /// at once and `QUANTSCOPE_TAB` (compare, masks, calibration, layers, log) picks the tab
-/// shown: the smoke test uses both.
+/// shown; with `QUANTSCOPE_SMOKE_OUT=DIR` the window writes the report, a screenshot and its
+/// log into DIR once the run ends, and closes: the smoke test uses all three.
 pub fn run(path: Option<PathBuf>) -> anyhow::Result<()> {
     let icon = eframe::icon_data::from_png_bytes(include_bytes!("../../assets/icon.png")).ok();
     let mut viewport = egui::ViewportBuilder::default()
@@ -532,7 +566,11 @@ pub fn run(path: Option<PathBuf>) -> anyhow::Result<()> {
                 wb.push(Command::Run);
                 wb.apply_pending();
             }
-            Ok(Box::new(WorkbenchApp { wb }))
+            let smoke = std::env::var_os("QUANTSCOPE_SMOKE_OUT").map(|d| Smoke {
+                dir: PathBuf::from(d),
+                shot_requested: None,
+            });
+            Ok(Box::new(WorkbenchApp { wb, smoke }))
         }),
     )
     .map_err(|e| anyhow::anyhow!("the window could not open: {e}"))

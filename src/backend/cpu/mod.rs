@@ -22,6 +22,28 @@ pub struct CpuBackend;
 
 type Plan = std::sync::Arc<TypedSimplePlan>;
 
+/// The instruction-set edit quantscope applies to tract's CPU probe unless
+/// `QUANTSCOPE_TRACT_AMX=1`: tract-linalg 0.23.9's Intel AMX kernels are left out. The workbench
+/// crashed inside its AMX int8 kernel (`avx512amx_mmm_i32_8x8`) on an AMX CPU in 3 of 9 runs;
+/// 24 CLI runs each way on an AMX host did not reproduce it, so the cause is not established,
+/// and the AVX-512 VNNI kernels give the same integer results. `TRACT_CPU_ISA` set by the user
+/// still wins.
+pub const WITHOUT_AMX: &str = "-amx-int8,-amx-bf16";
+
+/// Chooses tract's CPU kernels once per process, before tract first probes the CPU (it keeps
+/// the first probe). Returns the edit in force, if any.
+pub fn select_kernels() -> Option<&'static str> {
+    static CHOSEN: std::sync::OnceLock<Option<&'static str>> = std::sync::OnceLock::new();
+    *CHOSEN.get_or_init(|| {
+        if std::env::var("QUANTSCOPE_TRACT_AMX").is_ok_and(|v| v == "1") {
+            return None;
+        }
+        tract_data::knobs::set_config_global("TRACT_CPU_ISA", WITHOUT_AMX)
+            .ok()
+            .map(|_| WITHOUT_AMX)
+    })
+}
+
 /// A model loaded into tract and optimized, with the outputs it was asked for.
 pub struct TractModel {
     plan: Plan,
@@ -37,6 +59,7 @@ impl TractModel {
         input_shape: [usize; 4],
         outputs: &[String],
     ) -> TractResult<TractModel> {
+        select_kernels();
         let onnx = tract_onnx::onnx();
         let parsed = onnx.parse(p, None)?;
         let mut m = parsed.model;
@@ -442,5 +465,28 @@ pub fn float_node(node: &pb::NodeProto, reason: &str) -> FloatNode {
         node: node.name.clone(),
         op: node.op_type.clone(),
         reason: reason.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tract_onnx::prelude::tract_linalg;
+
+    #[test]
+    fn amx_kernels_are_left_out_unless_asked_for() {
+        if std::env::var_os("QUANTSCOPE_TRACT_AMX").is_some()
+            || std::env::var_os("TRACT_CPU_ISA").is_some()
+        {
+            eprintln!("skipped: QUANTSCOPE_TRACT_AMX or TRACT_CPU_ISA is set in this environment");
+            return;
+        }
+        assert_eq!(super::select_kernels(), Some(super::WITHOUT_AMX));
+        assert_eq!(
+            tract_linalg::knobs::TRACT_CPU_ISA.get().as_deref(),
+            Some(super::WITHOUT_AMX)
+        );
+        let isa = tract_linalg::isa::native();
+        assert!(!isa.has(tract_linalg::isa::Isa::X86_64AmxInt8), "{isa:?}");
+        assert!(!isa.has(tract_linalg::isa::Isa::X86_64AmxBf16), "{isa:?}");
     }
 }
