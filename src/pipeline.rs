@@ -66,7 +66,17 @@ pub struct Artifacts {
     pub predictions: Vec<Vec<Vec<u8>>>,
     pub mask_hw: Vec<[usize; 2]>,
     pub ground_truth: Vec<Vec<u8>>,
-    pub qdq: Vec<(Method, QdqModel)>,
+    /// The Q/DQ models the run built, to export from the window.
+    pub qdq: Vec<QdqArtifact>,
+}
+
+/// A Q/DQ model a run built: its method, the file-name suffix it exports under (`_mixed` for
+/// the mixed-precision plan) and the model.
+#[derive(Clone, Debug)]
+pub struct QdqArtifact {
+    pub method: Option<Method>,
+    pub suffix: &'static str,
+    pub model: QdqModel,
 }
 
 pub struct RunOutput {
@@ -908,8 +918,8 @@ impl<'a> Rows<'a> {
                 return;
             }
         };
+        let suffix = if v.kept_float.is_empty() { "" } else { "_mixed" };
         if let Some(dir) = &exp.output.qdq_dir {
-            let suffix = if v.kept_float.is_empty() { "" } else { "_mixed" };
             if let Err(e) = export_qdq(dir, &p.model.path, &qdq, v.method, suffix) {
                 self.ctx.sink.log(&format!("{label}: {e}"));
                 self.output_errors.push(e);
@@ -921,9 +931,11 @@ impl<'a> Rows<'a> {
         };
         let ev = self.ctx.row(input, Some(reference), &mut None, &label);
         self.push(ev, Precision::Int8, v.method, &v.kept_float);
-        if let (Some(m), true) = (v.method, v.kept_float.is_empty()) {
-            self.artifacts.qdq.push((m, qdq));
-        }
+        self.artifacts.qdq.push(QdqArtifact {
+            method: v.method,
+            suffix,
+            model: qdq,
+        });
     }
 
     /// Marks a stopped run as incomplete and writes every output it asks for.

@@ -1495,7 +1495,7 @@ impl Workbench {
                         egui::Button::new("Export Q/DQ ONNX + TensorRT cache…"),
                     )
                     .on_hover_text(
-                        "Each INT8 method's Q/DQ model (for trtexec --stronglyTyped) and calibration cache, into a folder you choose",
+                        "Each INT8 engine's Q/DQ model (for trtexec --stronglyTyped) and calibration cache, the mixed-precision plan's too, into a folder you choose",
                     )
                     .on_disabled_hover_text("Run an experiment with INT8 first")
                     .clicked()

@@ -165,7 +165,7 @@ pub(super) fn answer(job: JobId, req: IoRequest) -> Event {
             job,
             result: qdq
                 .iter()
-                .map(|(m, q)| crate::pipeline::export_qdq(&dir, &model, q, Some(*m), ""))
+                .map(|q| crate::pipeline::export_qdq(&dir, &model, &q.model, q.method, q.suffix))
                 .collect::<Result<Vec<[PathBuf; 2]>, String>>()
                 .map(|v| v.into_iter().flatten().collect()),
         },

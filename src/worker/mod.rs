@@ -162,11 +162,11 @@ pub enum IoRequest {
     },
     CheckBackends,
     Dialog(FileDialog),
-    /// Write each method's Q/DQ ONNX model and TensorRT calibration cache into `dir`.
+    /// Write each INT8 engine's Q/DQ ONNX model and TensorRT calibration cache into `dir`.
     ExportQdq {
         dir: PathBuf,
         model: PathBuf,
-        qdq: Vec<(crate::calib::Method, crate::quant::QdqModel)>,
+        qdq: Vec<crate::pipeline::QdqArtifact>,
     },
 }
 
