@@ -107,6 +107,9 @@ pub struct OutputArgs {
     /// Backend: cpu (tract, everywhere) or cuda (NVIDIA GPU).
     #[arg(long)]
     pub backend: Option<BackendKind>,
+    /// Threads for the CPU engines and the calibration passes [default: every core].
+    #[arg(long, value_name = "N")]
+    pub threads: Option<usize>,
 }
 
 fn parse_triplet(s: &str) -> Result<[f32; 3], String> {
@@ -348,6 +351,9 @@ impl OutputArgs {
         }
         if let Some(b) = self.backend {
             e.backend = b;
+        }
+        if let Some(t) = self.threads {
+            e.threads = t;
         }
     }
 }

@@ -111,6 +111,8 @@ pub struct Experiment {
     pub precisions: Vec<Precision>,
     pub backend: BackendKind,
     pub bench: BenchSpec,
+    /// Threads the CPU engines (and the calibration and layer passes) use; 0 = every core.
+    pub threads: usize,
     /// Node names or op types kept in float in the INT8 engines.
     pub exclude: Vec<String>,
     /// Empirical bias correction: shift each quantized layer's float bias so its output keeps
@@ -147,6 +149,7 @@ impl Default for Experiment {
             precisions: vec![Precision::Fp32, Precision::Int8],
             backend: BackendKind::Cpu,
             bench: BenchSpec::default(),
+            threads: 0,
             exclude: vec![],
             bias_correction: false,
             mixed_precision: None,
@@ -218,6 +221,12 @@ impl Experiment {
             ));
         }
         self.bench.validate()?;
+        if self.threads > 1024 {
+            return Err(format!(
+                "{} threads is more than this machine can start (--threads; 0 uses every core)",
+                self.threads
+            ));
+        }
         if self.evaluation.count == Some(0) {
             return Err("the evaluation image count must be ≥ 1 (--eval-count)".into());
         }

@@ -457,6 +457,8 @@ struct RowCtx<'a> {
     batch_refused: std::cell::RefCell<Option<String>>,
     /// Some engine did run at the batch: a later failure is that engine's own.
     batch_ok: std::cell::Cell<bool>,
+    /// Threads the CPU engines run on (None on other backends).
+    threads: Option<usize>,
 }
 
 impl RowCtx<'_> {
@@ -502,6 +504,7 @@ impl RowCtx<'_> {
     ) -> Evaluated {
         let mut row = Row {
             backend: self.backend.kind().name().into(),
+            threads: self.threads,
             ..Default::default()
         };
         // Engine memory = growth over the build + peak growth while timing. Evaluation is left
@@ -539,10 +542,11 @@ impl RowCtx<'_> {
             });
             match evaluated.and_then(|r| r) {
                 Ok(ev) => {
-                    let build_ms = row.build_ms;
+                    let (build_ms, threads) = (row.build_ms, row.threads);
                     let backend_name = row.backend.clone();
                     row = ev.row;
                     row.build_ms = build_ms;
+                    row.threads = threads;
                     row.backend = backend_name;
                     predictions = ev.predictions;
                 }
@@ -977,6 +981,10 @@ pub fn run_with_cache(
     check_outputs(exp, &[], &[])?;
     let p = prepare(exp)?;
     let backend = usable_backend(exp)?;
+    let threads = backend::cpu::set_threads(exp.threads);
+    if exp.backend == backend::BackendKind::Cpu {
+        sink.log(&format!("CPU engines run on {threads} threads"));
+    }
     let samples = load_samples(&p, exp, sink, cancel)?;
     let ctx = RowCtx {
         backend: backend.as_ref(),
@@ -989,6 +997,7 @@ pub fn run_with_cache(
         cancel,
         batch_refused: Default::default(),
         batch_ok: Default::default(),
+        threads: (exp.backend == backend::BackendKind::Cpu).then_some(threads),
     };
     let mut rows = Rows::new(exp, ctx);
     let reference = rows.float_rows();

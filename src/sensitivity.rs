@@ -336,6 +336,7 @@ pub fn run_with_cache(
 ) -> Result<(SensitivityReport, QdqModel), PipelineError> {
     let t0 = Instant::now();
     let p = pipeline::prepare(exp)?;
+    crate::backend::cpu::set_threads(exp.threads);
     let backend = backend::backend(exp.backend);
     backend.check().map_err(|why| {
         err(format!(

@@ -33,6 +33,9 @@ pub struct Row {
     /// Layers kept in float by a mixed-precision plan (empty for plain engines).
     pub kept_float: Vec<String>,
     pub backend: String,
+    /// Threads the engine ran on (CPU backend).
+    #[serde(default)]
+    pub threads: Option<usize>,
     /// True where the precision is emulated (FP16 on the CPU backend).
     pub simulated: bool,
     pub top1: Option<f64>,
@@ -176,8 +179,14 @@ impl Report {
     pub fn to_markdown(&self) -> String {
         let seg = self.model.task == Some(Task::Segmentation);
         let metric = if seg { "mIoU %" } else { "top-1 %" };
+        let threads = self
+            .rows
+            .iter()
+            .find_map(|r| r.threads)
+            .map(|t| format!(" ({t} threads)"))
+            .unwrap_or_default();
         let mut s = format!(
-            "# quantscope report\n\nModel: `{}` ({} parameters), input {}x{}, backend {}.\n\n",
+            "# quantscope report\n\nModel: `{}` ({} parameters), input {}x{}, backend {}{threads}.\n\n",
             self.model.file.display(),
             self.model.params,
             self.input_hw[0],
@@ -244,16 +253,17 @@ impl Report {
 
     pub fn to_csv(&self) -> String {
         let mut s = String::from(
-            "precision,method,backend,simulated,top1,top5,miou,pixel_acc,agreement,sqnr_db,latency_median_ms,latency_p90_ms,latency_p99_ms,throughput_ips,throughput_batch_ips,weights_bytes,activations_bytes,peak_rss_bytes,build_ms,int8_nodes,error\n",
+            "precision,method,backend,threads,simulated,top1,top5,miou,pixel_acc,agreement,sqnr_db,latency_median_ms,latency_p90_ms,latency_p99_ms,throughput_ips,throughput_batch_ips,weights_bytes,activations_bytes,peak_rss_bytes,build_ms,int8_nodes,error\n",
         );
         let o = |v: Option<f64>| v.map(|v| v.to_string()).unwrap_or_default();
         for r in &self.rows {
             let mem = r.memory_bytes.clone().unwrap_or_default();
             s.push_str(&format!(
-                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},\"{}\"\n",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},\"{}\"\n",
                 r.precision.map(|p| p.to_string()).unwrap_or_default(),
                 r.method.map(|m| m.to_string()).unwrap_or_default(),
                 r.backend,
+                r.threads.map(|t| t.to_string()).unwrap_or_default(),
                 r.simulated,
                 o(r.top1),
                 o(r.top5),

@@ -1600,8 +1600,18 @@ impl Workbench {
                 Some(Err(why)) => format!("unavailable: {why}"),
                 None => "checking…".into(),
             };
-            ui.label(format!("Backend: {} — {dev}", kind.name().to_uppercase()))
-                .on_hover_text("The backend engines are built on, and its device");
+            let threads = match (kind, self.exp.threads) {
+                (crate::backend::BackendKind::Cpu, 0) => {
+                    format!(", {} threads", crate::backend::cpu::all_threads())
+                }
+                (crate::backend::BackendKind::Cpu, n) => format!(", {n} threads"),
+                _ => String::new(),
+            };
+            ui.label(format!(
+                "Backend: {} — {dev}{threads}",
+                kind.name().to_uppercase()
+            ))
+            .on_hover_text("The backend engines are built on, its device, and the threads the CPU engines use");
             ui.separator();
             match &self.run {
                 Some(run) => {

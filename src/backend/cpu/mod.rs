@@ -44,6 +44,35 @@ pub fn select_kernels() -> Option<&'static str> {
     })
 }
 
+/// The threads the CPU engines use when the experiment does not say: every core this process
+/// may use.
+pub fn all_threads() -> usize {
+    std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+}
+
+/// Makes tract's matrix multiplies (every CPU engine, the calibration and layer passes) run on
+/// `threads` threads (0 = [`all_threads`]); returns the count in force. One process-wide
+/// setting, as one job runs at a time; the pool is rebuilt only when the count changes.
+pub fn set_threads(threads: usize) -> usize {
+    use tract_linalg::multithread::{Executor, set_default_executor};
+    static CURRENT: std::sync::Mutex<usize> = std::sync::Mutex::new(1);
+    let n = match threads {
+        0 => all_threads(),
+        n => n,
+    };
+    let mut current = CURRENT.lock().unwrap_or_else(|e| e.into_inner());
+    if *current != n {
+        set_default_executor(match n {
+            1 => Executor::SingleThread,
+            n => Executor::multithread_with_name(n, "quantscope-mm"),
+        });
+        *current = n;
+    }
+    n
+}
+
 /// A model loaded into tract and optimized, with the outputs it was asked for.
 pub struct TractModel {
     plan: Plan,
@@ -342,12 +371,7 @@ impl Backend for CpuBackend {
     }
 
     fn check(&self) -> Result<String, String> {
-        Ok(format!(
-            "CPU ({} threads available; tract runs on one)",
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(1)
-        ))
+        Ok(format!("CPU ({} threads available)", all_threads()))
     }
 
     fn build(
@@ -471,6 +495,41 @@ pub fn float_node(node: &pb::NodeProto, reason: &str) -> FloatNode {
 #[cfg(test)]
 mod tests {
     use tract_onnx::prelude::tract_linalg;
+
+    use crate::backend::{Backend, BuildInput, BuildSpec, Precision};
+    use crate::model::testing::{GraphBuilder, values};
+
+    #[test]
+    fn threads_change_the_speed_not_the_numbers() {
+        let mut b = GraphBuilder::new(&[1, 3, 96, 96]);
+        let c1 = b.conv("c1", "x", 3, 32, 3);
+        let r1 = b.op("Relu", "r1", &[&c1]);
+        let c2 = b.conv("c2", &r1, 32, 32, 3);
+        b.output(&c2);
+        let m = b.model();
+        let spec = BuildSpec {
+            batch: 1,
+            hw: [96, 96],
+        };
+        let input = values(3 * 96 * 96, 5);
+        let run = |threads: usize| {
+            assert_eq!(super::set_threads(threads), threads);
+            let mut e = super::CpuBackend
+                .build(
+                    BuildInput::Float {
+                        model: &m,
+                        precision: Precision::Fp32,
+                    },
+                    spec,
+                )
+                .expect("build");
+            e.run(&input).expect("run").data
+        };
+        let one = run(1);
+        let two = run(2);
+        assert_eq!(one, two, "the same numbers on 1 and 2 threads");
+        assert_eq!(super::set_threads(0), super::all_threads());
+    }
 
     #[test]
     fn amx_kernels_are_left_out_unless_asked_for() {

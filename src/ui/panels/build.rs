@@ -69,6 +69,22 @@ pub fn build_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
                  for batch 1 only is measured at batch 1, with a note saying so",
             );
         ui.end_row();
+        ui.label("Threads");
+        ui.horizontal(|ui| {
+            let mut all = exp.threads == 0;
+            ui.checkbox(&mut all, "all cores").on_hover_text(format!(
+                "CPU engines, calibration and layer passes use every core ({})",
+                crate::backend::cpu::all_threads()
+            ));
+            let mut n = match exp.threads {
+                0 => crate::backend::cpu::all_threads(),
+                n => n,
+            };
+            ui.add_enabled(!all, egui::DragValue::new(&mut n).range(1..=256))
+                .on_hover_text("Threads for the CPU engines (timings depend on it)");
+            exp.threads = if all { 0 } else { n };
+        });
+        ui.end_row();
         ui.label("Timed iterations");
         ui.add(egui::DragValue::new(&mut exp.bench.min_runs).range(1..=10_000))
             .on_hover_text("At least this many timed runs per engine");
