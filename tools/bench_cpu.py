@@ -7,7 +7,8 @@ Usage:
                      [--runs N] [--threads T]
 
 It times, on one preprocessed calibration image, each engine for at least N runs after a
-warm-up, all with T threads (tract runs on one, so T defaults to 1), and prints median
+warm-up, all with T threads (quantscope's --threads and ONNX Runtime's intra-op threads; 1 by
+default, as in the committed results), and prints median
 latencies and the ratios the project tracks. ONNX Runtime is measured twice on the Q/DQ
 file: with basic graph optimisation (float arithmetic, exact) and with its default full
 optimisation (fused u8 x s8 kernels, which saturate without VNNI).
@@ -59,7 +60,8 @@ def main():
         # quantscope: FP32 and INT8 (max) engines, timed by its own benchmark.
         cmd = [a.quantscope, "eval", "--model", a.model, "--calib", a.calib, "--calib-count", "8",
                "--precisions", "fp32,int8", "--methods", "max", "--min-runs", str(a.runs),
-               "--min-time-ms", "2000", "--batch", "1", "--report", f"{d}/r.json"] + norm
+               "--min-time-ms", "2000", "--batch", "1", "--threads", str(a.threads),
+               "--report", f"{d}/r.json"] + norm
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         rows = json.load(open(f"{d}/r.json"))["rows"]
         ours = {r["precision"]: r["latency_ms"]["median"] for r in rows}
