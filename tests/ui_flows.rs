@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use eframe::egui;
 use egui::accesskit::Role;
 use egui_kittest::Harness;
-use egui_kittest::kittest::{NodeT, Queryable};
+use egui_kittest::kittest::Queryable;
 use quantscope::backend::Precision;
 use quantscope::experiment::Experiment;
 use quantscope::model::testing::residual_classifier;

@@ -130,6 +130,10 @@ impl Workbench {
     /// Applies the commands pushed this frame, in order.
     pub fn apply_pending(&mut self) {
         let cmds = std::mem::take(&mut self.pending);
+        // Commands change what the window shows after this frame was drawn: draw another.
+        if let (false, Some(ctx)) = (cmds.is_empty(), &self.ctx) {
+            ctx.request_repaint();
+        }
         for c in cmds {
             self.apply(c);
         }
