@@ -419,27 +419,33 @@ impl Sink for CliSink {
     }
 }
 
-/// A cancel token that Ctrl-C sets: the run stops between images and writes what is finished.
-/// A second Ctrl-C quits at once.
+/// The cancel token that Ctrl-C sets: the run stops between images and writes what is finished.
+/// A second Ctrl-C quits at once. One handler for the process (a command may run sensitivity
+/// and then the engines), installed on first use.
 fn interrupt_token(sink: &CliSink) -> CancelToken {
-    let cancel = CancelToken::default();
-    let c = cancel.clone();
-    let bar = sink.bar.clone();
-    let installed = ctrlc::set_handler(move || {
-        if c.is_cancelled() {
-            std::process::exit(exit::INTERRUPTED as i32);
-        }
-        c.cancel();
-        bar.suspend(|| {
+    static TOKEN: std::sync::OnceLock<Result<CancelToken, String>> = std::sync::OnceLock::new();
+    let installed = TOKEN.get_or_init(|| {
+        let cancel = CancelToken::default();
+        let c = cancel.clone();
+        ctrlc::set_handler(move || {
+            if c.is_cancelled() {
+                std::process::exit(exit::INTERRUPTED as i32);
+            }
+            c.cancel();
             eprintln!(
-                "interrupted: stopping after the current image and writing the finished rows (Ctrl-C again quits at once)"
-            )
-        });
+                "\ninterrupted: stopping after the current image and writing the finished rows (Ctrl-C again quits at once)"
+            );
+        })
+        .map(|_| cancel)
+        .map_err(|e| e.to_string())
     });
-    if let Err(e) = installed {
-        sink.log(&format!("Ctrl-C will quit without writing partial results: {e}"));
+    match installed {
+        Ok(t) => t.clone(),
+        Err(e) => {
+            sink.log(&format!("Ctrl-C will quit without writing partial results: {e}"));
+            CancelToken::default()
+        }
     }
-    cancel
 }
 
 /// The exit code a finished run earns (see [`exit`]).

@@ -1606,8 +1606,9 @@ impl Workbench {
             };
             let threads = match (kind, self.exp.threads) {
                 (crate::backend::BackendKind::Cpu, 0) => {
-                    format!(", {} threads", crate::backend::cpu::all_threads())
+                    format!(", all {} threads", crate::backend::cpu::all_threads())
                 }
+                (crate::backend::BackendKind::Cpu, 1) => ", 1 thread".to_string(),
                 (crate::backend::BackendKind::Cpu, n) => format!(", {n} threads"),
                 _ => String::new(),
             };

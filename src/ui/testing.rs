@@ -198,6 +198,8 @@ pub fn sample_workbench() -> Workbench {
     wb.exp.name = "sample".into();
     wb.exp.model = "segmenter.onnx".into();
     wb.exp.precisions = vec![Precision::Fp32, Precision::Fp16, Precision::Int8];
+    // A fixed count: "every core" would make the snapshots depend on the machine.
+    wb.exp.threads = 4;
     wb.saved = wb.exp.clone();
     wb.model.info = Some(sample_model_info());
     wb.backends = vec![
