@@ -577,7 +577,20 @@ impl RowCtx<'_> {
             }
             Err(e) => row.error = Some(e),
         }
-        let info = engine.info().clone();
+        let mut info = engine.info().clone();
+        // The CUDA engine times its layers while it is built; the CPU engine is profiled here
+        // (a few runs on the timing input), so every row says where its time goes.
+        if info.layer_times.is_empty() && !self.cancel.is_cancelled() {
+            self.sink.progress(&format!("profiling {label}"), 0, 1);
+            let profiled = crate::guard::catch(&format!("profiling {label}"), || {
+                engine.profile(&self.bench_input)
+            });
+            match profiled {
+                Ok(Ok(times)) => info.layer_times = times,
+                Ok(Err(e)) => self.sink.log(&format!("{label}: no per-layer times: {e}")),
+                Err(e) => self.sink.log(&format!("{label}: no per-layer times: {e}")),
+            }
+        }
         drop(engine);
         if self.bench_spec.batch > 1 && !self.cancel.is_cancelled() {
             self.time_batch(input, &mut row, label);

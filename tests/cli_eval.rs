@@ -87,6 +87,12 @@ fn eval_writes_a_complete_report() {
         }
         assert!(r["latency_ms"]["median"].as_f64().unwrap_or(0.0) > 0.0);
         assert!(r["memory_bytes"]["weights"].as_u64().unwrap_or(0) > 0);
+        assert!(r["threads"].as_u64().unwrap_or(0) >= 1, "the thread count: {r}");
+        let layers = r["layer_times"].as_array().expect("per-layer times on the CPU too");
+        assert!(
+            layers.iter().any(|l| l["time_ms"].as_f64().unwrap_or(-1.0) >= 0.0),
+            "{layers:?}"
+        );
         if r["precision"] != "fp32" {
             let agree = r["agreement"].as_f64().expect("agreement");
             assert!((0.0..=1.0).contains(&agree));
