@@ -726,30 +726,21 @@ fn memory_ui(ok: &[&Row], names: &[String], height: f32, ui: &mut egui::Ui) {
         // Room above the tallest stack for its total.
         .include_y(span * 1.15)
         .show(ui, |p| {
-            let w: Vec<Bar> = mib
-                .iter()
-                .enumerate()
-                .filter_map(|(i, m)| {
-                    let (w, _) = (*m)?;
-                    Some(
-                        Bar::new(i as f64, w)
-                            .name(format!("{} weights", short_name(ok[i])))
-                            .width(0.6),
-                    )
-                })
-                .collect();
-            let a: Vec<Bar> = mib
-                .iter()
-                .enumerate()
-                .filter_map(|(i, m)| {
-                    let (_, a) = (*m)?;
-                    Some(
-                        Bar::new(i as f64, a)
-                            .name(format!("{} activations", short_name(ok[i])))
-                            .width(0.6),
-                    )
-                })
-                .collect();
+            // One bar per engine for one part of the stack (0: weights, 1: activations).
+            let part = |k: usize, what: &str| -> Vec<Bar> {
+                mib.iter()
+                    .enumerate()
+                    .filter_map(|(i, m)| {
+                        let (w, a) = (*m)?;
+                        Some(
+                            Bar::new(i as f64, [w, a][k])
+                                .name(format!("{} {what}", short_name(ok[i])))
+                                .width(0.6),
+                        )
+                    })
+                    .collect()
+            };
+            let (w, a) = (part(0, "weights"), part(1, "activations"));
             let weights = BarChart::new("weights", w).color(weights_color);
             let acts = BarChart::new("activations", a)
                 .color(acts_color)
