@@ -442,7 +442,9 @@ fn interrupt_token(sink: &CliSink) -> CancelToken {
     match installed {
         Ok(t) => t.clone(),
         Err(e) => {
-            sink.log(&format!("Ctrl-C will quit without writing partial results: {e}"));
+            sink.log(&format!(
+                "Ctrl-C will quit without writing partial results: {e}"
+            ));
             CancelToken::default()
         }
     }
@@ -641,8 +643,9 @@ pub fn main() -> std::process::ExitCode {
 fn dispatch(cli: Cli) -> Result<u8> {
     match cli.command {
         None => crate::ui::run(Some(default_experiment_path())).map(|_| exit::OK),
-        Some(Command::Gui { path }) => crate::ui::run(path.or_else(|| Some(default_experiment_path())))
-            .map(|_| exit::OK),
+        Some(Command::Gui { path }) => {
+            crate::ui::run(path.or_else(|| Some(default_experiment_path()))).map(|_| exit::OK)
+        }
         Some(Command::Inspect { model, json }) => inspect(&model, json).map(|_| exit::OK),
         Some(Command::Run { experiment, out }) => {
             let mut e = Experiment::load(&experiment)?;

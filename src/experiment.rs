@@ -231,13 +231,18 @@ impl Experiment {
             return Err("the evaluation image count must be ≥ 1 (--eval-count)".into());
         }
         if self.precisions.is_empty() {
-            return Err("no precision to build: name at least one (--precisions fp32,fp16,int8)".into());
+            return Err(
+                "no precision to build: name at least one (--precisions fp32,fp16,int8)".into(),
+            );
         }
         if self.precisions.contains(&Precision::Int8)
             && self.methods.is_empty()
             && self.mixed_precision.is_none()
         {
-            return Err("INT8 needs at least one calibration method (--methods max,percentile,mse,entropy)".into());
+            return Err(
+                "INT8 needs at least one calibration method (--methods max,percentile,mse,entropy)"
+                    .into(),
+            );
         }
         Ok(())
     }

@@ -20,7 +20,9 @@ pub fn install_hook() {
     panic::set_hook(Box::new(move |info| {
         let inside = DEPTH.with(|d| *d.borrow() > 0);
         if inside {
-            let loc = info.location().map(|l| format!("{}:{}", l.file(), l.line()));
+            let loc = info
+                .location()
+                .map(|l| format!("{}:{}", l.file(), l.line()));
             LOCATION.with(|l| *l.borrow_mut() = loc);
         } else {
             default(info);

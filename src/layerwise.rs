@@ -187,4 +187,3 @@ pub fn bias_corrections(
         })
         .collect())
 }
-

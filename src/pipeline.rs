@@ -935,7 +935,11 @@ impl<'a> Rows<'a> {
                 return;
             }
         };
-        let suffix = if v.kept_float.is_empty() { "" } else { "_mixed" };
+        let suffix = if v.kept_float.is_empty() {
+            ""
+        } else {
+            "_mixed"
+        };
         if let Some(dir) = &exp.output.qdq_dir {
             if let Err(e) = export_qdq(dir, &p.model.path, &qdq, v.method, suffix) {
                 self.ctx.sink.log(&format!("{label}: {e}"));
@@ -958,7 +962,9 @@ impl<'a> Rows<'a> {
     /// Marks a stopped run as incomplete and writes every output it asks for.
     fn finish(mut self) -> RunOutput {
         self.report.incomplete = self.ctx.cancel.is_cancelled();
-        self.report.notes.extend(self.ctx.batch_refused.borrow_mut().take());
+        self.report
+            .notes
+            .extend(self.ctx.batch_refused.borrow_mut().take());
         let errors = write_outputs(self.exp, &self.report, &self.artifacts, self.ctx.sink);
         self.output_errors.extend(errors);
         RunOutput {
@@ -1044,7 +1050,12 @@ pub fn check_outputs(
         )));
     }
     let mut inputs: Vec<(&Path, &str)> = vec![(exp.model.as_path(), "the model")];
-    inputs.extend(exp.evaluation.labels.as_deref().map(|l| (l, "the labels file")));
+    inputs.extend(
+        exp.evaluation
+            .labels
+            .as_deref()
+            .map(|l| (l, "the labels file")),
+    );
     inputs.extend_from_slice(more_inputs);
     crate::files::refuse_inputs(files.iter().copied(), &inputs).map_err(err)?;
     for (i, f) in files.iter().enumerate() {
@@ -1067,7 +1078,10 @@ pub fn check_outputs(
     }
     let data_refs: Vec<(&Path, &str)> = data_dirs.iter().map(|(p, w)| (p.as_path(), *w)).collect();
     crate::files::refuse_inputs(
-        [&o.masks_dir, &o.qdq_dir].into_iter().flatten().map(PathBuf::as_path),
+        [&o.masks_dir, &o.qdq_dir]
+            .into_iter()
+            .flatten()
+            .map(PathBuf::as_path),
         &data_refs,
     )
     .map_err(err)
@@ -1116,9 +1130,10 @@ fn bench_input(
 pub fn output_channels(model: &Model, hw: [usize; 2]) -> Option<usize> {
     let s = &model.info.outputs.first()?.shape;
     s.get(1).copied().flatten().map(|v| v as usize).or_else(|| {
-        let shapes = crate::guard::catch("inferring shapes", || crate::model::infer_shapes(model, hw))
-            .ok()?
-            .ok()?;
+        let shapes =
+            crate::guard::catch("inferring shapes", || crate::model::infer_shapes(model, hw))
+                .ok()?
+                .ok()?;
         shapes.get(model.output_name())?.get(1).copied()
     })
 }
@@ -1145,7 +1160,9 @@ fn check_memory(model: &Model, hw: [usize; 2], batch: usize) -> Result<(), Pipel
             .fold(0u64, u64::saturating_add),
         None => input.saturating_mul(16),
     };
-    let need = input.saturating_add(activations).saturating_mul(batch.max(1) as u64);
+    let need = input
+        .saturating_add(activations)
+        .saturating_mul(batch.max(1) as u64);
     if need > available {
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         return Err(PipelineError::Config(format!(

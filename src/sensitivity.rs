@@ -380,7 +380,8 @@ pub fn run_with_cache(
     if exp.bias_correction {
         for r in all.iter_mut() {
             sink.progress("bias correction", 0, 1);
-            r.bias_correction = bias_corrections(&p.model, p.hw, &plan, r, &probe_inputs).map_err(err)?;
+            r.bias_correction =
+                bias_corrections(&p.model, p.hw, &plan, r, &probe_inputs).map_err(err)?;
         }
     }
 
@@ -409,7 +410,8 @@ pub fn run_with_cache(
     if opts.method.is_none() {
         let (mut combo, chosen) = per_tensor_choice(&plan, &all, &sqnr_by_method, &p.model);
         if exp.bias_correction {
-            combo.bias_correction = bias_corrections(&p.model, p.hw, &plan, &combo, &probe_inputs).map_err(err)?;
+            combo.bias_correction =
+                bias_corrections(&p.model, p.hw, &plan, &combo, &probe_inputs).map_err(err)?;
         }
         let (m, _) = cx.int8(&combo, &[], &samples, "evaluating INT8 per-tensor methods")?;
         sink.log(&format!(

@@ -46,8 +46,7 @@ struct Case {
 impl Case {
     fn new(name: &str) -> Case {
         let dir = common::temp_dir(&format!("bad-{name}"));
-        std::fs::write(dir.join("model.onnx"), residual_classifier(4).to_bytes(13))
-            .expect("model");
+        std::fs::write(dir.join("model.onnx"), residual_classifier(4).to_bytes(13)).expect("model");
         common::image_folder(&dir.join("calib"), 4, 16, 1);
         common::image_folder_dataset(&dir.join("eval"), 4, 2, 16);
         Case { dir }
@@ -94,8 +93,8 @@ impl Case {
 
     /// Writes `model.onnx` edited by `edit` as `name`.
     fn edited_model(&self, name: &str, edit: impl FnOnce(&mut pb::ModelProto)) -> String {
-        let mut m = pb::ModelProto::decode(residual_classifier(4).to_bytes(13).as_slice())
-            .expect("decode");
+        let mut m =
+            pb::ModelProto::decode(residual_classifier(4).to_bytes(13).as_slice()).expect("decode");
         edit(&mut m);
         std::fs::write(self.dir.join(name), m.encode_to_vec()).expect("write");
         name.to_string()
@@ -147,7 +146,10 @@ fn malformed_models_are_refused_with_the_file_and_node() {
                 let t = init(m, "fc.w");
                 t.raw_data.clear();
                 t.data_location = Some(pb::tensor_proto::DataLocation::External as i32);
-                for (k, v) in [("location", "weights.bin"), ("offset", "18446744073709551615")] {
+                for (k, v) in [
+                    ("location", "weights.bin"),
+                    ("offset", "18446744073709551615"),
+                ] {
                     t.external_data.push(pb::StringStringEntryProto {
                         key: k.into(),
                         value: v.into(),
@@ -159,19 +161,31 @@ fn malformed_models_are_refused_with_the_file_and_node() {
         (
             "dangling_output.onnx",
             Box::new(|m| graph(m).output[0].name = "nobody_makes_this".into()),
-            &["dangling_output.onnx", "nobody_makes_this", "no node produces"],
+            &[
+                "dangling_output.onnx",
+                "nobody_makes_this",
+                "no node produces",
+            ],
         ),
         (
             "resize_one_input.onnx",
             Box::new(|m| {
-                graph(m).node.push(proto::node("Resize", "rs", &["fc.out"], &["rs.out"], vec![]))
+                graph(m).node.push(proto::node(
+                    "Resize",
+                    "rs",
+                    &["fc.out"],
+                    &["rs.out"],
+                    vec![],
+                ))
             }),
             &["resize_one_input.onnx", "rs", "Resize"],
         ),
         (
             "softmax_no_input.onnx",
             Box::new(|m| {
-                graph(m).node.push(proto::node("Softmax", "sm", &[], &["sm.out"], vec![]))
+                graph(m)
+                    .node
+                    .push(proto::node("Softmax", "sm", &[], &["sm.out"], vec![]))
             }),
             &["softmax_no_input.onnx", "`sm`", "input"],
         ),
@@ -265,7 +279,8 @@ fn dynamic_input() -> pb::ValueInfoProto {
         ..Default::default()
     };
     let mut v = proto::float_value_info("x", Some(&[1, 3, 16, 16]));
-    if let Some(pb::type_proto::Value::TensorType(t)) = v.r#type.as_mut().and_then(|t| t.value.as_mut())
+    if let Some(pb::type_proto::Value::TensorType(t)) =
+        v.r#type.as_mut().and_then(|t| t.value.as_mut())
         && let Some(s) = t.shape.as_mut()
     {
         s.dim[2] = dim(Value::DimParam("h".into()));
@@ -309,7 +324,9 @@ fn bad_masks_are_errors_that_list_the_files() {
     let images = common::image_folder(&seg.join("images"), 3, 16, 5);
     std::fs::create_dir_all(seg.join("masks")).expect("masks");
     let mask = |name: &str, size: u32, id: u8| {
-        let m = image::GrayImage::from_fn(size, size, |x, _| image::Luma([if x == 0 { id } else { 1 }]));
+        let m = image::GrayImage::from_fn(size, size, |x, _| {
+            image::Luma([if x == 0 { id } else { 1 }])
+        });
         m.save(seg.join("masks").join(name)).expect("mask");
     };
     let stem = |i: usize| {
@@ -341,7 +358,10 @@ fn bad_masks_are_errors_that_list_the_files() {
     // Overlays into the ground-truth folder would replace the masks.
     let before = std::fs::read(seg.join("masks").join(format!("{}.png", stem(0)))).expect("read");
     let mut a = args.clone();
-    a.extend(["--save-masks".into(), seg.join("masks").to_string_lossy().into_owned()]);
+    a.extend([
+        "--save-masks".into(),
+        seg.join("masks").to_string_lossy().into_owned(),
+    ]);
     let (code, err) = c.run(&a);
     expect_refused(code, &err, &["evaluation masks"]);
     let after = std::fs::read(seg.join("masks").join(format!("{}.png", stem(0)))).expect("read");
@@ -355,26 +375,41 @@ fn files_are_never_destroyed() {
     // --save-experiment onto the model itself.
     let (code, err) = c.run(&c.eval_args("model.onnx", &["--save-experiment", &c.p("model.onnx")]));
     expect_refused(code, &err, &["the model"]);
-    assert_eq!(std::fs::read(c.dir.join("model.onnx")).expect("model"), model_before);
+    assert_eq!(
+        std::fs::read(c.dir.join("model.onnx")).expect("model"),
+        model_before
+    );
 
     // A good experiment, then a failing run that names it: the file stays as it was.
     let (code, err) = c.run(&c.eval_args("model.onnx", &["--save-experiment", &c.p("good.ron")]));
     assert_eq!(code, 0, "{err}");
     let good = std::fs::read_to_string(c.dir.join("good.ron")).expect("saved");
-    let (code, _) = c.run(&c.eval_args(
-        "missing.onnx",
-        &["--save-experiment", &c.p("good.ron")],
-    ));
+    let (code, _) = c.run(&c.eval_args("missing.onnx", &["--save-experiment", &c.p("good.ron")]));
     assert_eq!(code, BAD_INPUT);
-    assert_eq!(std::fs::read_to_string(c.dir.join("good.ron")).expect("kept"), good);
+    assert_eq!(
+        std::fs::read_to_string(c.dir.join("good.ron")).expect("kept"),
+        good
+    );
 
     // `run x.ron --report x.ron` would overwrite the experiment.
-    let (code, err) = c.run(&["run".into(), c.p("good.ron"), "--report".into(), c.p("good.ron")]);
+    let (code, err) = c.run(&[
+        "run".into(),
+        c.p("good.ron"),
+        "--report".into(),
+        c.p("good.ron"),
+    ]);
     expect_refused(code, &err, &["experiment file"]);
-    assert_eq!(std::fs::read_to_string(c.dir.join("good.ron")).expect("kept"), good);
+    assert_eq!(
+        std::fs::read_to_string(c.dir.join("good.ron")).expect("kept"),
+        good
+    );
 
     // An experiment from a newer quantscope.
-    std::fs::write(c.dir.join("v99.ron"), good.replacen("version: 1", "version: 99", 1)).expect("w");
+    std::fs::write(
+        c.dir.join("v99.ron"),
+        good.replacen("version: 1", "version: 99", 1),
+    )
+    .expect("w");
     let (code, err) = c.run(&["run".into(), c.p("v99.ron")]);
     expect_refused(code, &err, &["v99.ron", "version 99"]);
 
@@ -408,7 +443,10 @@ fn an_edited_statistics_cache_is_recomputed() {
     let (code, err) = c.run(&c.eval_args("model.onnx", &[]));
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("checksum"), "the edit is noticed: {err}");
-    assert!(err.contains("calibration pass"), "and the statistics recomputed: {err}");
+    assert!(
+        err.contains("calibration pass"),
+        "and the statistics recomputed: {err}"
+    );
 }
 
 #[cfg(unix)]
@@ -417,7 +455,10 @@ fn ctrl_c_writes_the_finished_rows_marked_incomplete() {
     let c = Case::new("sigint");
     // Each engine is timed for 5 s: Ctrl-C arrives while FP16 is.
     let mut args = c.eval_args("model.onnx", &["--report", &c.p("partial.json")]);
-    let i = args.iter().position(|a| a == "fp32,int8").expect("precisions");
+    let i = args
+        .iter()
+        .position(|a| a == "fp32,int8")
+        .expect("precisions");
     args[i] = "fp32,fp16".into();
     let j = args.iter().position(|a| a == "0").expect("min time");
     args[j] = "5000".into();
@@ -440,7 +481,10 @@ fn ctrl_c_writes_the_finished_rows_marked_incomplete() {
     }
     std::thread::sleep(Duration::from_millis(500));
     let pid = child.id().to_string();
-    Command::new("kill").args(["-INT", &pid]).status().expect("kill");
+    Command::new("kill")
+        .args(["-INT", &pid])
+        .status()
+        .expect("kill");
     let rest: Vec<String> = lines.map_while(Result::ok).collect();
     let status = child.wait().expect("wait");
     assert!(t.elapsed() < Duration::from_secs(100), "stopped promptly");
@@ -450,5 +494,8 @@ fn ctrl_c_writes_the_finished_rows_marked_incomplete() {
             .expect("json");
     assert_eq!(report["incomplete"], true);
     let rows = report["rows"].as_array().expect("rows");
-    assert!(rows[0]["error"].is_null() && rows[0]["top1"].is_number(), "FP32 is kept: {rows:?}");
+    assert!(
+        rows[0]["error"].is_null() && rows[0]["top1"].is_number(),
+        "FP32 is kept: {rows:?}"
+    );
 }

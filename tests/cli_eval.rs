@@ -87,10 +87,17 @@ fn eval_writes_a_complete_report() {
         }
         assert!(r["latency_ms"]["median"].as_f64().unwrap_or(0.0) > 0.0);
         assert!(r["memory_bytes"]["weights"].as_u64().unwrap_or(0) > 0);
-        assert!(r["threads"].as_u64().unwrap_or(0) >= 1, "the thread count: {r}");
-        let layers = r["layer_times"].as_array().expect("per-layer times on the CPU too");
         assert!(
-            layers.iter().any(|l| l["time_ms"].as_f64().unwrap_or(-1.0) >= 0.0),
+            r["threads"].as_u64().unwrap_or(0) >= 1,
+            "the thread count: {r}"
+        );
+        let layers = r["layer_times"]
+            .as_array()
+            .expect("per-layer times on the CPU too");
+        assert!(
+            layers
+                .iter()
+                .any(|l| l["time_ms"].as_f64().unwrap_or(-1.0) >= 0.0),
             "{layers:?}"
         );
         if r["precision"] != "fp32" {
@@ -232,6 +239,17 @@ fn a_batch_the_model_cannot_run_is_explained_once() {
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("batch.json")).expect("report"))
             .expect("json");
-    assert!(report["notes"][0].as_str().unwrap_or("").contains("batch 1 only"));
-    assert!(report["rows"].as_array().expect("rows").iter().all(|r| r["error"].is_null()));
+    assert!(
+        report["notes"][0]
+            .as_str()
+            .unwrap_or("")
+            .contains("batch 1 only")
+    );
+    assert!(
+        report["rows"]
+            .as_array()
+            .expect("rows")
+            .iter()
+            .all(|r| r["error"].is_null())
+    );
 }

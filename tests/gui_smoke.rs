@@ -126,7 +126,14 @@ fn the_window_runs_a_deeplab_sized_experiment_to_the_end() {
     .expect("experiment");
     let display = format!(":{}", 50 + std::process::id() % 400);
     let mut xvfb = Command::new("Xvfb")
-        .args([display.as_str(), "-screen", "0", "1600x1000x24", "-nolisten", "tcp"])
+        .args([
+            display.as_str(),
+            "-screen",
+            "0",
+            "1600x1000x24",
+            "-nolisten",
+            "tcp",
+        ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -162,20 +169,26 @@ fn the_window_runs_a_deeplab_sized_experiment_to_the_end() {
         .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
         .unwrap_or_default();
     let log = std::fs::read_to_string(out.join("log.txt")).unwrap_or_default();
-    let status = status.unwrap_or_else(|| panic!("the window did not finish in 400 s\n{log}\n{stderr}"));
+    let status =
+        status.unwrap_or_else(|| panic!("the window did not finish in 400 s\n{log}\n{stderr}"));
     assert!(status.success(), "exit {status:?}\n{log}\n{stderr}");
-    let report: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap_or_else(|e| {
-            panic!("no report ({e})\n{log}\n{stderr}")
-        }))
-        .expect("json");
+    let report: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(out.join("report.json"))
+            .unwrap_or_else(|e| panic!("no report ({e})\n{log}\n{stderr}")),
+    )
+    .expect("json");
     let rows = report["rows"].as_array().expect("rows");
     assert_eq!(rows.len(), 3, "FP32, INT8 max, INT8 entropy: {rows:?}");
     for r in rows {
         assert!(r["error"].is_null(), "row failed: {r}\n{log}");
         assert!(r["miou"].is_number(), "{r}");
     }
-    let shot = std::fs::metadata(out.join("window.png")).map(|m| m.len()).unwrap_or(0);
-    assert!(shot > 10_000, "a screenshot of the window ({shot} bytes)\n{log}");
+    let shot = std::fs::metadata(out.join("window.png"))
+        .map(|m| m.len())
+        .unwrap_or(0);
+    assert!(
+        shot > 10_000,
+        "a screenshot of the window ({shot} bytes)\n{log}"
+    );
     assert!(log.contains("finished"), "{log}");
 }

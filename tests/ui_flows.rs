@@ -81,19 +81,31 @@ fn typed_paths_are_checked_and_taken() {
     let missing = dir.path().join("nowhere");
     type_into(&mut h, "Calibration:", &missing.to_string_lossy());
     h.get_by_label_contains("no such folder");
-    assert_ne!(h.state().exp.calibration.dir.as_deref(), Some(missing.as_path()));
+    assert_ne!(
+        h.state().exp.calibration.dir.as_deref(),
+        Some(missing.as_path())
+    );
     // A real folder is taken on Enter.
     type_into(&mut h, "Calibration:", &calib.to_string_lossy());
-    assert_eq!(h.state().exp.calibration.dir.as_deref(), Some(calib.as_path()));
+    assert_eq!(
+        h.state().exp.calibration.dir.as_deref(),
+        Some(calib.as_path())
+    );
     // A labels file typed into its field.
     let labels = dir.path().join("names.txt");
     std::fs::write(&labels, "background\nperson\n").expect("labels");
     type_into(&mut h, "Labels:", &labels.to_string_lossy());
-    assert_eq!(h.state().exp.evaluation.labels.as_deref(), Some(labels.as_path()));
+    assert_eq!(
+        h.state().exp.evaluation.labels.as_deref(),
+        Some(labels.as_path())
+    );
     // A folder typed into a file field is refused with the reason.
     type_into(&mut h, "Labels:", &eval.to_string_lossy());
     h.get_by_label_contains("a folder, not a file");
-    assert_eq!(h.state().exp.evaluation.labels.as_deref(), Some(labels.as_path()));
+    assert_eq!(
+        h.state().exp.evaluation.labels.as_deref(),
+        Some(labels.as_path())
+    );
 }
 
 #[test]
@@ -108,12 +120,21 @@ fn dropped_folders_land_where_they_belong() {
         .rect()
         .center();
     drop_at(&mut h, field, &eval);
-    assert_eq!(h.state().exp.calibration.dir.as_deref(), Some(eval.as_path()));
+    assert_eq!(
+        h.state().exp.calibration.dir.as_deref(),
+        Some(eval.as_path())
+    );
     // Onto the results area: routed by layout, never read as an experiment.
     drop_at(&mut h, egui::pos2(1000.0, 500.0), &calib);
-    assert_eq!(h.state().exp.calibration.dir.as_deref(), Some(calib.as_path()));
+    assert_eq!(
+        h.state().exp.calibration.dir.as_deref(),
+        Some(calib.as_path())
+    );
     drop_at(&mut h, egui::pos2(1000.0, 500.0), &eval);
-    assert_eq!(h.state().exp.evaluation.dir.as_deref(), Some(eval.as_path()));
+    assert_eq!(
+        h.state().exp.evaluation.dir.as_deref(),
+        Some(eval.as_path())
+    );
     assert!(
         h.state()
             .log
@@ -121,7 +142,11 @@ fn dropped_folders_land_where_they_belong() {
             .any(|l| l.text.contains("used as the evaluation set")),
         "the window says what it did with the drop"
     );
-    assert!(!h.state().log.iter().any(|l| l.error), "no error: {:?}", h.state().log);
+    assert!(
+        !h.state().log.iter().any(|l| l.error),
+        "no error: {:?}",
+        h.state().log
+    );
 }
 
 #[test]
@@ -156,7 +181,10 @@ fn open_path_window_takes_what_the_menu_could_not() {
     h.run();
     h.get_by_label("Open").click();
     h.run();
-    assert_eq!(h.state().exp.calibration.dir.as_deref(), Some(calib.as_path()));
+    assert_eq!(
+        h.state().exp.calibration.dir.as_deref(),
+        Some(calib.as_path())
+    );
     assert!(!h.state().open_path_window, "the window closes");
 }
 
@@ -195,7 +223,10 @@ fn until(h: &mut Harness<'static, Workbench>, what: &str, done: impl Fn(&Workben
     let start = Instant::now();
     while !done(h.state()) {
         h.step();
-        assert!(start.elapsed() < Duration::from_secs(120), "{what} never happened");
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "{what} never happened"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }
@@ -213,8 +244,10 @@ fn qdq_export_from_the_window_and_run_history() {
     assert_eq!(h.state().results.rows().len(), 2, "{:?}", h.state().log);
     // The export goes to the I/O thread; the banner says where the files went.
     let out = dir.path().join("exports");
-    h.state_mut()
-        .push(Command::ExportTo(quantscope::ui::ExportKind::Qdq, out.clone()));
+    h.state_mut().push(Command::ExportTo(
+        quantscope::ui::ExportKind::Qdq,
+        out.clone(),
+    ));
     h.step();
     until(&mut h, "the export", |wb| {
         wb.banner.as_ref().is_some_and(|b| b.0.starts_with("Wrote"))
@@ -231,6 +264,10 @@ fn qdq_export_from_the_window_and_run_history() {
     assert_eq!(h.state().past_runs.len(), 1);
     let first = h.state().past_runs[0].title.clone();
     h.state_mut().show_past_run(0);
-    assert_eq!(h.state().results.title, first, "the earlier run is shown again");
+    assert_eq!(
+        h.state().results.title,
+        first,
+        "the earlier run is shown again"
+    );
     assert_eq!(h.state().results.rows().len(), 2);
 }

@@ -247,7 +247,12 @@ fn a_failed_run_returns_to_idle_with_the_error_and_run_works_again() {
     // The same model with a NaN weight: refused by validation, on the worker.
     let mut bad = good.clone();
     let mut broken = residual_classifier(3);
-    if let Some(t) = broken.graph.initializer.iter_mut().find(|t| t.name == "fc.w") {
+    if let Some(t) = broken
+        .graph
+        .initializer
+        .iter_mut()
+        .find(|t| t.name == "fc.w")
+    {
         t.raw_data[0..4].copy_from_slice(&f32::NAN.to_le_bytes());
     }
     bad.model = dir.path().join("broken.onnx");
@@ -269,5 +274,9 @@ fn a_failed_run_returns_to_idle_with_the_error_and_run_works_again() {
     h.step();
     assert!(h.state().is_running(), "Run works again");
     run_to_end(&mut h, "the good run");
-    assert_eq!(h.state().results.rows().len(), 6, "every engine of the good run");
+    assert_eq!(
+        h.state().results.rows().len(),
+        6,
+        "every engine of the good run"
+    );
 }

@@ -82,7 +82,12 @@ fn calibration_panel_picks_methods() {
     // All four, the chosen method first: it leads the table and the Masks tab.
     assert_eq!(
         h.state().exp.methods,
-        vec![Method::Mse, Method::Max, Method::Percentile, Method::Entropy]
+        vec![
+            Method::Mse,
+            Method::Max,
+            Method::Percentile,
+            Method::Entropy
+        ]
     );
 }
 

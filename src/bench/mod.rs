@@ -46,7 +46,10 @@ impl BenchSpec {
             ));
         }
         if self.warmup_runs > 10_000 {
-            return Err(format!("{} warm-up runs is too many (at most 10000)", self.warmup_runs));
+            return Err(format!(
+                "{} warm-up runs is too many (at most 10000)",
+                self.warmup_runs
+            ));
         }
         Ok(())
     }

@@ -153,7 +153,9 @@ impl StatsCache {
         let bad = |why: &str| format!("{}: {why}; recomputing the statistics", path.display());
         let sealed: Sealed = serde_json::from_slice(&bytes).map_err(|_| bad("unreadable"))?;
         if sealed.checksum != checksum(&sealed.stats) {
-            return Err(bad("its checksum does not match its content (edited or damaged)"));
+            return Err(bad(
+                "its checksum does not match its content (edited or damaged)",
+            ));
         }
         Ok(Some(sealed.stats).filter(|s| s.key == key))
     }

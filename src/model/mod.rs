@@ -127,12 +127,11 @@ impl Model {
     /// Reads and prepares `path`. The image input's spatial size may stay dynamic here; the
     /// experiment fixes it when an engine is built.
     pub fn load(path: &Path) -> Result<Model, ModelError> {
-        let bytes = crate::files::read_input(path, MAX_MODEL_BYTES).map_err(|source| {
-            ModelError::Io {
+        let bytes =
+            crate::files::read_input(path, MAX_MODEL_BYTES).map_err(|source| ModelError::Io {
                 path: path.into(),
                 source,
-            }
-        })?;
+            })?;
         Self::from_bytes(path, &bytes)
     }
 
@@ -205,7 +204,8 @@ impl Model {
         let Ok(hw) = self.input_hw(None) else { return };
         // tract may still panic on a graph it cannot analyse: the shapes stay unknown then, and
         // the build reports the problem as an error row.
-        let Ok(Ok(shapes)) = crate::guard::catch("inferring output shapes", || infer_shapes(self, hw))
+        let Ok(Ok(shapes)) =
+            crate::guard::catch("inferring output shapes", || infer_shapes(self, hw))
         else {
             return;
         };
@@ -371,8 +371,8 @@ fn inline_external_data(graph: &mut pb::GraphProto, dir: &Path) -> Result<(), (S
                 file.display()
             )));
         }
-        let mut f = std::fs::File::open(&file)
-            .map_err(|e| fail(format!("{}: {e}", file.display())))?;
+        let mut f =
+            std::fs::File::open(&file).map_err(|e| fail(format!("{}: {e}", file.display())))?;
         let mut data = vec![0u8; length as usize];
         f.seek(SeekFrom::Start(offset))
             .and_then(|_| f.read_exact(&mut data))
@@ -472,9 +472,7 @@ pub fn fold_batch_norms(graph: &mut pb::GraphProto) -> usize {
         let m = w.dims.first().copied().unwrap_or(0);
         // Validation checked the BN parameters against each other; the conv's channels are
         // checked here. A mismatch leaves the pair unfolded for the backend to reject.
-        if m == 0
-            || w.len() % m != 0
-            || [&scale, &shift, &mean, &var].iter().any(|t| t.len() != m)
+        if m == 0 || w.len() % m != 0 || [&scale, &shift, &mean, &var].iter().any(|t| t.len() != m)
         {
             break;
         }

@@ -134,12 +134,12 @@ fn arity(op: &str, opset: i64) -> Option<(usize, usize)> {
     Some(match op {
         "Relu" | "Sigmoid" | "Tanh" | "Exp" | "Log" | "Sqrt" | "Neg" | "Abs" | "Reciprocal"
         | "Erf" | "Softplus" | "Softsign" | "Identity" | "Floor" | "Ceil" | "Round" | "Not"
-        | "Sign" | "HardSwish" | "HardSigmoid" | "LeakyRelu" | "Elu" | "Selu" | "Celu"
-        | "Mish" | "Gelu" | "Flatten" | "Transpose" | "Softmax" | "LogSoftmax" | "Hardmax"
+        | "Sign" | "HardSwish" | "HardSigmoid" | "LeakyRelu" | "Elu" | "Selu" | "Celu" | "Mish"
+        | "Gelu" | "Flatten" | "Transpose" | "Softmax" | "LogSoftmax" | "Hardmax"
         | "GlobalAveragePool" | "GlobalMaxPool" | "GlobalLpPool" | "Shape" | "Size" | "Cast"
         | "MaxPool" | "AveragePool" | "LpPool" | "LpNormalization" | "DepthToSpace"
-        | "SpaceToDepth" | "ArgMax" | "ArgMin" | "NonZero" | "ConstantOfShape" | "Sin"
-        | "Cos" | "IsNaN" | "IsInf" | "LRN" => (1, 1),
+        | "SpaceToDepth" | "ArgMax" | "ArgMin" | "NonZero" | "ConstantOfShape" | "Sin" | "Cos"
+        | "IsNaN" | "IsInf" | "LRN" => (1, 1),
         "Add" | "Sub" | "Mul" | "Div" | "Pow" | "Equal" | "Less" | "Greater" | "LessOrEqual"
         | "GreaterOrEqual" | "And" | "Or" | "Xor" | "MatMul" | "PRelu" | "Expand" | "Tile"
         | "Gather" | "GatherElements" | "GatherND" | "Mod" | "BitShift" => (2, 2),
@@ -220,7 +220,9 @@ fn check_node(
             };
             return Err(problem(
                 n,
-                format!("takes {range} input(s) but has {given}: the graph is malformed; re-export the model"),
+                format!(
+                    "takes {range} input(s) but has {given}: the graph is malformed; re-export the model"
+                ),
             ));
         }
         if let Some(i) = n.input.iter().take(fewest).position(|s| s.is_empty()) {
@@ -271,7 +273,8 @@ fn check_node(
                 n,
                 format!(
                     "axis {axis} is out of range for a rank-{} input",
-                    rank.map(|r| r.to_string()).unwrap_or_else(|| format!("≤{MAX_RANK}"))
+                    rank.map(|r| r.to_string())
+                        .unwrap_or_else(|| format!("≤{MAX_RANK}"))
                 ),
             ));
         }
@@ -287,7 +290,9 @@ fn check_node(
                 let len = perm.len() as i64;
                 let mut seen = HashSet::new();
                 let is_perm = len <= MAX_RANK
-                    && perm.iter().all(|&p| (0..len).contains(&p) && seen.insert(p))
+                    && perm
+                        .iter()
+                        .all(|&p| (0..len).contains(&p) && seen.insert(p))
                     && rank_of(0).is_none_or(|r| r == len);
                 if !is_perm {
                     return Err(problem(
@@ -599,13 +604,23 @@ mod tests {
     #[test]
     fn each_bug_class_is_named() {
         let cases: Vec<(&str, Box<dyn FnOnce(&mut pb::GraphProto)>)> = vec![
-            ("no node produces", Box::new(|g| g.output[0].name = "nowhere".into())),
-            ("part of a cycle", Box::new(|g| g.node[1].input[0] = "block.add.out".into())),
+            (
+                "no node produces",
+                Box::new(|g| g.output[0].name = "nowhere".into()),
+            ),
+            (
+                "part of a cycle",
+                Box::new(|g| g.node[1].input[0] = "block.add.out".into()),
+            ),
             ("takes 1 input", Box::new(|g| g.node[2].input.clear())),
             (
                 "axis 255",
                 Box::new(|g| {
-                    let n = g.node.iter_mut().find(|n| n.op_type == "Flatten").expect("flatten");
+                    let n = g
+                        .node
+                        .iter_mut()
+                        .find(|n| n.op_type == "Flatten")
+                        .expect("flatten");
                     n.attribute.push(proto::int_attr("axis", 255));
                 }),
             ),
@@ -624,21 +639,33 @@ mod tests {
             (
                 "non-finite",
                 Box::new(|g| {
-                    let t = g.initializer.iter_mut().find(|t| t.name == "fc.w").expect("fc.w");
+                    let t = g
+                        .initializer
+                        .iter_mut()
+                        .find(|t| t.name == "fc.w")
+                        .expect("fc.w");
                     set_f32(t, 3, f32::NAN);
                 }),
             ),
             (
                 "variance",
                 Box::new(|g| {
-                    let t = g.initializer.iter_mut().find(|t| t.name == "stem.bn.v").expect("var");
+                    let t = g
+                        .initializer
+                        .iter_mut()
+                        .find(|t| t.name == "stem.bn.v")
+                        .expect("var");
                     set_f32(t, 0, -1.0);
                 }),
             ),
             (
                 "one length",
                 Box::new(|g| {
-                    let t = g.initializer.iter_mut().find(|t| t.name == "stem.bn.m").expect("mean");
+                    let t = g
+                        .initializer
+                        .iter_mut()
+                        .find(|t| t.name == "stem.bn.m")
+                        .expect("mean");
                     t.raw_data.truncate(12);
                     t.dims = vec![3];
                 }),
@@ -646,14 +673,22 @@ mod tests {
             (
                 "holds 8 bytes",
                 Box::new(|g| {
-                    let t = g.initializer.iter_mut().find(|t| t.name == "fc.b").expect("fc.b");
+                    let t = g
+                        .initializer
+                        .iter_mut()
+                        .find(|t| t.name == "fc.b")
+                        .expect("fc.b");
                     t.raw_data.truncate(8);
                 }),
             ),
             (
                 "too large",
                 Box::new(|g| {
-                    let t = g.initializer.iter_mut().find(|t| t.name == "fc.b").expect("fc.b");
+                    let t = g
+                        .initializer
+                        .iter_mut()
+                        .find(|t| t.name == "fc.b")
+                        .expect("fc.b");
                     t.dims = vec![1 << 40, 1 << 40];
                 }),
             ),
@@ -674,8 +709,13 @@ mod tests {
     #[test]
     fn resize_without_scales_or_sizes_is_refused() {
         let p = problems_of(|g| {
-            g.node.push(proto::node("Resize", "r", &["fc.out"], &["r.out"], vec![]));
+            g.node
+                .push(proto::node("Resize", "r", &["fc.out"], &["r.out"], vec![]));
         });
-        assert!(p.iter().any(|p| p.reason.contains("neither scales nor sizes")), "{p:?}");
+        assert!(
+            p.iter()
+                .any(|p| p.reason.contains("neither scales nor sizes")),
+            "{p:?}"
+        );
     }
 }

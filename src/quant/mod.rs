@@ -100,7 +100,11 @@ pub fn check_exclusions(model: &Model, names: &[String], setting: &str) -> Resul
         "{setting}: {} not a node name or op type of {}: `{}`; {hint}",
         if unknown.len() == 1 { "is" } else { "are" },
         model.path.display(),
-        unknown.iter().map(|s| s.as_str()).collect::<Vec<_>>().join("`, `"),
+        unknown
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join("`, `"),
     ))
 }
 

@@ -295,8 +295,11 @@ impl Report {
         md: Option<&Path>,
         csv: Option<&Path>,
     ) -> Vec<crate::files::OutputError> {
-        let formats: [(Option<&Path>, fn(&Report) -> String); 3] =
-            [(json, Report::to_json), (md, Report::to_markdown), (csv, Report::to_csv)];
+        let formats: [(Option<&Path>, fn(&Report) -> String); 3] = [
+            (json, Report::to_json),
+            (md, Report::to_markdown),
+            (csv, Report::to_csv),
+        ];
         formats
             .into_iter()
             .filter_map(|(p, text)| p.map(|p| crate::files::write(p, text(self))))

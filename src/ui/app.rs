@@ -10,8 +10,7 @@ use egui::{Key, KeyboardShortcut, Modifiers};
 
 use super::{
     DialogPurpose, LayerSort, MAX_RECENT, MaskViewState, PAST_RUNS_KEPT, Results, RunState, Scan,
-    Tab, Workbench,
-    theme,
+    Tab, Workbench, theme,
 };
 use crate::backend::Precision;
 use crate::calib::Method;
@@ -893,7 +892,10 @@ impl Workbench {
         };
         match Experiment::load(&path) {
             Ok(e) => {
-                self.log_info(format!("restored the autosaved experiment from {}", path.display()));
+                self.log_info(format!(
+                    "restored the autosaved experiment from {}",
+                    path.display()
+                ));
                 self.exp_path = None;
                 self.set_experiment(e);
             }
@@ -1179,11 +1181,9 @@ impl Workbench {
                     let tab = self.tab.name();
                     let name = match kind {
                         ExportKind::ViewPng => format!("{}_{tab}.png", self.experiment_stem()),
-                        ExportKind::MaskPng => format!(
-                            "{}_masks_{}.png",
-                            self.experiment_stem(),
-                            self.masks.image
-                        ),
+                        ExportKind::MaskPng => {
+                            format!("{}_masks_{}.png", self.experiment_stem(), self.masks.image)
+                        }
                         ExportKind::Qdq => String::new(),
                         k => format!("{}_report.{}", self.experiment_stem(), k.extension()),
                     };
@@ -1357,7 +1357,9 @@ impl Workbench {
             .collapsible(false)
             .resizable(false)
             .show(ctx, |ui| {
-                ui.label("An experiment (.ron), a model (.onnx), a data folder or a labels file (.txt):");
+                ui.label(
+                    "An experiment (.ron), a model (.onnx), a data folder or a labels file (.txt):",
+                );
                 let r = ui
                     .horizontal(|ui| {
                         let name = ui.label("Path:");
@@ -1616,7 +1618,9 @@ impl Workbench {
                 "Backend: {} — {dev}{threads}",
                 kind.name().to_uppercase()
             ))
-            .on_hover_text("The backend engines are built on, its device, and the threads the CPU engines use");
+            .on_hover_text(
+                "The backend engines are built on, its device, and the threads the CPU engines use",
+            );
             ui.separator();
             match &self.run {
                 Some(run) => {

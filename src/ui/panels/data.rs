@@ -87,7 +87,9 @@ fn eval_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
     ) {
         exp.evaluation.dir = dir;
     }
-    let beside = exp.labels_file().filter(|_| exp.evaluation.labels.is_none());
+    let beside = exp
+        .labels_file()
+        .filter(|_| exp.evaluation.labels.is_none());
     let hover = match &beside {
         Some(f) => format!(
             "Class names, one per line, in output order. Now: {} (found beside the model)",
@@ -111,7 +113,9 @@ fn eval_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
     if let Some(f) = beside {
         ui.weak(format!(
             "class names from {}",
-            f.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()
+            f.file_name()
+                .map(|n| n.to_string_lossy())
+                .unwrap_or_default()
         ))
         .on_hover_text(f.display().to_string());
     }

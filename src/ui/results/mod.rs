@@ -137,7 +137,11 @@ pub fn results_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
 /// Which run the tabs show: this one or an earlier one of the session, kept for comparison.
 fn run_history_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
     let title = |r: &crate::ui::Results| {
-        let t = if r.title.is_empty() { "a run" } else { r.title.as_str() };
+        let t = if r.title.is_empty() {
+            "a run"
+        } else {
+            r.title.as_str()
+        };
         format!("{t} ({} rows)", r.rows().len())
     };
     let mut pick = None;
