@@ -655,9 +655,9 @@ fn dispatch(cli: Cli) -> Result<u8> {
         Some(Command::Eval(args)) => {
             let mut e = args.to_experiment();
             let save_as = args.save_experiment.as_deref();
-            // Refuse bad outputs before the (long) sensitivity pass, not after it.
-            pipeline::check_outputs(&e, &[], save_as.as_slice())?;
             if let Some(budget) = args.budget() {
+                // Refuse bad outputs before the (long) sensitivity pass, not after it.
+                pipeline::check_outputs(&e, &[], save_as.as_slice())?;
                 let opts = crate::sensitivity::SensitivityOptions {
                     budget: Some(budget),
                     ..Default::default()

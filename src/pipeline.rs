@@ -2,7 +2,7 @@
 //! cached statistics), place Q/DQ, build each engine, evaluate it against FP32, time it.
 //! Each finished row is handed to the `Sink` at once, so a cancelled run keeps what it has.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -102,6 +102,8 @@ pub struct Prepared {
     pub task: Option<Task>,
     pub eval: Option<EvalSet>,
     pub calib_images: Vec<PathBuf>,
+    /// The model's output channels (its class count), from the file or inferred once here.
+    pub output_channels: Option<usize>,
 }
 
 /// Load → validate → list the data: everything that can be refused before an engine exists.
@@ -117,7 +119,14 @@ pub fn prepare(exp: &Experiment) -> Result<Prepared, PipelineError> {
             .map_err(PipelineError::Config)?;
     }
     let hw = model.input_hw(exp.preprocess.size)?;
-    check_memory(&model, hw, exp.bench.batch)?;
+    // Shapes at this input size, inferred once for the memory check and the class count.
+    let shapes = crate::guard::catch("inferring shapes", || {
+        crate::model::infer_shapes(&model, hw)
+    })
+    .ok()
+    .and_then(|r| r.ok());
+    check_memory(&model, hw, exp.bench.batch, shapes.as_ref())?;
+    let channels = output_channels(&model, shapes.as_ref());
     let calib_images = match &exp.calibration.dir {
         Some(d) => {
             let (imgs, skipped) = data::list_images(d)?;
@@ -144,13 +153,13 @@ pub fn prepare(exp: &Experiment) -> Result<Prepared, PipelineError> {
             if let Some(n) = exp.evaluation.count {
                 set.items.truncate(n);
             }
-            set.check_labels(output_channels(&model, hw).unwrap_or(0), IGNORE_LABEL)?;
+            set.check_labels(channels.unwrap_or(0), IGNORE_LABEL)?;
             // Names only, after the check: they rename the classes in output order.
             if let Some(l) = exp.labels_file() {
                 let names = data::read_labels_checked(&l)?;
                 let want = match set.kind {
                     Task::Classification => set.classes.len(),
-                    Task::Segmentation => output_channels(&model, hw).unwrap_or(names.len()),
+                    Task::Segmentation => channels.unwrap_or(names.len()),
                 };
                 if names.len() == want {
                     set.classes = names;
@@ -188,6 +197,7 @@ pub fn prepare(exp: &Experiment) -> Result<Prepared, PipelineError> {
         task,
         eval,
         calib_images,
+        output_channels: channels,
     })
 }
 
@@ -1101,10 +1111,10 @@ fn usable_backend(exp: &Experiment) -> Result<Box<dyn backend::Backend>, Pipelin
 
 /// How many classes the metrics count: the evaluation set's names for a classifier, else the
 /// model's output channels.
-fn classes_of(p: &Prepared) -> usize {
-    match (&p.eval, p.task) {
-        (Some(e), _) if !e.classes.is_empty() && e.kind == Task::Classification => e.classes.len(),
-        _ => output_channels(&p.model, p.hw).unwrap_or(0),
+pub fn classes_of(p: &Prepared) -> usize {
+    match &p.eval {
+        Some(e) if !e.classes.is_empty() && e.kind == Task::Classification => e.classes.len(),
+        _ => p.output_channels.unwrap_or(0),
     }
 }
 
@@ -1126,22 +1136,26 @@ fn bench_input(
     })
 }
 
-/// The model's class count: its output's channel dimension, from the file or inferred.
-pub fn output_channels(model: &Model, hw: [usize; 2]) -> Option<usize> {
+/// The model's class count: its output's channel dimension, from the file or from `shapes`
+/// (inferred at the experiment's input size).
+fn output_channels(model: &Model, shapes: Option<&HashMap<String, Vec<usize>>>) -> Option<usize> {
     let s = &model.info.outputs.first()?.shape;
-    s.get(1).copied().flatten().map(|v| v as usize).or_else(|| {
-        let shapes =
-            crate::guard::catch("inferring shapes", || crate::model::infer_shapes(model, hw))
-                .ok()?
-                .ok()?;
-        shapes.get(model.output_name())?.get(1).copied()
-    })
+    s.get(1)
+        .copied()
+        .flatten()
+        .map(|v| v as usize)
+        .or_else(|| shapes?.get(model.output_name())?.get(1).copied())
 }
 
 /// Refuses a run whose tensors cannot fit in memory (`--size 30000,30000`, `--batch 100000`)
 /// before anything allocates them: an allocation failure aborts the process, which no error
 /// handling can catch. The estimate is every activation at once, times the batch.
-fn check_memory(model: &Model, hw: [usize; 2], batch: usize) -> Result<(), PipelineError> {
+fn check_memory(
+    model: &Model,
+    hw: [usize; 2],
+    batch: usize,
+    shapes: Option<&HashMap<String, Vec<usize>>>,
+) -> Result<(), PipelineError> {
     let Some(available) = bench::available_memory_bytes() else {
         return Ok(());
     };
@@ -1149,11 +1163,8 @@ fn check_memory(model: &Model, hw: [usize; 2], batch: usize) -> Result<(), Pipel
         .input_shape(1, hw)
         .iter()
         .fold(4u64, |a, &d| a.saturating_mul(d as u64));
-    let shapes = crate::guard::catch("inferring shapes", || crate::model::infer_shapes(model, hw))
-        .ok()
-        .and_then(|r| r.ok());
     // Without shapes (tract could not infer them), assume activations 16x the input.
-    let activations: u64 = match &shapes {
+    let activations: u64 = match shapes {
         Some(s) => s
             .values()
             .map(|d| d.iter().fold(4u64, |a, &v| a.saturating_mul(v as u64)))

@@ -348,10 +348,7 @@ pub fn run_with_cache(
     if samples.is_empty() {
         return Err(err("sensitivity needs an evaluation set (--data DIR)"));
     }
-    let classes = match &p.eval {
-        Some(e) if !e.classes.is_empty() && e.kind == Task::Classification => e.classes.len(),
-        _ => pipeline::output_channels(&p.model, p.hw).unwrap_or(0),
-    };
+    let classes = pipeline::classes_of(&p);
     let cx = Ctx {
         backend: backend.as_ref(),
         p: &p,
