@@ -878,8 +878,9 @@ impl Workbench {
 
     /// Writes the experiment to the autosave file when it changed (at once when `now`).
     fn keep_autosave(&mut self, now: bool) {
-        let exp = self.exp.clone();
-        if let Some(Err(e)) = self.autosave.as_mut().map(|a| a.keep(&exp, now)) {
+        // Called every frame: borrow the experiment, do not copy it.
+        let exp = &self.exp;
+        if let Some(Err(e)) = self.autosave.as_mut().map(|a| a.keep(exp, now)) {
             self.log_error(e);
             self.autosave = None;
         }
