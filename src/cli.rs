@@ -10,7 +10,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 use crate::backend::{BackendKind, Precision};
 use crate::calib::Method;
-use crate::data::{ChannelOrder, Normalize, ResizeMode, Selection};
+use crate::data::{ChannelOrder, Interpolation, Normalize, Preset, ResizeMode, Selection};
 use crate::experiment::{Experiment, TaskChoice};
 use crate::model::Model;
 use crate::pipeline::{self, CancelToken, Sink};
@@ -26,6 +26,7 @@ pub mod exit {
     /// file (also clap's own usage errors).
     pub const BAD_INPUT: u8 = 2;
     /// Some engines failed: their rows carry the error; the other rows are in the report.
+    /// (`inspect --backend cuda`: some nodes cannot be built by that backend.)
     pub const ENGINES_FAILED: u8 = 3;
     /// An output (report, experiment, Q/DQ export, mask overlays) could not be written.
     pub const OUTPUT_FAILED: u8 = 4;
@@ -38,6 +39,7 @@ const EXIT_CODES_HELP: &str = "Exit codes:
   1    quantscope itself failed (a bug; please report it)
   2    bad input, refused before any engine ran (flag, model, data or experiment file)
   3    some engines failed; their rows carry the error, the others are in the report
+       (inspect --backend cuda: some nodes cannot be built by that backend)
   4    an output (report, experiment, Q/DQ export, mask overlays) could not be written
   130  interrupted (Ctrl-C); the finished rows were written, marked incomplete";
 
@@ -65,6 +67,13 @@ pub enum Command {
         /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
+        /// Also list, per precision, the nodes this backend cannot take (no GPU needed: it
+        /// plans the engine without building it). `cpu` runs every op tract runs.
+        #[arg(long, value_enum)]
+        backend: Option<BackendKind>,
+        /// Input size for `--backend`, HxW (default: the model's own, else 224x224).
+        #[arg(long, value_parser = parse_hw)]
+        size: Option<[usize; 2]>,
     },
     /// Run an experiment file (.ron), as saved by the app or `eval --save-experiment`.
     Run {
@@ -95,6 +104,14 @@ pub struct OutputArgs {
     /// Write each method's Q/DQ ONNX model and TensorRT calibration cache to this folder.
     #[arg(long, value_name = "DIR")]
     pub export_qdq: Option<PathBuf>,
+    /// Write deployable models to this folder, each with its ready trtexec line in the report:
+    /// the strongly typed FP16 model, each method's INT8 Q/DQ model + calibration cache and the
+    /// mixed INT8/FP16 model (`--export-precisions` picks; `--export-qdq` writes INT8 only).
+    #[arg(long, value_name = "DIR", conflicts_with = "export_qdq")]
+    pub export: Option<PathBuf>,
+    /// Which models `--export` / `--export-qdq` write: fp16, int8, mixed (comma-separated).
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub export_precisions: Option<Vec<crate::export::ExportPrecision>>,
     /// Write mask overlays (image, FP32, each INT8 engine, disagreement) to this folder.
     #[arg(long, value_name = "DIR")]
     pub save_masks: Option<PathBuf>,
@@ -175,9 +192,29 @@ pub struct EvalArgs {
     /// Class names, one per line, in model output order.
     #[arg(long, value_name = "FILE")]
     pub labels: Option<PathBuf>,
-    /// stretch: resize to the input size; crop: resize the short side, cut the centre.
-    #[arg(long, value_enum, default_value = "stretch")]
-    pub resize: ResizeArg,
+    /// Preprocessing convention; sets resize, crop, interpolation, channel order and
+    /// normalisation (flags given with it override its fields).
+    #[arg(long, value_enum)]
+    pub preset: Option<PresetArg>,
+    /// stretch: resize to the input size; crop: resize the short side, cut the centre;
+    /// letterbox: keep the aspect, pad [default: stretch, crop with --crop-pct/--resize-short,
+    /// or the preset's].
+    #[arg(long, value_enum)]
+    pub resize: Option<ResizeArg>,
+    /// Crop: share of the resized image the centre crop keeps (timm's crop_pct): the short
+    /// side goes to floor(input / crop_pct), so 0.875 at 224 is 256 → 224 [default: 1].
+    #[arg(long, value_name = "RATIO")]
+    pub crop_pct: Option<f64>,
+    /// Crop: resize the short side to this many pixels, then cut the input size from the
+    /// centre (torchvision's Resize(N) + CenterCrop).
+    #[arg(long, value_name = "PX", conflicts_with = "crop_pct")]
+    pub resize_short: Option<usize>,
+    /// Resampling filter [default: bilinear, or the preset's].
+    #[arg(long, value_enum)]
+    pub interpolation: Option<InterpolationArg>,
+    /// Letterbox: raw 0..255 value of the padding [default: 114, as ultralytics].
+    #[arg(long, value_name = "0..255")]
+    pub pad_value: Option<u8>,
     /// Input height,width when the model's is dynamic.
     #[arg(long, value_parser = parse_hw)]
     pub size: Option<[usize; 2]>,
@@ -197,6 +234,18 @@ pub struct EvalArgs {
     /// Empirical bias correction of the INT8 engines (float biases absorb the mean shift).
     #[arg(long)]
     pub bias_correction: bool,
+    /// Cross-layer equalization of the model the INT8 engines are built from (FP32 rows keep
+    /// the original); auto = on where a depthwise conv is in a pair with no Clip (ReLU6) between.
+    #[arg(long, value_enum, default_value_t = CleArg::Auto)]
+    pub cle: CleArg,
+    /// How CLE picks channel scales: activations (calibration images' per-channel ranges) or
+    /// weights (the paper's data-free rule).
+    #[arg(long, value_enum, default_value_t = CleScalesArg::Activations)]
+    pub cle_scales: CleScalesArg,
+    /// What CLE does with a Clip (ReLU6) between two convs: per-channel (rewrite it as
+    /// per-channel Max/Min, exact) or skip (leave such pairs alone).
+    #[arg(long, value_enum, default_value_t = CleClipArg::PerChannel)]
+    pub cle_clip: CleClipArg,
     /// Node names or op types to keep in float in the INT8 engines.
     #[arg(long, value_delimiter = ',')]
     pub exclude: Vec<String>,
@@ -242,6 +291,28 @@ pub struct SensitivityArgs {
 }
 
 impl EvalArgs {
+    /// Refuses preprocessing flags that the chosen resize mode would silently ignore.
+    pub fn check_preprocess_flags(&self) -> Result<()> {
+        let mode = self.resize.filter(|r| *r != ResizeArg::Crop);
+        let crop_flag = match (self.crop_pct, self.resize_short) {
+            (Some(_), _) => Some("--crop-pct"),
+            (None, Some(_)) => Some("--resize-short"),
+            _ => None,
+        };
+        if let (Some(mode), Some(flag)) = (mode, crop_flag) {
+            anyhow::bail!(
+                "{flag} applies to --resize crop, but --resize is {}; drop one of them",
+                format!("{mode:?}").to_lowercase()
+            );
+        }
+        if self.pad_value.is_some() && self.resize.is_some_and(|r| r != ResizeArg::Letterbox) {
+            anyhow::bail!(
+                "--pad-value applies to --resize letterbox only; drop it or use letterbox"
+            );
+        }
+        Ok(())
+    }
+
     pub fn budget(&self) -> Option<crate::sensitivity::Budget> {
         use crate::sensitivity::Budget;
         self.budget_top1
@@ -259,10 +330,67 @@ pub enum TaskArg {
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default)]
+pub enum CleClipArg {
+    #[default]
+    PerChannel,
+    Skip,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default)]
+pub enum CleScalesArg {
+    #[default]
+    Activations,
+    Weights,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default)]
+pub enum CleArg {
+    #[default]
+    Auto,
+    On,
+    Off,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ResizeArg {
     #[default]
     Stretch,
     Crop,
+    Letterbox,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum InterpolationArg {
+    /// Pillow's NEAREST.
+    Nearest,
+    /// Triangle filter, antialiased when shrinking (Pillow's / torchvision's BILINEAR).
+    Bilinear,
+    /// Catmull-Rom, a = -0.5 (Pillow's BICUBIC, timm's bicubic).
+    Bicubic,
+}
+
+/// The presets of `--preset`, in `data::Preset` order.
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum PresetArg {
+    /// RGB, ImageNet mean/std, short side 256 → centre 224 (crop-pct 0.875), bilinear.
+    Torchvision,
+    /// RGB, (x − 127.5) / 127.5, crop-pct 0.875, bicubic.
+    TimmInception,
+    /// Raw 0..255 RGB values, stretched, bilinear.
+    Raw,
+    /// BGR, x − (103.939, 116.779, 123.68), no std, crop-pct 0.875, bilinear.
+    Caffe,
+}
+
+impl PresetArg {
+    fn preset(self) -> Preset {
+        match self {
+            PresetArg::Torchvision => Preset::TorchvisionImagenet,
+            PresetArg::TimmInception => Preset::TimmInception,
+            PresetArg::Raw => Preset::Raw,
+            PresetArg::Caffe => Preset::CaffeBgr,
+        }
+    }
 }
 
 impl EvalArgs {
@@ -299,16 +427,52 @@ impl EvalArgs {
         e.evaluation.skip_calibration_images = self.eval_skip_calib;
         e.evaluation.labels = self.labels.clone();
         e.bias_correction = self.bias_correction;
-        e.preprocess.resize = match self.resize {
-            ResizeArg::Stretch => ResizeMode::Stretch,
-            ResizeArg::Crop => ResizeMode::Crop,
+        e.cle = match self.cle {
+            CleArg::Auto => crate::quant::cle::CleSetting::Auto,
+            CleArg::On => crate::quant::cle::CleSetting::On,
+            CleArg::Off => crate::quant::cle::CleSetting::Off,
         };
+        e.cle_scales = match self.cle_scales {
+            CleScalesArg::Activations => crate::quant::cle::ScaleRule::Activations,
+            CleScalesArg::Weights => crate::quant::cle::ScaleRule::Weights,
+        };
+        e.cle_clip = match self.cle_clip {
+            CleClipArg::PerChannel => crate::quant::cle::ClipPolicy::PerChannel,
+            CleClipArg::Skip => crate::quant::cle::ClipPolicy::Skip,
+        };
+        // The preset first; each flag given overrides its field.
+        if let Some(p) = self.preset {
+            p.preset().apply(&mut e.preprocess);
+        }
+        let crop_flags = self.crop_pct.is_some() || self.resize_short.is_some();
+        match self.resize {
+            Some(ResizeArg::Stretch) => e.preprocess.resize = ResizeMode::Stretch,
+            Some(ResizeArg::Crop) => e.preprocess.resize = ResizeMode::Crop,
+            Some(ResizeArg::Letterbox) => e.preprocess.resize = ResizeMode::Letterbox,
+            None if crop_flags => e.preprocess.resize = ResizeMode::Crop,
+            None => {}
+        }
+        if let Some(pct) = self.crop_pct {
+            e.preprocess.crop_pct = pct;
+            e.preprocess.resize_short_px = None;
+        }
+        if let Some(n) = self.resize_short {
+            e.preprocess.resize_short_px = Some(n);
+        }
+        if let Some(i) = self.interpolation {
+            e.preprocess.interpolation = match i {
+                InterpolationArg::Nearest => Interpolation::Nearest,
+                InterpolationArg::Bilinear => Interpolation::Bilinear,
+                InterpolationArg::Bicubic => Interpolation::Bicubic,
+            };
+        }
+        if let Some(v) = self.pad_value {
+            e.preprocess.pad_value = v;
+        }
         e.preprocess.size = self.size;
-        e.preprocess.channel_order = if self.bgr {
-            ChannelOrder::Bgr
-        } else {
-            ChannelOrder::Rgb
-        };
+        if self.bgr {
+            e.preprocess.channel_order = ChannelOrder::Bgr;
+        }
         if let (Some(mean), Some(std)) = (self.mean, self.std) {
             e.preprocess.normalize = Normalize::MeanStd { mean, std };
         }
@@ -342,6 +506,13 @@ impl OutputArgs {
             if flag.is_some() {
                 field.clone_from(flag);
             }
+        }
+        if let Some(d) = &self.export {
+            o.qdq_dir = Some(d.clone());
+            o.export_precisions = crate::export::ExportPrecision::ALL.to_vec();
+        }
+        if let Some(p) = &self.export_precisions {
+            o.export_precisions.clone_from(p);
         }
         if self.save_masks.is_some() {
             o.mask_count = self.mask_count;
@@ -528,12 +699,42 @@ fn error_code(e: &anyhow::Error) -> u8 {
     exit::BAD_INPUT
 }
 
-fn inspect(path: &PathBuf, json: bool) -> Result<()> {
+fn inspect(
+    path: &PathBuf,
+    json: bool,
+    backend: Option<BackendKind>,
+    size: Option<[usize; 2]>,
+) -> Result<u8> {
     let model = Model::load(path)?;
     let info = &model.info;
+    let coverage = match backend {
+        Some(BackendKind::Cuda) => Some(crate::backend::cuda::coverage_all(&model, size)),
+        _ => None,
+    };
+    let gaps = coverage
+        .as_ref()
+        .is_some_and(|c| c.iter().any(|(_, r)| !matches!(r, Ok(v) if v.is_empty())));
+    let code = if gaps { exit::ENGINES_FAILED } else { exit::OK };
     if json {
-        println!("{}", serde_json::to_string_pretty(info)?);
-        return Ok(());
+        let mut v = serde_json::to_value(info)?;
+        if let (Some(c), Some(obj)) = (&coverage, v.as_object_mut()) {
+            let per: serde_json::Map<String, serde_json::Value> = c
+                .iter()
+                .map(|(p, r)| {
+                    let val = match r {
+                        Ok(list) => serde_json::json!(list
+                            .iter()
+                            .map(|u| serde_json::json!({"node": u.node, "op": u.op, "why": u.why}))
+                            .collect::<Vec<_>>()),
+                        Err(e) => serde_json::json!({ "error": e }),
+                    };
+                    (p.name().to_string(), val)
+                })
+                .collect();
+            obj.insert("cuda_unsupported".into(), serde_json::Value::Object(per));
+        }
+        println!("{}", serde_json::to_string_pretty(&v)?);
+        return Ok(code);
     }
     let shape = |s: &[Option<i64>]| {
         s.iter()
@@ -581,6 +782,12 @@ fn inspect(path: &PathBuf, json: bool) -> Result<()> {
     if info.prequantized {
         println!("note     the model already holds Q/DQ pairs: INT8 uses them as they are");
     }
+    if info.fp16_initializers > 0 {
+        println!(
+            "note     stored in FP16 ({} tensors): upcast to FP32 at load, exactly; the FP32 rows compute from the FP16 weights",
+            info.fp16_initializers
+        );
+    }
     println!("ops:");
     for (op, n) in &info.op_census {
         println!("  {op:<24} {n}");
@@ -591,7 +798,25 @@ fn inspect(path: &PathBuf, json: bool) -> Result<()> {
             println!("  {} (node `{}`)", u.op, u.node);
         }
     }
-    Ok(())
+    for (p, r) in coverage.iter().flatten() {
+        match r {
+            Ok(list) if list.is_empty() => {
+                println!("cuda {:<5} every node lowers", p.name())
+            }
+            Ok(list) => {
+                println!(
+                    "cuda {:<5} {} node(s) it cannot take:",
+                    p.name(),
+                    list.len()
+                );
+                for u in list {
+                    println!("  {}", u.why);
+                }
+            }
+            Err(e) => println!("cuda {:<5} cannot plan: {e}", p.name()),
+        }
+    }
+    Ok(code)
 }
 
 fn sensitivity(
@@ -646,13 +871,19 @@ fn dispatch(cli: Cli) -> Result<u8> {
         Some(Command::Gui { path }) => {
             crate::ui::run(path.or_else(|| Some(default_experiment_path()))).map(|_| exit::OK)
         }
-        Some(Command::Inspect { model, json }) => inspect(&model, json).map(|_| exit::OK),
+        Some(Command::Inspect {
+            model,
+            json,
+            backend,
+            size,
+        }) => inspect(&model, json, backend, size),
         Some(Command::Run { experiment, out }) => {
             let mut e = Experiment::load(&experiment)?;
             out.apply(&mut e);
             run_experiment(&e, Some(&experiment), None)
         }
         Some(Command::Eval(args)) => {
+            args.check_preprocess_flags()?;
             let mut e = args.to_experiment();
             let save_as = args.save_experiment.as_deref();
             if let Some(budget) = args.budget() {
@@ -668,6 +899,7 @@ fn dispatch(cli: Cli) -> Result<u8> {
             run_experiment(&e, None, save_as)
         }
         Some(Command::Sensitivity(args)) => {
+            args.eval.check_preprocess_flags()?;
             let mut e = args.eval.to_experiment();
             let out = &args.eval.out;
             let save_as = args.eval.save_experiment.as_deref();
@@ -705,7 +937,7 @@ fn dispatch(cli: Cli) -> Result<u8> {
             }
             if report.amp.is_some() {
                 e.mixed_precision = Some(report.mixed_precision());
-                if let Some(dir) = &out.export_qdq {
+                if let Some(dir) = out.export.as_ref().or(out.export_qdq.as_ref()) {
                     let model = Model::load(&e.model)?;
                     let m = e.mixed_precision.as_ref().and_then(|m| m.method);
                     put(pipeline::export_qdq(dir, &model.path, &qdq, m, "_mixed").map(|_| ()));

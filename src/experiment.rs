@@ -78,6 +78,8 @@ pub struct OutputSpec {
     pub csv: Option<PathBuf>,
     /// Writes `<model>_int8_<method>.onnx` and `.cache` (TensorRT calibration cache) here.
     pub qdq_dir: Option<PathBuf>,
+    /// Which models go into `qdq_dir`: INT8 Q/DQ + cache, strongly typed FP16, mixed INT8/FP16.
+    pub export_precisions: Vec<crate::export::ExportPrecision>,
     /// Writes mask overlays of the first `mask_count` images here.
     pub masks_dir: Option<PathBuf>,
     pub mask_count: usize,
@@ -90,6 +92,7 @@ impl Default for OutputSpec {
             markdown: None,
             csv: None,
             qdq_dir: None,
+            export_precisions: vec![crate::export::ExportPrecision::Int8],
             masks_dir: None,
             mask_count: 8,
         }
@@ -118,6 +121,15 @@ pub struct Experiment {
     /// Empirical bias correction: shift each quantized layer's float bias so its output keeps
     /// the FP32 mean per channel (the Q/DQ model stays TensorRT-ready: biases are float).
     pub bias_correction: bool,
+    /// Cross-layer equalization of the model the INT8 engines are built from (the FP32 rows
+    /// keep the original): auto, on or off (`--cle`).
+    pub cle: crate::quant::cle::CleSetting,
+    /// What CLE does with a Clip (ReLU6) between two convs: rewrite it per channel (exact) or
+    /// skip the pair.
+    pub cle_clip: crate::quant::cle::ClipPolicy,
+    /// How CLE picks each channel's scale: from the calibration images' activation ranges
+    /// (default) or from weight ranges only (the paper's data-free rule).
+    pub cle_scales: crate::quant::cle::ScaleRule,
     /// A mixed-precision plan (from `quantscope sensitivity` or `--budget-*`): built as one
     /// more INT8 engine next to the plain ones.
     pub mixed_precision: Option<MixedPrecision>,
@@ -152,6 +164,9 @@ impl Default for Experiment {
             threads: 0,
             exclude: vec![],
             bias_correction: false,
+            cle: Default::default(),
+            cle_clip: Default::default(),
+            cle_scales: Default::default(),
             mixed_precision: None,
             output: OutputSpec::default(),
         }

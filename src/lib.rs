@@ -18,6 +18,7 @@
 //! | [`timing`] | latency statistics (median, p90, p99) from timed samples |
 //! | [`layerwise`] | per-layer isolation of quantization error; empirical bias correction |
 //! | [`guard`] | the panic boundary around engines and worker jobs |
+//! | [`export`] | strongly typed FP16 / mixed / INT8 exports, trtexec lines, ONNX Runtime checks |
 //! | [`files`] | atomic output writes; refusing an output that is an input |
 //! | [`ui`] | the desktop workbench |
 //! | [`cli`] | the command line |
@@ -29,6 +30,7 @@ pub mod cli;
 pub mod data;
 pub mod eval;
 pub mod experiment;
+pub mod export;
 pub mod files;
 pub mod guard;
 pub mod layerwise;

@@ -119,6 +119,9 @@ pub fn prepare(exp: &Experiment) -> Result<Prepared, PipelineError> {
             .map_err(PipelineError::Config)?;
     }
     let hw = model.input_hw(exp.preprocess.size)?;
+    exp.preprocess
+        .check_input_hw(hw)
+        .map_err(PipelineError::Config)?;
     // Shapes at this input size, inferred once for the memory check and the class count.
     let shapes = crate::guard::catch("inferring shapes", || {
         crate::model::infer_shapes(&model, hw)
@@ -228,11 +231,9 @@ pub fn load_samples(
                 .apply(&img, p.hw, channels, p.model.info.layout),
             label: it.label.clone(),
             gt,
-            geometry: Geometry {
-                orig_hw: [img.height() as usize, img.width() as usize],
-                input_hw: p.hw,
-                resize: exp.preprocess.resize,
-            },
+            geometry: exp
+                .preprocess
+                .geometry([img.height() as usize, img.width() as usize], p.hw),
         });
     }
     Ok(out)
@@ -748,6 +749,8 @@ impl<'a> Rows<'a> {
             rows: vec![],
             incomplete: false,
             notes: vec![],
+            equalization: None,
+            exports: vec![],
         };
         let artifacts = Artifacts {
             mask_hw: samples
@@ -951,10 +954,7 @@ impl<'a> Rows<'a> {
             "_mixed"
         };
         if let Some(dir) = &exp.output.qdq_dir {
-            if let Err(e) = export_qdq(dir, &p.model.path, &qdq, v.method, suffix) {
-                self.ctx.sink.log(&format!("{label}: {e}"));
-                self.output_errors.push(e);
-            }
+            self.export_int8(dir, &qdq, &v, suffix);
         }
         let input = BuildInput::Int8 {
             model: &p.model,
@@ -967,6 +967,75 @@ impl<'a> Rows<'a> {
             suffix,
             model: qdq,
         });
+    }
+
+    /// Writes the INT8 Q/DQ model and cache (as `export_qdq` always has) and the mixed
+    /// INT8/FP16 model, as the experiment's export precisions ask. The mixed model comes from
+    /// the mixed-precision plan, or from the first method when there is no plan.
+    fn export_int8(&mut self, dir: &Path, qdq: &QdqModel, v: &Int8Variant, suffix: &str) {
+        use crate::export::{self, ExportPrecision};
+        let (exp, p) = (self.exp, self.ctx.p);
+        let wants = |e: ExportPrecision| exp.output.export_precisions.contains(&e);
+        if wants(ExportPrecision::Int8) {
+            let equalized = self.report.equalization.as_ref().is_some_and(|e| e.applied);
+            let written = export_qdq(dir, &exp.model, qdq, v.method, suffix).and_then(|files| {
+                let fp32 = export::fp32_for_cache(dir, &exp.model, &p.model, equalized)?;
+                let spec = crate::quant::trtexec::InputSpec::new(
+                    &p.model.info,
+                    &p.model.input_shape(1, p.hw),
+                );
+                Ok(export::int8_entry(&files, qdq, &fp32, &spec))
+            });
+            self.record_export(written);
+        }
+        let is_plan = !v.kept_float.is_empty();
+        let first_without_plan =
+            exp.mixed_precision.is_none() && !self.report.exports.iter().any(|e| e.kind == "mixed");
+        if wants(ExportPrecision::Mixed) && (is_plan || first_without_plan) {
+            let input = self.ctx.bench_input.clone();
+            let written = export::export_mixed(
+                dir,
+                &exp.model,
+                &p.model,
+                qdq,
+                p.hw,
+                self.ctx.backend,
+                &input,
+            );
+            self.record_export(written);
+        }
+    }
+
+    /// Writes the strongly typed FP16 model when the experiment's exports ask for it.
+    fn export_fp16(&mut self) {
+        let (exp, p) = (self.exp, self.ctx.p);
+        let Some(dir) = &exp.output.qdq_dir else {
+            return;
+        };
+        if !exp
+            .output
+            .export_precisions
+            .contains(&crate::export::ExportPrecision::Fp16)
+        {
+            return;
+        }
+        let input = self.ctx.bench_input.clone();
+        let written = crate::export::export_fp16(dir, &p.model, p.hw, self.ctx.backend, &input);
+        self.record_export(written);
+    }
+
+    /// Logs an export and adds it to the report, or records why it failed.
+    fn record_export(&mut self, written: Result<crate::export::ExportedModel, String>) {
+        match written {
+            Ok(e) => {
+                self.ctx.sink.log(&e.summary());
+                self.report.exports.push(e);
+            }
+            Err(e) => {
+                self.ctx.sink.log(&format!("export: {e}"));
+                self.output_errors.push(e);
+            }
+        }
     }
 
     /// Marks a stopped run as incomplete and writes every output it asks for.
@@ -1028,12 +1097,107 @@ pub fn run_with_cache(
         batch_ok: Default::default(),
         threads: (exp.backend == backend::BackendKind::Cpu).then_some(threads),
     };
+    // Declared before `rows`, which borrows it for the INT8 rows.
+    let int8_prepared: Prepared;
     let mut rows = Rows::new(exp, ctx);
     let reference = rows.float_rows();
+    if !cancel.is_cancelled() {
+        rows.export_fp16();
+    }
     if exp.precisions.contains(&Precision::Int8) && !cancel.is_cancelled() {
+        let (equalized, summary) = equalize_for_int8(&p, exp);
+        // A model with nothing to equalize gets no note (the report's field still says so).
+        let nothing = equalized
+            .1
+            .as_ref()
+            .is_some_and(|e| e.pairs.is_empty() && e.skipped.is_empty());
+        if !nothing {
+            sink.log(&summary);
+            rows.report.notes.push(summary);
+        }
+        rows.report.equalization = equalized.1;
+        int8_prepared = equalized.0;
+        rows.ctx.p = &int8_prepared;
         rows.int8_rows(cache, &reference);
     }
     Ok(rows.finish())
+}
+
+/// Per-channel max |x| over the calibration images of the tensors between CLE's conv pairs
+/// (an FP32 pass of the original model), for CLE's activation scale rule.
+fn cle_activation_ranges(
+    p: &Prepared,
+    exp: &Experiment,
+) -> Result<HashMap<String, Vec<f32>>, String> {
+    let between = quant::cle::between_tensors(&p.model, exp.cle_clip);
+    if between.is_empty() || p.calib_images.is_empty() {
+        return Ok(HashMap::new());
+    }
+    let names: Vec<String> = between.iter().map(|b| b.0.clone()).collect();
+    let probe = backend::cpu::Probe::new(&p.model, p.hw, &names).map_err(|e| e.to_string())?;
+    let channels = p.model.info.input_chw[0];
+    let mut ranges: HashMap<String, Vec<f32>> = HashMap::new();
+    for path in &p.calib_images {
+        let img = data::open_rgb(path).map_err(|e| e.to_string())?;
+        let input = exp
+            .preprocess
+            .apply(&img, p.hw, channels, p.model.info.layout);
+        let (_, acts) = probe
+            .run(&input)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        for ((name, c), a) in between.iter().zip(&acts) {
+            quant::cle::channel_max(a.as_ref(), *c, ranges.entry(name.clone()).or_default());
+        }
+    }
+    Ok(ranges)
+}
+
+/// The prepared model the INT8 path (calibration, Q/DQ, bias correction, exports) uses: the
+/// cross-layer-equalized one when the experiment's `cle` applies, else a copy of the original.
+/// Also returns the line for the report's notes. A failed transform falls back to the original
+/// model and says so, rather than losing the run.
+pub fn equalize_for_int8(
+    p: &Prepared,
+    exp: &Experiment,
+) -> ((Prepared, Option<quant::cle::CleSummary>), String) {
+    use quant::cle::{CleSetting, ScaleRule};
+    let wants_ranges = exp.cle_scales == ScaleRule::Activations
+        && match exp.cle {
+            CleSetting::Off => false,
+            CleSetting::On => true,
+            CleSetting::Auto => quant::cle::decide(&p.model).0,
+        };
+    let (ranges, ranges_failed) = match wants_ranges {
+        true => match cle_activation_ranges(p, exp) {
+            Ok(r) => (r, None),
+            Err(e) => (HashMap::new(), Some(e)),
+        },
+        false => (HashMap::new(), None),
+    };
+    let applied = quant::cle::apply(&p.model, exp.cle, exp.cle_clip, exp.cle_scales, &ranges);
+    let (model, summary, note) = match applied {
+        Ok((m, s)) => {
+            let note = match ranges_failed {
+                Some(e) => format!("{}; activation ranges unavailable ({e})", s.note()),
+                None => s.note(),
+            };
+            (m, Some(s), note)
+        }
+        Err(e) => (
+            p.model.clone(),
+            None,
+            format!("{e:#}; the INT8 engines use the model without equalization"),
+        ),
+    };
+    let prepared = Prepared {
+        model,
+        hw: p.hw,
+        task: p.task,
+        eval: p.eval.clone(),
+        calib_images: p.calib_images.clone(),
+        output_channels: p.output_channels,
+    };
+    ((prepared, summary), note)
 }
 
 /// Refuses, before the run, an output that would destroy an input (the model, the labels, the

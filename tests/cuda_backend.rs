@@ -241,7 +241,8 @@ fn residual_classifier_fp32_fp16_int8_match_cpu() {
 fn every_int8_conv_implementation_matches_cpu() {
     use quantscope::backend::cuda::cache::Choices;
     use quantscope::backend::cuda::engine::{CudaEngine, Device};
-    use quantscope::backend::cuda::plan::{self, Step};
+    use quantscope::backend::cuda::ops as plan;
+    use quantscope::backend::cuda::plan::Step;
     let Some(_) = gpu() else { return };
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("sample_models/fashion_resnet.onnx");
     let m = Model::load(&path).expect("sample model loads");
@@ -599,7 +600,6 @@ fn shape_arithmetic() -> GraphBuilder {
 /// Host side only: every model here lowers to a plan in every precision (no GPU needed).
 #[test]
 fn models_lower_to_plans_without_a_gpu() {
-    use quantscope::backend::cuda::plan;
     let mut models: Vec<(String, Model)> = vec![
         (
             "residual_classifier".into(),
@@ -615,7 +615,7 @@ fn models_lower_to_plans_without_a_gpu() {
         let hw = m.input_hw(None).unwrap_or([224, 224]);
         let shape = m.input_shape(1, hw);
         for p in [Precision::Fp32, Precision::Fp16] {
-            plan::lower(&m.with_fixed_input(1, hw), shape, p)
+            quantscope::backend::cuda::ops::lower(&m.with_fixed_input(1, hw), shape, p)
                 .unwrap_or_else(|e| panic!("{name} {p}: {e}"));
         }
         let qdq = qdq_of(&m, hw, 1);
@@ -623,8 +623,12 @@ fn models_lower_to_plans_without_a_gpu() {
             proto: qdq.proto.clone(),
             ..m.clone()
         };
-        let pl = plan::lower(&qm.with_fixed_input(1, hw), shape, Precision::Int8)
-            .unwrap_or_else(|e| panic!("{name} int8: {e}"));
+        let pl = quantscope::backend::cuda::ops::lower(
+            &qm.with_fixed_input(1, hw),
+            shape,
+            Precision::Int8,
+        )
+        .unwrap_or_else(|e| panic!("{name} int8: {e}"));
         eprintln!(
             "{name}: int8 plan with {} steps, {} int8 convs, {} float nodes",
             pl.steps.len(),

@@ -254,9 +254,25 @@ fn qdq_export_from_the_window_and_run_history() {
     });
     let banner = h.state().banner.clone().map(|b| b.0).unwrap_or_default();
     assert!(banner.contains(&out.display().to_string()), "{banner}");
-    for f in ["tiny_int8_max.onnx", "tiny_int8_max.cache"] {
+    for f in [
+        "tiny_int8_max.onnx",
+        "tiny_int8_max.cache",
+        "tiny_fp16.onnx",
+        "tiny_mixed_int8_fp16_max.onnx",
+    ] {
         assert!(out.join(f).is_file(), "{f} written");
     }
+    // The ready TensorRT lines: strongly typed for each model, implicit INT8 for the cache.
+    let cmds = h.state().trt_commands.clone();
+    let line = |file: &str| {
+        cmds.iter()
+            .find(|(f, _)| f == file)
+            .map(|(_, c)| c.clone())
+            .unwrap_or_else(|| panic!("no command for {file}: {cmds:?}"))
+    };
+    assert!(line("tiny_fp16.onnx").contains("--stronglyTyped"));
+    assert!(line("tiny_int8_max.onnx").contains("--stronglyTyped"));
+    assert!(line("tiny_int8_max.cache").contains("--int8 --calib="));
     // A second run keeps the first for comparison.
     h.state_mut().push(Command::Run);
     h.step();

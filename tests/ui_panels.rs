@@ -100,6 +100,12 @@ fn build_panel_precisions_backend_and_run() {
         cuda.accesskit_node().is_disabled(),
         "CUDA is disabled without a driver"
     );
+    // The left column scrolls: bring the Build panel's checkbox into view before clicking.
+    h.get_all_by_role_and_label(egui::accesskit::Role::CheckBox, "FP16 (simulated)")
+        .next()
+        .expect("the FP16 checkbox, labelled simulated on the CPU")
+        .scroll_to_me();
+    h.run();
     h.get_all_by_role_and_label(egui::accesskit::Role::CheckBox, "FP16 (simulated)")
         .next()
         .expect("the FP16 checkbox, labelled simulated on the CPU")

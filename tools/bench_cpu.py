@@ -1,20 +1,29 @@
 #!/usr/bin/env python3
-"""CPU speed, side by side in one run: quantscope's FP32 and INT8 engines against ONNX Runtime
-running the same FP32 model and the same Q/DQ file quantscope wrote.
+"""CPU speed, side by side in one run: quantscope's FP32, FP16 and INT8 CPU engines against
+ONNX Runtime running the same FP32 model and the same Q/DQ file quantscope wrote (at basic and
+at full graph optimisation), at 1 thread and at all cores, on several models.
 
 Usage:
-  tools/bench_cpu.py QUANTSCOPE_BIN MODEL.onnx QDQ.onnx CALIB_DIR [--scale S --offset O | --mean M --std S]
-                     [--runs N] [--threads T]
+  tools/bench_cpu.py QUANTSCOPE_BIN CALIB_DIR --model NAME=PATH[:NORM] [--model ...]
+                     [--threads 1,2] [--rounds 2] [--runs 20] [--out PREFIX]
 
-It times, on one preprocessed calibration image, each engine for at least N runs after a
-warm-up, all with T threads (quantscope's --threads and ONNX Runtime's intra-op threads; 1 by
-default, as in the committed results), and prints median
-latencies and the ratios the project tracks. ONNX Runtime is measured twice on the Q/DQ
-file: with basic graph optimisation (float arithmetic, exact) and with its default full
-optimisation (fused u8 x s8 kernels, which saturate without VNNI).
+NORM is `scale,offset` (x*scale + offset on 0..255 pixels) or `imagenet` (the default).
+
+Order of work, in this one process: for each thread count, for each round, for each model:
+quantscope (fp32, fp16, int8 max; its own timing loop: >= RUNS runs after a warm-up), then
+ONNX Runtime fp32, int8 Q/DQ basic, int8 Q/DQ full (>= RUNS runs each after 3 warm-ups).
+Engines are therefore timed interleaved, not one after the other for minutes; each number
+printed is the median over rounds of each round's median. quantscope's per-layer profile
+(its CPU engine times each tract node) is summed by op kind and printed with the times, so
+the ratios come with the ops that explain them.
+
+Writes PREFIX.txt (what is printed) and PREFIX.json when --out is given.
 """
 import argparse
 import json
+import os
+import platform
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -22,6 +31,30 @@ import time
 
 import numpy as np
 import onnxruntime as ort
+
+
+def cpu_name():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def cpu_flags():
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    have = set(line.split(":", 1)[1].split())
+                    return [x for x in ("avx2", "fma", "f16c", "avx512f", "avx512_vnni",
+                                        "avx_vnni", "avx512_fp16", "amx_int8") if x in have]
+    except OSError:
+        pass
+    return []
 
 
 def ort_latency(path, x, level, threads, runs):
@@ -34,55 +67,124 @@ def ort_latency(path, x, level, threads, runs):
     for _ in range(3):
         s.run(None, {name: x})
     t = []
-    for _ in range(runs):
+    while len(t) < runs:
         a = time.perf_counter()
         s.run(None, {name: x})
         t.append((time.perf_counter() - a) * 1e3)
     return float(np.median(t))
 
 
+def quantscope_round(a, name, path, norm, threads, work):
+    """One quantscope eval: fp32, fp16, int8 (max). Returns {precision: ms}, per-op ms, shape,
+    the Q/DQ path."""
+    report = os.path.join(work, f"{name}-t{threads}.json")
+    qdq_dir = os.path.join(work, f"{name}-qdq")
+    cmd = [a.quantscope, "eval", "--model", path, "--calib", a.calib, "--calib-count", "4",
+           "--precisions", "fp32,fp16,int8", "--methods", "max", "--min-runs", str(a.runs),
+           "--min-time-ms", "1000", "--batch", "1", "--threads", str(threads),
+           "--cle", "off", "--export-qdq", qdq_dir, "--report", report] + norm
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    r = json.load(open(report))
+    times, ops = {}, {}
+    for row in r["rows"]:
+        if row.get("error"):
+            raise SystemExit(f"{name}: quantscope {row['precision']} failed: {row['error']}")
+        p = row["precision"]
+        times[p] = row["latency_ms"]["median"]
+        per_kind = {}
+        for l in row.get("layer_times", []):
+            per_kind[l["kernel"]] = per_kind.get(l["kernel"], 0.0) + l["time_ms"]
+        ops[p] = per_kind
+    shape = [1] + [int(d) for d in r["model"]["inputs"][0]["shape"][1:]]
+    qdq = [os.path.join(qdq_dir, f) for f in sorted(os.listdir(qdq_dir)) if f.endswith(".onnx")]
+    if not qdq:
+        raise SystemExit(f"{name}: quantscope wrote no Q/DQ model under {qdq_dir}")
+    return times, ops, shape, qdq[0]
+
+
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("quantscope")
-    ap.add_argument("model")
-    ap.add_argument("qdq")
     ap.add_argument("calib")
-    ap.add_argument("--scale", type=float)
-    ap.add_argument("--offset", type=float, default=0.0)
-    ap.add_argument("--mean")
-    ap.add_argument("--std")
-    ap.add_argument("--runs", type=int, default=30)
-    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--model", action="append", required=True, help="NAME=PATH[:NORM]")
+    ap.add_argument("--threads", default=f"1,{os.cpu_count()}")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--out")
     a = ap.parse_args()
 
-    norm = ["--scale", str(a.scale), "--offset", str(a.offset)] if a.scale is not None else ["--mean", a.mean, "--std", a.std]
-    with tempfile.TemporaryDirectory() as d:
-        # quantscope: FP32 and INT8 (max) engines, timed by its own benchmark.
-        cmd = [a.quantscope, "eval", "--model", a.model, "--calib", a.calib, "--calib-count", "8",
-               "--precisions", "fp32,int8", "--methods", "max", "--min-runs", str(a.runs),
-               "--min-time-ms", "2000", "--batch", "1", "--threads", str(a.threads),
-               "--report", f"{d}/r.json"] + norm
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        rows = json.load(open(f"{d}/r.json"))["rows"]
-        ours = {r["precision"]: r["latency_ms"]["median"] for r in rows}
-        shape = [1] + [d for d in json.load(open(f"{d}/r.json"))["model"]["inputs"][0]["shape"][1:]]
-    x = np.random.default_rng(0).uniform(-1, 1, size=[int(v) for v in shape]).astype(np.float32)
+    models = []
+    for m in a.model:
+        name, rest = m.split("=", 1)
+        path, _, norm = rest.partition(":")
+        if not os.path.isfile(path):
+            raise SystemExit(f"--model {m}: no file at {path}")
+        if norm in ("", "imagenet"):
+            flags = ["--mean", "0.485,0.456,0.406", "--std", "0.229,0.224,0.225"]
+        else:
+            s, o = norm.split(",")
+            flags = ["--scale", s, "--offset", o]
+        models.append((name, path, flags))
+    threads = sorted({int(t) for t in a.threads.split(",")})
     basic, full = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    res = {
-        "quantscope fp32": ours["fp32"],
-        "quantscope int8": ours["int8"],
-        "onnxruntime fp32": ort_latency(a.model, x, full, a.threads, a.runs),
-        "onnxruntime int8 Q/DQ, basic opt": ort_latency(a.qdq, x, basic, a.threads, a.runs),
-        "onnxruntime int8 Q/DQ, full opt": ort_latency(a.qdq, x, full, a.threads, a.runs),
-    }
-    print(f"onnxruntime {ort.__version__}, {a.threads} thread(s), median of >= {a.runs} runs")
-    for k, v in res.items():
-        print(f"  {k:36} {v:9.2f} ms")
-    q = res["quantscope int8"]
-    print(f"  ratio quantscope int8 / quantscope fp32:            {q / res['quantscope fp32']:.2f}")
-    print(f"  ratio quantscope int8 / onnxruntime int8 basic opt: {q / res['onnxruntime int8 Q/DQ, basic opt']:.2f}")
-    print(f"  ratio quantscope int8 / onnxruntime int8 full opt:  {q / res['onnxruntime int8 Q/DQ, full opt']:.2f}")
-    json.dump(res, sys.stderr)
+
+    lines = []
+
+    def say(s=""):
+        print(s, flush=True)
+        lines.append(s)
+
+    say(f"# tools/bench_cpu.py, {time.strftime('%Y-%m-%d')}")
+    say(f"CPU: {cpu_name()}, {os.cpu_count()} logical cores, flags {' '.join(cpu_flags())}; "
+        f"load average at the start: {os.getloadavg()[0]:.2f}")
+    say(f"onnxruntime {ort.__version__}; quantscope {a.quantscope}; {a.rounds} rounds, "
+        f">= {a.runs} runs per engine per round; median over rounds of per-round medians")
+    results = {"cpu": cpu_name(), "flags": cpu_flags(), "onnxruntime": ort.__version__,
+               "rounds": a.rounds, "runs": a.runs, "models": {}}
+    with tempfile.TemporaryDirectory() as work:
+        for t in threads:
+            samples = {n: {} for n, _, _ in models}
+            ops = {}
+            for _ in range(a.rounds):
+                for name, path, norm in models:
+                    times, per_op, shape, qdq = quantscope_round(a, name, path, norm, t, work)
+                    ops[name] = per_op
+                    x = np.random.default_rng(0).uniform(-1, 1, size=shape).astype(np.float32)
+                    got = {f"quantscope {p}": v for p, v in times.items()}
+                    got["onnxruntime fp32"] = ort_latency(path, x, full, t, a.runs)
+                    got["onnxruntime int8 Q/DQ, basic opt"] = ort_latency(qdq, x, basic, t, a.runs)
+                    got["onnxruntime int8 Q/DQ, full opt"] = ort_latency(qdq, x, full, t, a.runs)
+                    for k, v in got.items():
+                        samples[name].setdefault(k, []).append(v)
+            say()
+            # Other work on the machine skews everything: say how busy it was.
+            say(f"## {t} thread(s) (load average at the end: {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores)")
+            for name, _, _ in models:
+                res = {k: statistics.median(v) for k, v in samples[name].items()}
+                results["models"].setdefault(name, {})[f"threads_{t}"] = {
+                    "median_ms": res, "rounds_ms": samples[name], "quantscope_ms_by_op": ops[name]}
+                say(f"### {name}")
+                for k, v in res.items():
+                    say(f"  {k:36} {v:9.2f} ms")
+                q = lambda p: res[f"quantscope {p}"]
+                o_fp32 = res["onnxruntime fp32"]
+                o_full = res["onnxruntime int8 Q/DQ, full opt"]
+                o_basic = res["onnxruntime int8 Q/DQ, basic opt"]
+                say(f"  ratio quantscope fp32 / ort fp32          {q('fp32') / o_fp32:6.2f}  (target <= 1.2)")
+                say(f"  ratio quantscope int8 / ort int8 full opt {q('int8') / o_full:6.2f}  (target <= 1.0)")
+                say(f"  ratio quantscope int8 / ort int8 basic    {q('int8') / o_basic:6.2f}")
+                say(f"  ratio quantscope int8 / quantscope fp32   {q('int8') / q('fp32'):6.2f}")
+                say(f"  ratio quantscope fp16 / quantscope fp32   {q('fp16') / q('fp32'):6.2f}  (target <= 2.0)")
+                say(f"  ratio ort int8 full opt / ort fp32        {o_full / o_fp32:6.2f}")
+                for p in ("fp32", "fp16", "int8"):
+                    top = sorted(ops[name].get(p, {}).items(), key=lambda kv: -kv[1])[:6]
+                    say(f"  quantscope {p} profile, ms by op (last round): "
+                        + ", ".join(f"{k} {v:.2f}" for k, v in top))
+    if a.out:
+        with open(a.out + ".txt", "w") as f:
+            f.write("\n".join(lines) + "\n")
+        with open(a.out + ".json", "w") as f:
+            json.dump(results, f, indent=1)
     return 0
 
 

@@ -142,7 +142,8 @@ pub struct LayerTime {
 pub struct EngineInfo {
     pub backend: String,
     pub device: String,
-    /// True where a precision is emulated (FP16 on the CPU backend).
+    /// True where a precision is emulated (FP16 on the CPU backend: FP16 numerics in f32
+    /// memory, so the accuracy is real and the latency is not an FP16 device's).
     pub simulated: bool,
     pub int8_nodes: usize,
     pub float_nodes: Vec<FloatNode>,

@@ -1,19 +1,23 @@
 //! Image folders and evaluation sets (ImageFolder classification, images/ + masks/
-//! segmentation) and the preprocessing that turns a decoded image into a model input.
+//! segmentation), image and mask decoding; the preprocessing that turns a decoded image into
+//! a model input is in `preprocess.rs`, re-exported here.
 //! Knows nothing about engines.
 
+mod preprocess;
 mod walk;
 
 use std::collections::{BTreeSet, HashSet};
 use std::path::{Path, PathBuf};
 
+pub use preprocess::{
+    CAFFE_MEAN_BGR_255, ChannelOrder, DEFAULT_PAD_VALUE, Geometry, IMAGENET_MEAN, IMAGENET_STD,
+    Interpolation, Normalize, Preprocess, Preset, ResizeMode, resize,
+};
 use walk::check_regular_file;
 pub use walk::{MAX_IMAGE_FILE_BYTES, list_images};
 
-use image::{DynamicImage, RgbImage, imageops::FilterType};
+use image::{DynamicImage, RgbImage};
 use serde::{Deserialize, Serialize};
-
-use crate::model::Layout;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
@@ -42,113 +46,6 @@ fn is_image(p: &Path) -> bool {
     p.extension()
         .and_then(|e| e.to_str())
         .is_some_and(|e| IMAGE_EXTENSIONS.contains(&e.to_ascii_lowercase().as_str()))
-}
-
-/// How the image is brought to the model's input size.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "lowercase")]
-pub enum ResizeMode {
-    /// Resize both sides to the input size, ignoring aspect ratio.
-    #[default]
-    Stretch,
-    /// Resize the short side to fit, then cut the centre.
-    Crop,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
-#[serde(rename_all = "UPPERCASE")]
-pub enum ChannelOrder {
-    #[default]
-    Rgb,
-    Bgr,
-}
-
-/// Pixel normalisation. `ScaleOffset { scale: 1, offset: 0 }` keeps raw 0..255 values.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub enum Normalize {
-    /// `(x / 255 - mean) / std`, per channel (in the model's channel order).
-    MeanStd { mean: [f32; 3], std: [f32; 3] },
-    /// `x * scale + offset` on raw 0..255 values.
-    ScaleOffset { scale: f32, offset: f32 },
-}
-
-impl Default for Normalize {
-    fn default() -> Self {
-        Normalize::MeanStd {
-            mean: [0.485, 0.456, 0.406],
-            std: [0.229, 0.224, 0.225],
-        }
-    }
-}
-
-/// Everything needed to turn an image file into a model input. Saved in the experiment.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
-#[serde(default)]
-pub struct Preprocess {
-    pub resize: ResizeMode,
-    /// Input height and width; `None` takes the model's own.
-    pub size: Option<[usize; 2]>,
-    pub channel_order: ChannelOrder,
-    pub normalize: Normalize,
-}
-
-/// Smallest |std| accepted: below it, normalised inputs reach magnitudes no model expects.
-const MIN_STD: f32 = 1e-6;
-
-/// Where a model-input pixel comes from in the original image, so predictions can be
-/// compared at mask resolution.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Geometry {
-    pub orig_hw: [usize; 2],
-    pub input_hw: [usize; 2],
-    pub resize: ResizeMode,
-}
-
-impl Geometry {
-    /// Scale and offset from original pixel coordinates to model-input coordinates.
-    fn transform(&self) -> ([f32; 2], [f32; 2]) {
-        let [h0, w0] = self.orig_hw.map(|v| v.max(1) as f32);
-        let [th, tw] = self.input_hw.map(|v| v as f32);
-        match self.resize {
-            ResizeMode::Stretch => ([th / h0, tw / w0], [0.0, 0.0]),
-            ResizeMode::Crop => {
-                let s = (th / h0).max(tw / w0);
-                ([s, s], [(h0 * s - th) / 2.0, (w0 * s - tw) / 2.0])
-            }
-        }
-    }
-
-    /// For each pixel of a `mask_hw` grid over the original image, the index into an
-    /// `out_hw` prediction grid (nearest), or `None` where the crop cut that pixel away.
-    pub fn pixel_map(&self, mask_hw: [usize; 2], out_hw: [usize; 2]) -> Vec<Option<u32>> {
-        let ([sy, sx], [oy, ox]) = self.transform();
-        let [mh, mw] = mask_hw;
-        let ky = self.orig_hw[0] as f32 / mh as f32;
-        let kx = self.orig_hw[1] as f32 / mw as f32;
-        let [th, tw] = self.input_hw.map(|v| v as f32);
-        let col: Vec<Option<u32>> = (0..mw)
-            .map(|x| {
-                let xm = (x as f32 + 0.5) * kx * sx - ox;
-                (0.0..tw)
-                    .contains(&xm)
-                    .then(|| ((xm * out_hw[1] as f32 / tw) as u32).min(out_hw[1] as u32 - 1))
-            })
-            .collect();
-        let mut map = Vec::with_capacity(mh * mw);
-        for y in 0..mh {
-            let ym = (y as f32 + 0.5) * ky * sy - oy;
-            let row = (0.0..th)
-                .contains(&ym)
-                .then(|| ((ym * out_hw[0] as f32 / th) as u32).min(out_hw[0] as u32 - 1));
-            for c in &col {
-                map.push(match (row, c) {
-                    (Some(r), Some(c)) => Some(r * out_hw[1] as u32 + c),
-                    _ => None,
-                });
-            }
-        }
-        map
-    }
 }
 
 /// Largest width or height accepted for an image or mask: far above any model input, and
@@ -214,106 +111,6 @@ pub fn open_rgb(path: &Path) -> Result<RgbImage, DataError> {
         DynamicImage::ImageRgb8(i) => i,
         other => other.to_rgb8(),
     })
-}
-
-/// Resizes `img` to `hw` per `mode`.
-pub fn resize(img: &RgbImage, hw: [usize; 2], mode: ResizeMode) -> RgbImage {
-    let (w0, h0) = img.dimensions();
-    let [h, w] = hw.map(|v| v as u32);
-    if (w0, h0) == (w, h) {
-        return img.clone();
-    }
-    match mode {
-        ResizeMode::Stretch => image::imageops::resize(img, w, h, FilterType::Triangle),
-        ResizeMode::Crop => {
-            let s = (h as f32 / h0 as f32).max(w as f32 / w0 as f32);
-            let (rw, rh) = (
-                ((w0 as f32 * s).round() as u32).max(w),
-                ((h0 as f32 * s).round() as u32).max(h),
-            );
-            let r = image::imageops::resize(img, rw, rh, FilterType::Triangle);
-            image::imageops::crop_imm(&r, (rw - w) / 2, (rh - h) / 2, w, h).to_image()
-        }
-    }
-}
-
-impl Preprocess {
-    /// Refuses settings that would silently turn every input into NaN, infinity or garbage
-    /// (a NaN mean, a zero std, a 0-pixel size). The message names the value and its flag.
-    pub fn validate(&self) -> Result<(), String> {
-        fn finite(flag: &str, v: &[f32]) -> Result<(), String> {
-            match v.iter().find(|x| !x.is_finite()) {
-                Some(x) => Err(format!(
-                    "{flag}: {x} is not a finite number; give plain numbers"
-                )),
-                None => Ok(()),
-            }
-        }
-        match self.normalize {
-            Normalize::MeanStd { mean, std } => {
-                finite("--mean", &mean)?;
-                finite("--std", &std)?;
-                // Dividing by a (near-)zero std blows every input up to infinity.
-                if let Some(s) = std.iter().find(|s| s.abs() < MIN_STD) {
-                    return Err(format!(
-                        "--std: {s} is zero or too close to it (|std| must be at least {MIN_STD}); inputs would be divided by it"
-                    ));
-                }
-            }
-            Normalize::ScaleOffset { scale, offset } => {
-                finite("--scale", &[scale])?;
-                finite("--offset", &[offset])?;
-            }
-        }
-        if let Some(hw) = self.size {
-            let max = MAX_IMAGE_SIDE_PX as usize;
-            if let Some(v) = hw.iter().find(|v| !(1..=max).contains(*v)) {
-                return Err(format!(
-                    "--size: {v} pixels is out of range for {}x{}; each side must be 1..={max}",
-                    hw[0], hw[1]
-                ));
-            }
-        }
-        Ok(())
-    }
-
-    /// Turns an image into one input tensor (`channels x H x W` in `layout` order).
-    pub fn apply(
-        &self,
-        img: &RgbImage,
-        hw: [usize; 2],
-        channels: usize,
-        layout: Layout,
-    ) -> Vec<f32> {
-        let r = resize(img, hw, self.resize);
-        let [h, w] = hw;
-        let channels = channels.clamp(1, 3);
-        let mut out = vec![0f32; channels * h * w];
-        let order: [usize; 3] = match self.channel_order {
-            ChannelOrder::Rgb => [0, 1, 2],
-            ChannelOrder::Bgr => [2, 1, 0],
-        };
-        for (x, y, p) in r.enumerate_pixels() {
-            let (x, y) = (x as usize, y as usize);
-            for c in 0..channels {
-                let raw = if channels == 1 {
-                    (p[0] as f32 + p[1] as f32 + p[2] as f32) / 3.0
-                } else {
-                    p[order[c]] as f32
-                };
-                let v = match self.normalize {
-                    Normalize::MeanStd { mean, std } => (raw / 255.0 - mean[c]) / std[c],
-                    Normalize::ScaleOffset { scale, offset } => raw * scale + offset,
-                };
-                let i = match layout {
-                    Layout::Nchw => c * h * w + y * w + x,
-                    Layout::Nhwc => (y * w + x) * channels + c,
-                };
-                out[i] = v;
-            }
-        }
-        out
-    }
 }
 
 /// Memory the PNG decoder may use for its own buffers (palette, text and ICC chunks); the
@@ -781,52 +578,6 @@ pub fn canonical(p: &Path) -> PathBuf {
 mod tests {
     use super::*;
 
-    #[test]
-    fn stretch_pixel_map_is_nearest() {
-        let g = Geometry {
-            orig_hw: [4, 4],
-            input_hw: [2, 2],
-            resize: ResizeMode::Stretch,
-        };
-        let m = g.pixel_map([4, 4], [2, 2]);
-        assert_eq!(m[0], Some(0));
-        assert_eq!(m[3], Some(1));
-        assert_eq!(m[15], Some(3));
-    }
-
-    #[test]
-    fn crop_pixel_map_drops_the_cut_sides() {
-        // 4 tall, 8 wide, cropped to 4x4: the outer two columns each side are cut.
-        let g = Geometry {
-            orig_hw: [4, 8],
-            input_hw: [4, 4],
-            resize: ResizeMode::Crop,
-        };
-        let m = g.pixel_map([4, 8], [4, 4]);
-        assert_eq!(m[0], None);
-        assert_eq!(m[1], None);
-        assert_eq!(m[2], Some(0));
-        assert_eq!(m[7], None);
-    }
-
-    #[test]
-    fn raw_pixels_are_expressible() {
-        let img = RgbImage::from_pixel(2, 2, image::Rgb([10, 20, 30]));
-        let p = Preprocess {
-            normalize: Normalize::ScaleOffset {
-                scale: 1.0,
-                offset: 0.0,
-            },
-            channel_order: ChannelOrder::Bgr,
-            ..Default::default()
-        };
-        let v = p.apply(&img, [2, 2], 3, Layout::Nchw);
-        assert_eq!(&v[0..4], &[30.0; 4]);
-        assert_eq!(&v[8..12], &[10.0; 4]);
-        let v = p.apply(&img, [2, 2], 3, Layout::Nhwc);
-        assert_eq!(&v[0..3], &[30.0, 20.0, 10.0]);
-    }
-
     fn write_png(path: &Path, hw: [u32; 2]) {
         RgbImage::from_pixel(hw[1], hw[0], image::Rgb([1, 2, 3]))
             .save(path)
@@ -1003,58 +754,6 @@ mod tests {
         assert!(
             msg.contains("20000x20000") && msg.contains("16384"),
             "{msg}"
-        );
-    }
-
-    #[test]
-    fn preprocess_validate_refuses_nan_mean_zero_std_and_zero_size() {
-        Preprocess::default()
-            .validate()
-            .expect("defaults are valid");
-        let nan_mean = Preprocess {
-            normalize: Normalize::MeanStd {
-                mean: [0.5, f32::NAN, 0.5],
-                std: [0.2; 3],
-            },
-            ..Default::default()
-        };
-        let msg = nan_mean.validate().expect_err("NaN mean");
-        assert!(msg.starts_with("--mean") && msg.contains("NaN"), "{msg}");
-        let zero_std = Preprocess {
-            normalize: Normalize::MeanStd {
-                mean: [0.5; 3],
-                std: [0.2, 0.0, 0.2],
-            },
-            ..Default::default()
-        };
-        assert!(
-            zero_std
-                .validate()
-                .expect_err("zero std")
-                .starts_with("--std")
-        );
-        let inf_scale = Preprocess {
-            normalize: Normalize::ScaleOffset {
-                scale: f32::INFINITY,
-                offset: 0.0,
-            },
-            ..Default::default()
-        };
-        assert!(
-            inf_scale
-                .validate()
-                .expect_err("inf")
-                .starts_with("--scale")
-        );
-        let zero_size = Preprocess {
-            size: Some([224, 0]),
-            ..Default::default()
-        };
-        assert!(
-            zero_size
-                .validate()
-                .expect_err("0 px")
-                .starts_with("--size")
         );
     }
 

@@ -3,6 +3,7 @@
 //! every node named), and describing it (`ModelInfo`: inputs, outputs, op census, task).
 //! Nothing here runs the model.
 
+pub mod fp16;
 pub mod graph;
 pub mod proto;
 #[doc(hidden)]
@@ -102,6 +103,10 @@ pub struct ModelInfo {
     /// True when the file already holds QuantizeLinear/DequantizeLinear pairs (e.g. from QAT).
     pub prequantized: bool,
     pub unsupported: Vec<UnsupportedOp>,
+    /// Float16 initializers the file stores, upcast to float at load (exact): the model was
+    /// exported in FP16. 0 for an FP32 model.
+    #[serde(default)]
+    pub fp16_initializers: usize,
 }
 
 /// A loaded, prepared model: the graph every later stage reads.
@@ -168,6 +173,7 @@ impl Model {
             reason,
         })?;
         constants_to_initializers(graph);
+        let fp16_initializers = fp16::upcast(graph);
         let problems = validate::validate(graph, opset);
         if !problems.is_empty() {
             let shown: Vec<String> = problems.iter().take(3).map(|p| p.to_string()).collect();
@@ -185,7 +191,8 @@ impl Model {
         graph.input.retain(|i| !init_names.contains(&i.name));
         name_nodes(graph);
         let folded = fold_batch_norms(graph);
-        let info = describe(path, &proto, opset, folded)?;
+        let mut info = describe(path, &proto, opset, folded)?;
+        info.fp16_initializers = fp16_initializers;
         let mut model = Model {
             path: path.into(),
             proto,
@@ -644,6 +651,7 @@ fn describe(
         input_chw,
         batch_norms_folded: folded,
         prequantized,
+        fp16_initializers: 0,
         unsupported,
     })
 }

@@ -114,6 +114,59 @@ impl GraphBuilder {
         out
     }
 
+    /// A node with attributes and one output, `{name}.out`.
+    pub fn node(
+        &mut self,
+        op: &str,
+        name: &str,
+        inputs: &[&str],
+        attrs: Vec<pb::AttributeProto>,
+    ) -> String {
+        let out = format!("{name}.out");
+        self.graph
+            .node
+            .push(proto::node(op, name, inputs, &[&out], attrs));
+        out
+    }
+
+    /// A node with `outputs` outputs, `{name}.out0`, `{name}.out1`, ...
+    pub fn node_n(
+        &mut self,
+        op: &str,
+        name: &str,
+        inputs: &[&str],
+        outputs: usize,
+        attrs: Vec<pb::AttributeProto>,
+    ) -> Vec<String> {
+        let outs: Vec<String> = (0..outputs).map(|k| format!("{name}.out{k}")).collect();
+        let refs: Vec<&str> = outs.iter().map(|s| s.as_str()).collect();
+        self.graph
+            .node
+            .push(proto::node(op, name, inputs, &refs, attrs));
+        outs
+    }
+
+    /// An f32 initializer holding `data`.
+    pub fn constant(&mut self, name: &str, dims: &[usize], data: &[f32]) -> String {
+        self.graph
+            .initializer
+            .push(proto::f32_tensor(name, dims, data));
+        name.to_string()
+    }
+
+    /// An f32 initializer of deterministic values in [-scale, scale).
+    pub fn random(&mut self, name: &str, dims: &[usize], scale: f32) -> String {
+        self.init(name, dims, scale)
+    }
+
+    /// An i64 initializer (shapes, axes, pads, indices).
+    pub fn ints(&mut self, name: &str, dims: &[usize], data: &[i64]) -> String {
+        self.graph
+            .initializer
+            .push(proto::i64_tensor(name, dims, data));
+        name.to_string()
+    }
+
     pub fn output(&mut self, name: &str) {
         self.graph.output.push(proto::float_value_info(name, None));
     }
@@ -133,8 +186,23 @@ impl GraphBuilder {
     }
 
     pub fn model(&self) -> super::Model {
-        super::Model::from_bytes(std::path::Path::new("test.onnx"), &self.to_bytes(13))
+        self.model_opset(13)
+    }
+
+    /// The graph as a model of `opset` (LayerNormalization needs 17, GroupNormalization 18).
+    pub fn model_opset(&self, opset: i64) -> super::Model {
+        super::Model::from_bytes(std::path::Path::new("test.onnx"), &self.to_bytes(opset))
             .expect("test graph loads")
+    }
+}
+
+/// A float attribute (`proto` has int, ints and string ones).
+pub fn float_attr(name: &str, v: f32) -> pb::AttributeProto {
+    pb::AttributeProto {
+        name: name.into(),
+        r#type: pb::attribute_proto::AttributeType::Float as i32,
+        f: v,
+        ..Default::default()
     }
 }
 

@@ -1,7 +1,11 @@
 //! Q/DQ placement by TensorRT's explicit-quantization rules, writing the Q/DQ ONNX model and
 //! the TensorRT calibration cache. Depends on no backend: backends read the Q/DQ model.
 
+pub mod cle;
 mod opset;
+pub mod ort_check;
+pub mod trtexec;
+pub mod typed;
 
 pub use opset::ensure_opset13;
 

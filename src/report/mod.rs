@@ -142,6 +142,12 @@ pub struct Report {
     /// What the run decided on the user's behalf and why (e.g. a batch the model cannot run).
     #[serde(default)]
     pub notes: Vec<String>,
+    /// Cross-layer equalization of the INT8 engines' model: pairs equalized, skipped and why.
+    #[serde(default)]
+    pub equalization: Option<crate::quant::cle::CleSummary>,
+    /// Models written for deployment (`--export`), with their trtexec lines and ORT checks.
+    #[serde(default)]
+    pub exports: Vec<crate::export::ExportedModel>,
 }
 
 /// A fraction as a percentage with two decimals, "–" when absent (tables in reports and UI).
@@ -248,6 +254,7 @@ impl Report {
         if self.incomplete {
             s.push_str("\nIncomplete: the run was stopped; these are the rows that finished.\n");
         }
+        s.push_str(&crate::export::markdown(&self.exports));
         s
     }
 

@@ -1035,8 +1035,11 @@ impl Workbench {
             | Event::Finished { .. }
             | Event::Failed { .. }
             | Event::Sensitivity { .. } => {} // a stale job's
-            Event::Inspected { path, result, .. } if self.model.loading == Some(job) => {
+            Event::Inspected {
+                path, result, cuda, ..
+            } if self.model.loading == Some(job) => {
                 self.model.loading = None;
+                self.model.cuda = cuda;
                 match result {
                     Ok(info) => {
                         self.log_info(format!(
@@ -1147,6 +1150,7 @@ impl Workbench {
                         files.len(),
                         names.join(", ")
                     ));
+                    self.trt_commands = self.trt_commands_for(&files);
                 }
                 Err(e) => {
                     let msg = format!("Q/DQ export failed: {e}");
@@ -1344,6 +1348,71 @@ impl Workbench {
         };
         self.log_info(format!("{}: used as {what}", p.display()));
         self.apply(Command::SetExperiment(Box::new(e)));
+    }
+
+    /// The `trtexec` line for each exported file: strongly typed for the ONNX models, the
+    /// TensorRT 8.6–10 implicit-INT8 line for a calibration cache.
+    fn trt_commands_for(&self, files: &[PathBuf]) -> Vec<(String, String)> {
+        use crate::quant::trtexec;
+        let Some(info) = &self.model.info else {
+            return vec![];
+        };
+        let [h, w] = self.input_hw();
+        let input = trtexec::InputSpec::new(info, &[1, info.input_chw[0].max(1), h, w]);
+        let fp32_for_cache = files
+            .iter()
+            .find(|f| f.to_string_lossy().ends_with("_fp32_for_cache.onnx"))
+            .cloned()
+            .unwrap_or_else(|| self.exp.model.clone());
+        files
+            .iter()
+            .filter_map(|f| {
+                let name = f.file_name()?.to_string_lossy().into_owned();
+                let cmd = match f.extension()?.to_str()? {
+                    "onnx" if !name.ends_with("_fp32_for_cache.onnx") => {
+                        trtexec::strongly_typed(f, &input)
+                    }
+                    "cache" => trtexec::implicit_int8(&fp32_for_cache, f, &input),
+                    _ => return None,
+                };
+                Some((name, cmd))
+            })
+            .collect()
+    }
+
+    /// After an export: the ready TensorRT commands, each with a Copy button.
+    pub(super) fn trt_commands_window_ui(&mut self, ctx: &egui::Context) {
+        if self.trt_commands.is_empty() {
+            return;
+        }
+        let mut open = true;
+        egui::Window::new("TensorRT commands")
+            .open(&mut open)
+            .resizable(true)
+            .default_width(640.0)
+            .show(ctx, |ui| {
+                ui.label(
+                    "TensorRT 10/11: build the strongly typed files (precision is in the model). \
+                     The .cache line is TensorRT 8.6–10's implicit INT8, removed in TensorRT 11.",
+                );
+                for (file, cmd) in &self.trt_commands {
+                    ui.separator();
+                    ui.horizontal(|ui| {
+                        ui.strong(file);
+                        if ui
+                            .button("Copy")
+                            .on_hover_text("Copy this command to the clipboard")
+                            .clicked()
+                        {
+                            ui.ctx().copy_text(cmd.clone());
+                        }
+                    });
+                    ui.add(egui::Label::new(egui::RichText::new(cmd).monospace()).wrap());
+                }
+            });
+        if !open {
+            self.trt_commands.clear();
+        }
     }
 
     /// The window for typing a path: File > Open path…, or when no file dialog exists.

@@ -46,6 +46,8 @@ const MAX_RECENT: usize = 8;
 #[derive(Default)]
 pub struct ModelState {
     pub info: Option<ModelInfo>,
+    /// Nodes the CUDA backend cannot take, per precision (see `backend::cuda::coverage`).
+    pub cuda: crate::backend::cuda::Coverage,
     pub error: Option<String>,
     pub loading: Option<JobId>,
 }
@@ -273,6 +275,9 @@ pub struct Workbench {
     pub open_path_text: String,
     /// File > Open path… is showing.
     pub open_path_window: bool,
+    /// After an export: (file, ready `trtexec` line) for each exported model, shown in a
+    /// window with Copy buttons until closed.
+    pub trt_commands: Vec<(String, String)>,
     /// Paths dropped on the window this frame and not yet claimed by a path field.
     pub drops: Vec<PathBuf>,
     /// Where the pointer was when they were dropped.
@@ -335,6 +340,7 @@ impl Workbench {
             backends: vec![(BackendKind::Cpu, Ok("this machine's CPU".into()))],
             open_path_text: String::new(),
             open_path_window: false,
+            trt_commands: vec![],
             drops: vec![],
             drop_pos: None,
             pending: vec![],
@@ -422,6 +428,7 @@ impl Workbench {
             results::results_ui(self, ui)
         });
         self.open_path_window_ui(ui.ctx());
+        self.trt_commands_window_ui(ui.ctx());
         for p in std::mem::take(&mut self.drops) {
             self.route_path(p);
         }

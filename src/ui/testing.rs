@@ -185,6 +185,7 @@ pub fn sample_model_info() -> ModelInfo {
         input_chw: [3, 48, 64],
         batch_norms_folded: 4,
         prequantized: false,
+        fp16_initializers: 0,
         unsupported: vec![UnsupportedOp {
             node: "warp/grid".into(),
             op: "GridSample".into(),

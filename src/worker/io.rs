@@ -78,6 +78,7 @@ fn failed(job: JobId, req: IoRequest, error: String) -> Event {
             job,
             path,
             result: Err(error),
+            cuda: vec![],
         },
         IoRequest::ScanCalib { .. } => Event::CalibScanned {
             job,
@@ -115,15 +116,62 @@ fn failed(job: JobId, req: IoRequest, error: String) -> Event {
     }
 }
 
+/// The strongly typed FP16 model and the mixed INT8/FP16 model (from the mixed-precision plan's
+/// Q/DQ model, else the first method's) next to the Q/DQ exports. The window has no engine to
+/// check them against: `quantscope eval --export` runs the ONNX Runtime check.
+fn typed_exports(
+    dir: &std::path::Path,
+    model_path: &std::path::Path,
+    qdq: &[crate::pipeline::QdqArtifact],
+) -> Result<Vec<PathBuf>, String> {
+    use crate::quant::typed;
+    let model = Model::load(model_path).map_err(|e| format!("{e:#}"))?;
+    let stem = model_path
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("model");
+    let write = |name: String, bytes: Vec<u8>| -> Result<PathBuf, String> {
+        let path = dir.join(name);
+        crate::files::refuse_inputs([path.as_path()], &[(model_path, "the model")])
+            .map_err(|e| e.to_string())?;
+        crate::files::write(&path, bytes).map_err(|e| e.to_string())?;
+        Ok(path)
+    };
+    let fp16 = typed::fp16_model(&model, None).map_err(|e| e.to_string())?;
+    let mut files = vec![write(format!("{stem}_fp16.onnx"), fp16.to_bytes())?];
+    let mixed_source = qdq
+        .iter()
+        .find(|q| !q.suffix.is_empty())
+        .or_else(|| qdq.first());
+    if let Some(q) = mixed_source {
+        let name = model_path.display().to_string();
+        let mixed = typed::mixed_model(&q.model, &name, None).map_err(|e| e.to_string())?;
+        let m = q.method.map(|m| m.name()).unwrap_or("qat");
+        files.push(write(
+            format!("{stem}_mixed_int8_fp16_{m}.onnx"),
+            mixed.to_bytes(),
+        )?);
+    }
+    Ok(files)
+}
+
 pub(super) fn answer(job: JobId, req: IoRequest) -> Event {
     match req {
-        IoRequest::Inspect { path } => Event::Inspected {
-            job,
-            result: Model::load(&path)
-                .map(|m| Box::new(m.info))
-                .map_err(|e| format!("{e:#}")),
-            path,
-        },
+        IoRequest::Inspect { path } => {
+            let (result, cuda) = match Model::load(&path) {
+                Ok(m) => {
+                    let cuda = crate::backend::cuda::coverage_all(&m, None);
+                    (Ok(Box::new(m.info)), cuda)
+                }
+                Err(e) => (Err(format!("{e:#}")), vec![]),
+            };
+            Event::Inspected {
+                job,
+                result,
+                cuda,
+                path,
+            }
+        }
         IoRequest::ScanCalib {
             dir,
             select,
@@ -167,7 +215,11 @@ pub(super) fn answer(job: JobId, req: IoRequest) -> Event {
                 .iter()
                 .map(|q| crate::pipeline::export_qdq(&dir, &model, &q.model, q.method, q.suffix))
                 .collect::<Result<Vec<[PathBuf; 2]>, String>>()
-                .map(|v| v.into_iter().flatten().collect()),
+                .map(|v| v.into_iter().flatten().collect())
+                .and_then(|mut files: Vec<PathBuf>| {
+                    files.extend(typed_exports(&dir, &model, &qdq)?);
+                    Ok(files)
+                }),
         },
         IoRequest::Dialog(d) => {
             let t = Instant::now();
@@ -252,7 +304,7 @@ fn preview(
     if h == 0 || w == 0 || h * w > 4096 * 4096 {
         return Err(format!("input size {h}x{w} cannot be previewed"));
     }
-    let resized = data::resize(&img, hw, pre.resize);
+    let resized = pre.resized(&img, hw);
     let channels = channels.clamp(1, 3);
     let tensor = pre.apply(&img, hw, channels, layout);
     let at = |c: usize, y: usize, x: usize| match layout {

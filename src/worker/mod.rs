@@ -58,6 +58,8 @@ pub enum Event {
         job: JobId,
         path: PathBuf,
         result: Result<Box<ModelInfo>, String>,
+        /// What the CUDA planner cannot take, per precision (planned, not built: no GPU needed).
+        cuda: crate::backend::cuda::Coverage,
     },
     CalibScanned {
         job: JobId,

@@ -1,14 +1,15 @@
-//! The CPU backend, on tract: FP32 as the model is; FP16 simulated by rounding weights and
-//! every float activation through f16; INT8 by lowering the Q/DQ model to integer ops
-//! (QLinearConv / ConvInteger / MatMulInteger) that tract runs on i8 x i8 -> i32 kernels.
+//! The CPU backend, on tract: FP32 as the model is; FP16 numerics (weights and each layer's
+//! output rounded to f16 once, f32 accumulation; see [`Numerics::Fp16`]); INT8 by lowering the
+//! Q/DQ model to integer ops (QLinearConv / ConvInteger / MatMulInteger) that tract runs on
+//! i8 x i8 -> i32 kernels. Slow tract ops are replaced by our kernels (`fast_ops`).
 
+mod fast_ops;
 mod lower;
 
 use std::collections::HashMap;
 
 use tract_onnx::pb;
 use tract_onnx::prelude::*;
-use tract_onnx::tract_hir::infer::Factoid;
 
 use super::{
     Backend, BackendError, BackendKind, BuildInput, BuildSpec, Engine, EngineInfo, FloatNode,
@@ -73,6 +74,18 @@ pub fn set_threads(threads: usize) -> usize {
     n
 }
 
+/// The arithmetic a [`TractModel`] runs with.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Numerics {
+    /// The model as it is.
+    Fp32,
+    /// FP16 engine numerics: weights rounded to f16 once at build (after tract's folding),
+    /// the input and each layer's output rounded to f16 once, accumulation in f32. Values
+    /// live in f32 memory: the accuracy is an FP16 engine's, the speed is not an FP16
+    /// device's.
+    Fp16,
+}
+
 /// A model loaded into tract and optimized, with the outputs it was asked for.
 pub struct TractModel {
     plan: Plan,
@@ -87,6 +100,16 @@ impl TractModel {
         p: &pb::ModelProto,
         input_shape: [usize; 4],
         outputs: &[String],
+    ) -> TractResult<TractModel> {
+        TractModel::with_numerics(p, input_shape, outputs, Numerics::Fp32)
+    }
+
+    /// As [`TractModel::new`], computing with `numerics`.
+    pub fn with_numerics(
+        p: &pb::ModelProto,
+        input_shape: [usize; 4],
+        outputs: &[String],
+        numerics: Numerics,
     ) -> TractResult<TractModel> {
         select_kernels();
         let onnx = tract_onnx::onnx();
@@ -104,7 +127,19 @@ impl TractModel {
             m.select_output_outlets(&outlets)?;
         }
         m.set_input_fact(0, f32::fact(input_shape).into())?;
-        let typed = m.into_optimized()?;
+        let mut typed = m.into_typed()?.into_decluttered()?;
+        // Our rewrites go in between tract's declutter and codegen passes, so that tract still
+        // fuses what surrounds them.
+        fast_ops::replace_resizes(&mut typed)?;
+        if numerics == Numerics::Fp16 {
+            fast_ops::round_constants_to_f16(&mut typed)?;
+        }
+        typed.optimize()?;
+        fast_ops::replace_i8_casts(&mut typed)?;
+        if numerics == Numerics::Fp16 {
+            // After codegen: one rounding per fused layer, not one per ONNX node.
+            fast_ops::round_outputs_to_f16(&mut typed)?;
+        }
         let activations_bytes = peak_activation_bytes(&typed).unwrap_or(0);
         let plan = typed.into_runnable()?;
         Ok(TractModel {
@@ -253,7 +288,9 @@ impl Engine for CpuEngine {
 }
 
 /// Rounds every float initializer through f16 and puts a Cast(f16) -> Cast(f32) pair after
-/// every float activation, so FP16 storage of weights and activations is simulated exactly.
+/// every float activation: the FP16 simulation the CPU backend used before [`Numerics::Fp16`]
+/// (two tract passes per ONNX node, 25x the FP32 time), kept as the tests' reference.
+#[cfg(test)]
 pub fn fp16_simulation(model: &Model, spec: BuildSpec) -> TractResult<pb::ModelProto> {
     let mut p = model.with_fixed_input(spec.batch, spec.hw);
     let float_tensors = float_activation_names(&p, model.input_shape(spec.batch, spec.hw))?;
@@ -340,10 +377,12 @@ pub fn fp16_simulation(model: &Model, spec: BuildSpec) -> TractResult<pb::ModelP
 }
 
 /// Names of tensors tract types as f32 (so casts through f16 make sense for them).
+#[cfg(test)]
 fn float_activation_names(
     p: &pb::ModelProto,
     input_shape: [usize; 4],
 ) -> TractResult<std::collections::HashSet<String>> {
+    use tract_onnx::tract_hir::infer::Factoid;
     let onnx = tract_onnx::onnx();
     let parsed = onnx.parse(p, None)?;
     let mut m = parsed.model;
@@ -397,7 +436,7 @@ impl Backend for CpuBackend {
                 ..
             } => {
                 info.simulated = true;
-                fp16_simulation(model, spec).map_err(build_err)?
+                model.with_fixed_input(spec.batch, spec.hw)
             }
             BuildInput::Float { .. } => model.with_fixed_input(spec.batch, spec.hw),
             BuildInput::Int8 { qdq, .. } => {
@@ -416,7 +455,11 @@ impl Backend for CpuBackend {
             }
         };
         info.weights_bytes = initializer_bytes(&p);
-        let tm = TractModel::new(&p, shape, &[]).map_err(build_err)?;
+        let numerics = match precision {
+            Precision::Fp16 => Numerics::Fp16,
+            _ => Numerics::Fp32,
+        };
+        let tm = TractModel::with_numerics(&p, shape, &[], numerics).map_err(build_err)?;
         info.activations_bytes = tm.activations_bytes;
         Ok(Box::new(CpuEngine {
             model: tm,

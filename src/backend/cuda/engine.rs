@@ -3,7 +3,10 @@
 //! `cudnnFindConvolutionForwardAlgorithmEx`, cuBLASLt GEMM over NHWC rows (with im2col for
 //! k x k), the direct NVRTC kernel; for int8 layers also cuDNN's graph-API int8 conv
 //! (`dnn_graph`), a cuBLASLt int8 GEMM that requantizes in its epilogue, and the layer run in
-//! FP16), captures the whole run in a CUDA graph, and times it with CUDA events.
+//! FP16), captures the whole run in a CUDA graph, and times it with CUDA events. Every other
+//! step runs on an NVRTC kernel of `kernels.cu`; each step's sizes are checked against its
+//! tensors before anything is allocated (`check_step`), and its `Step::constants()` are
+//! uploaded once (counted in `weights_bytes`).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -17,7 +20,10 @@ use cudarc::driver::{
 
 use super::cache::Choices;
 use super::dnn_graph::{Geometry, Int8ConvGraph, Ptrs};
-use super::plan::{Act, ConvStep, DType, Layout, Operand, Plan, Step, assign_buffers, float_type};
+use super::plan::{
+    Act, ConvStep, DType, Layout, MAX_RANK, Operand, PadMode, Plan, Step, TensorDesc,
+    assign_buffers, float_type,
+};
 use crate::backend::{BackendError, Engine, EngineInfo, LayerTime, Output, Precision};
 
 const KERNELS: &str = include_str!("kernels.cu");
@@ -83,14 +89,44 @@ impl Drop for DevBuf {
     }
 }
 
+/// `ViewArgs` of kernels.cu (the `view` kernel's strided read), field for field.
 #[repr(C)]
-#[derive(Clone, Copy, Default)]
-struct Perm {
-    out_dims: [i64; 6],
-    in_strides: [i64; 6],
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct ViewArgs {
+    dims: [i64; MAX_RANK],
+    strides: [i64; MAX_RANK],
+    offset: i64,
     rank: i32,
+    pad: i32,
 }
-unsafe impl DeviceRepr for Perm {}
+unsafe impl DeviceRepr for ViewArgs {}
+
+/// `NaryArgs` of kernels.cu: the output's dims, each input's strides over them, its device
+/// pointer, dtype code (-1: f32 constant buffer) and scale.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct NaryArgs {
+    dims: [i64; MAX_RANK],
+    strides: [[i64; MAX_RANK]; 3],
+    ptrs: [u64; 3],
+    t: [i32; 3],
+    scale: [f32; 3],
+    rank: i32,
+    nin: i32,
+}
+unsafe impl DeviceRepr for NaryArgs {}
+
+/// `PadArgs` of kernels.cu (the `pad_nd` kernel).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct PadArgs {
+    out_dims: [i64; MAX_RANK],
+    in_dims: [i64; MAX_RANK],
+    begin: [i64; MAX_RANK],
+    rank: i32,
+    mode: i32,
+}
+unsafe impl DeviceRepr for PadArgs {}
 
 struct Kernels {
     epilogue: CudaFunction,
@@ -98,33 +134,99 @@ struct Kernels {
     im2col: CudaFunction,
     im2col_v16: CudaFunction,
     unary: CudaFunction,
-    binary: CudaFunction,
-    transpose: CudaFunction,
+    view: CudaFunction,
+    nary: CudaFunction,
+    reduce: CudaFunction,
+    reduce_rows: CudaFunction,
+    norm_rows: CudaFunction,
+    softmax: CudaFunction,
+    softmax_rows: CudaFunction,
+    matmul: CudaFunction,
+    gather: CudaFunction,
+    pad_nd: CudaFunction,
+    conv_transpose: CudaFunction,
     pool: CudaFunction,
     gap: CudaFunction,
     concat: CudaFunction,
     resize: CudaFunction,
-    softmax: CudaFunction,
-    pad: CudaFunction,
+}
+
+/// Names of the kernels the engine loads (the compile check makes sure each is in the PTX).
+#[cfg(test)]
+const KERNEL_NAMES: [&str; 20] = [
+    "epilogue",
+    "conv_direct",
+    "im2col",
+    "im2col_v16",
+    "unary",
+    "view",
+    "nary",
+    "reduce",
+    "reduce_rows",
+    "norm_rows",
+    "softmax",
+    "softmax_rows",
+    "matmul",
+    "gather",
+    "pad_nd",
+    "conv_transpose",
+    "pool",
+    "global_avg_pool",
+    "concat_part",
+    "resize",
+];
+
+/// Compiles `kernels.cu` for `arch` (`compute_XY`) with NVRTC: (PTX, compiler log). The log
+/// is empty on a clean compile; warnings show up in it.
+fn compile_kernels(arch: &str) -> DevResult<(String, String)> {
+    use cudarc::nvrtc::result as nv;
+    let nv_err = |what: &str, e: nv::NvrtcError| format!("NVRTC {what}: {e:?}");
+    // cuda_fp16.h is not built into NVRTC 13: it comes from the toolkit's include folder or
+    // the `nvidia-cuda-runtime` wheel's (`libs::include_dirs`).
+    let mut options = vec![
+        format!("--gpu-architecture={arch}"),
+        "-std=c++17".to_string(),
+    ];
+    options.extend(
+        super::libs::include_dirs()
+            .into_iter()
+            .map(|p| format!("--include-path={}", p.display())),
+    );
+    let src = std::ffi::CString::new(KERNELS).map_err(|e| format!("kernels.cu: {e}"))?;
+    let name = c"kernels.cu";
+    let prog = nv::create_program(&src, Some(name)).map_err(|e| nv_err("create", e))?;
+    let as_string = |v: Vec<std::ffi::c_char>| {
+        let bytes: Vec<u8> = v
+            .into_iter()
+            .map(|c| c as u8)
+            .take_while(|&c| c != 0)
+            .collect();
+        String::from_utf8_lossy(&bytes).into_owned()
+    };
+    // Safety: `prog` was created above and is destroyed once, at the end.
+    let compiled = unsafe { nv::compile_program(prog, &options) };
+    let log = unsafe { nv::get_program_log(prog) }
+        .map(as_string)
+        .unwrap_or_default();
+    let out = match compiled {
+        Err(e) => Err(format!("{}: {}", nv_err("compile", e), log.trim())),
+        Ok(()) => unsafe { nv::get_ptx(prog) }
+            .map(|p| (as_string(p), log))
+            .map_err(|e| nv_err("get PTX", e)),
+    };
+    let _ = unsafe { nv::destroy_program(prog) };
+    out
 }
 
 /// PTX of `kernels.cu`, compiled once per process (per compute capability).
 fn ptx(arch: &str) -> DevResult<String> {
     static PTX: OnceLock<Result<String, String>> = OnceLock::new();
     PTX.get_or_init(|| {
-        // cuda_fp16.h: NVRTC ships it, but older releases need the toolkit's include folder.
-        let include_paths: Vec<String> = super::libs::include_dirs()
-            .into_iter()
-            .map(|p| p.display().to_string())
-            .collect();
-        let opts = cudarc::nvrtc::CompileOptions {
-            options: vec![format!("--gpu-architecture={arch}"), "-std=c++17".into()],
-            include_paths,
-            ..Default::default()
-        };
-        cudarc::nvrtc::compile_ptx_with_opts(KERNELS, opts)
-            .map(|p| p.to_src())
-            .map_err(|e| format!("NVRTC: {e:?}"))
+        let (ptx, log) = compile_kernels(arch)?;
+        if !log.trim().is_empty() {
+            log_msg(&format!("NVRTC: {}", log.trim()));
+        }
+        Ok(ptx)
     })
     .clone()
 }
@@ -136,6 +238,502 @@ fn elems_cfg(n: usize) -> LaunchConfig {
         grid_dim: (blocks, 1, 1),
         block_dim: (threads, 1, 1),
         shared_mem_bytes: 0,
+    }
+}
+
+/// A block per row (grid-stride past 2^20 rows), whole warps, at most 256 threads: the row
+/// kernels (`reduce_rows`, `norm_rows`, `softmax_rows`) reduce each row across the block.
+fn rows_cfg(rows: usize, len: usize) -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (rows.clamp(1, 1 << 20) as u32, 1, 1),
+        block_dim: (round_up(len.clamp(1, 256), 32) as u32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// Product that saturates instead of overflowing (a saturated size never matches a tensor).
+fn prod(v: &[usize]) -> usize {
+    v.iter().fold(1usize, |a, &b| a.saturating_mul(b))
+}
+
+fn ensure(ok: bool, why: impl FnOnce() -> String) -> Result<(), String> {
+    if ok { Ok(()) } else { Err(why()) }
+}
+
+/// Dims in stored order: `[N, H, W, C]` for an NHWC rank-4 tensor, else its shape.
+fn stored_dims(t: &TensorDesc) -> Vec<usize> {
+    if t.layout == Layout::Nhwc && t.shape.len() == 4 {
+        vec![t.shape[0], t.shape[2], t.shape[3], t.shape[1]]
+    } else {
+        t.shape.clone()
+    }
+}
+
+/// Drops unit dims and merges each dim into the one before it where every operand reads the
+/// pair as one run (`outer stride == inner stride * inner dim`), so a transpose of `[1, C, H,
+/// W]` or a broadcast over contiguous rows unravels over fewer dims, and plans of rank > 8
+/// still fit when they collapse. The output (contiguous) always merges.
+fn collapse(dims: &[usize], strides: &[&[i64]]) -> (Vec<i64>, Vec<Vec<i64>>) {
+    let mut od: Vec<i64> = vec![];
+    let mut os: Vec<Vec<i64>> = vec![vec![]; strides.len()];
+    for (d, &size) in dims.iter().enumerate() {
+        if size == 1 {
+            continue;
+        }
+        let size = size as i64;
+        let merges = !od.is_empty()
+            && strides
+                .iter()
+                .zip(&os)
+                .all(|(s, o)| o.last().copied() == Some(s[d].saturating_mul(size)));
+        if merges {
+            if let Some(last) = od.last_mut() {
+                *last = last.saturating_mul(size);
+            }
+            for (s, o) in strides.iter().zip(os.iter_mut()) {
+                if let Some(last) = o.last_mut() {
+                    *last = s[d];
+                }
+            }
+        } else {
+            od.push(size);
+            for (s, o) in strides.iter().zip(os.iter_mut()) {
+                o.push(s[d]);
+            }
+        }
+    }
+    (od, os)
+}
+
+/// Checks that a strided read over `dims` from `offset` stays inside `len` elements.
+fn in_bounds(
+    what: &str,
+    dims: &[i64],
+    strides: &[i64],
+    offset: i64,
+    len: usize,
+) -> Result<(), String> {
+    if dims.contains(&0) {
+        return Ok(());
+    }
+    let (mut lo, mut hi) = (offset, offset);
+    for (&d, &s) in dims.iter().zip(strides) {
+        let span = (d - 1).saturating_mul(s);
+        if span < 0 {
+            lo = lo.saturating_add(span);
+        } else {
+            hi = hi.saturating_add(span);
+        }
+    }
+    ensure(lo >= 0 && hi < len as i64, || {
+        format!("{what} reads elements {lo}..={hi} of {len}")
+    })
+}
+
+fn operand_len(plan: &Plan, o: &Operand) -> usize {
+    match o {
+        Operand::Tensor(t) => plan.tensors[*t].numel(),
+        Operand::Const(v, _) => v.len(),
+    }
+}
+
+/// The `view` kernel's arguments for a `Step::View`, its read checked against the input.
+fn view_args(
+    plan: &Plan,
+    input: usize,
+    out: usize,
+    dims: &[usize],
+    strides: &[i64],
+    offset: i64,
+) -> Result<ViewArgs, String> {
+    ensure(dims.len() == strides.len(), || {
+        format!("{} dims but {} strides", dims.len(), strides.len())
+    })?;
+    let n = prod(dims);
+    let want = plan.tensors[out].numel();
+    ensure(n == want, || {
+        format!("dims {dims:?} hold {n} elements, the output {want}")
+    })?;
+    let (d, s) = collapse(dims, &[strides]);
+    ensure(d.len() <= MAX_RANK, || {
+        format!("rank {} (after merging dims) is over {MAX_RANK}", d.len())
+    })?;
+    in_bounds("the view", &d, &s[0], offset, plan.tensors[input].numel())?;
+    let mut a = ViewArgs {
+        offset,
+        rank: d.len() as i32,
+        ..Default::default()
+    };
+    a.dims[..d.len()].copy_from_slice(&d);
+    a.strides[..d.len()].copy_from_slice(&s[0]);
+    Ok(a)
+}
+
+/// The `nary` kernel's arguments for a `Step::Nary` (device pointers left 0: the engine fills
+/// them), each input's reads checked against its tensor or constant.
+fn nary_args(
+    plan: &Plan,
+    inputs: &[Operand],
+    strides: &[Vec<i64>],
+    dims: &[usize],
+    out: usize,
+) -> Result<NaryArgs, String> {
+    ensure(!inputs.is_empty() && inputs.len() <= 3, || {
+        format!("{} inputs (1 to 3 are supported)", inputs.len())
+    })?;
+    ensure(strides.len() == inputs.len(), || {
+        format!("{} inputs but {} stride lists", inputs.len(), strides.len())
+    })?;
+    for (j, s) in strides.iter().enumerate() {
+        ensure(s.len() == dims.len(), || {
+            format!("input {j} has {} strides over {} dims", s.len(), dims.len())
+        })?;
+    }
+    let n = prod(dims);
+    let want = plan.tensors[out].numel();
+    ensure(n == want, || {
+        format!("dims {dims:?} hold {n} elements, the output {want}")
+    })?;
+    let sl: Vec<&[i64]> = strides.iter().map(|v| v.as_slice()).collect();
+    let (d, ss) = collapse(dims, &sl);
+    ensure(d.len() <= MAX_RANK, || {
+        format!("rank {} (after merging dims) is over {MAX_RANK}", d.len())
+    })?;
+    let mut a = NaryArgs {
+        rank: d.len() as i32,
+        nin: inputs.len() as i32,
+        ..Default::default()
+    };
+    a.dims[..d.len()].copy_from_slice(&d);
+    for (j, (o, s)) in inputs.iter().zip(&ss).enumerate() {
+        in_bounds(&format!("input {j}"), &d, s, 0, operand_len(plan, o))?;
+        a.strides[j][..s.len()].copy_from_slice(s);
+        (a.t[j], a.scale[j]) = match o {
+            Operand::Tensor(t) => (plan.tensors[*t].dtype.code(), plan.tensors[*t].scale),
+            Operand::Const(..) => (-1, 1.0),
+        };
+    }
+    Ok(a)
+}
+
+/// The `pad_nd` kernel's arguments for a `Step::Pad`.
+fn pad_args(
+    plan: &Plan,
+    input: usize,
+    out: usize,
+    in_dims: &[usize],
+    begin: &[i64],
+    mode: PadMode,
+) -> Result<PadArgs, String> {
+    let od = stored_dims(&plan.tensors[out]);
+    let r = in_dims.len();
+    ensure(begin.len() == r && od.len() == r, || {
+        format!("input dims {in_dims:?}, pads {begin:?} and output dims {od:?} differ in rank")
+    })?;
+    ensure(r <= MAX_RANK, || format!("rank {r} is over {MAX_RANK}"))?;
+    let have = plan.tensors[input].numel();
+    ensure(prod(in_dims) == have, || {
+        format!("input dims {in_dims:?} do not hold the input's {have} elements")
+    })?;
+    ensure(
+        mode == PadMode::Constant || od.iter().zip(in_dims).all(|(&o, &i)| o == 0 || i > 0),
+        || format!("{mode:?} padding of an empty axis"),
+    )?;
+    let mut a = PadArgs {
+        rank: r as i32,
+        mode: mode as i32,
+        ..Default::default()
+    };
+    for d in 0..r {
+        a.out_dims[d] = od[d] as i64;
+        a.in_dims[d] = in_dims[d] as i64;
+        a.begin[d] = begin[d];
+    }
+    Ok(a)
+}
+
+/// Checks a step's sizes against its tensors before anything runs: the kernels trust them,
+/// so a planner bug becomes an error here instead of an out-of-bounds access on the device.
+/// Conv steps are checked by their own setup.
+fn check_step(plan: &Plan, s: &Step) -> Result<(), String> {
+    let nt = plan.tensors.len();
+    for t in s.inputs().into_iter().chain([s.output()]) {
+        ensure(t < nt, || {
+            format!("tensor {t} does not exist ({nt} tensors)")
+        })?;
+    }
+    let td = |t: usize| &plan.tensors[t];
+    let numel = |t: usize| td(t).numel();
+    let is = |what: &str, have: usize, want: usize| {
+        ensure(have == want, || {
+            format!("{what} holds {have} elements, expected {want}")
+        })
+    };
+    let int = |what: &str, v: usize| {
+        ensure(v <= i32::MAX as usize, || {
+            format!("{what} = {v} does not fit 32 bits")
+        })
+    };
+    let rank4 = |t: usize, layout: Option<Layout>| -> Result<(), String> {
+        let d = td(t);
+        ensure(
+            d.shape.len() == 4 && layout.is_none_or(|l| d.layout == l),
+            || {
+                format!(
+                    "tensor `{}` is {:?} {:?}, expected rank 4{}",
+                    d.name,
+                    d.shape,
+                    d.layout,
+                    layout.map_or(String::new(), |l| format!(" {l:?}"))
+                )
+            },
+        )?;
+        d.shape.iter().try_for_each(|&v| int("a dim", v))
+    };
+    let positive = |what: &str, v: &[usize]| {
+        ensure(v.iter().all(|&x| x > 0), || {
+            format!("{what} {v:?} must be positive")
+        })
+    };
+    match s {
+        Step::Conv(_) => Ok(()),
+        Step::Unary { input, out, .. } => is("the input", numel(*input), numel(*out)),
+        Step::View {
+            input,
+            out,
+            dims,
+            strides,
+            offset,
+            ..
+        } => view_args(plan, *input, *out, dims, strides, *offset).map(|_| ()),
+        Step::Nary {
+            op,
+            inputs,
+            strides,
+            dims,
+            out,
+            ..
+        } => {
+            ensure(inputs.len() == op.arity(), || {
+                format!("{op:?} takes {} inputs, got {}", op.arity(), inputs.len())
+            })?;
+            nary_args(plan, inputs, strides, dims, *out).map(|_| ())
+        }
+        Step::Reduce {
+            input,
+            out,
+            outer,
+            len,
+            inner,
+            ..
+        } => {
+            positive("the reduced length", &[*len])?;
+            is("the input", numel(*input), prod(&[*outer, *len, *inner]))?;
+            is("the output", numel(*out), prod(&[*outer, *inner]))
+        }
+        Step::Norm {
+            input,
+            out,
+            rows,
+            len,
+            gamma,
+            beta,
+            ..
+        } => {
+            positive("the row length", &[*len])?;
+            is("the input", numel(*input), prod(&[*rows, *len]))?;
+            is("the output", numel(*out), prod(&[*rows, *len]))?;
+            ensure(gamma.is_empty() || gamma.len() == *len, || {
+                format!("gamma holds {}, the row {len}", gamma.len())
+            })?;
+            ensure(beta.is_empty() || beta.len() == *len, || {
+                format!("beta holds {}, the row {len}", beta.len())
+            })?;
+            // Step::constants() uploads beta only along with gamma.
+            ensure(beta.is_empty() || !gamma.is_empty(), || {
+                "beta without gamma".to_string()
+            })
+        }
+        Step::MatMul {
+            a,
+            b,
+            out,
+            batch,
+            m,
+            n,
+            k,
+            a_stride,
+            b_stride,
+            ..
+        } => {
+            positive("m, n, k", &[*m, *n, *k])?;
+            for (what, v) in [("m", *m), ("n", *n), ("k", *k)] {
+                int(what, v)?;
+            }
+            let need = |stride: usize, mat: usize| {
+                batch
+                    .saturating_sub(1)
+                    .saturating_mul(stride)
+                    .saturating_add(mat)
+            };
+            let (na, nb) = (need(*a_stride, m * k), need(*b_stride, k * n));
+            ensure(numel(*a) >= na, || {
+                format!("A holds {}, the batches read {na}", numel(*a))
+            })?;
+            let lb = operand_len(plan, b);
+            ensure(lb >= nb, || format!("B holds {lb}, the batches read {nb}"))?;
+            is("the output", numel(*out), prod(&[*batch, *m, *n]))
+        }
+        Step::Gather {
+            input,
+            indices,
+            out,
+            outer,
+            axis_len,
+            count,
+            inner,
+            ..
+        } => {
+            is(
+                "the input",
+                numel(*input),
+                prod(&[*outer, *axis_len, *inner]),
+            )?;
+            is("the output", numel(*out), prod(&[*outer, *count, *inner]))?;
+            let li = operand_len(plan, indices);
+            ensure(li >= *count, || format!("{li} indices for {count} outputs"))?;
+            if let Operand::Const(v, _) = indices {
+                let l = *axis_len as f32;
+                if let Some(bad) = v.iter().find(|&&i| i < -l || i >= l) {
+                    return Err(format!(
+                        "index {bad} is out of range for an axis of {axis_len}"
+                    ));
+                }
+            }
+            Ok(())
+        }
+        Step::Pool {
+            input,
+            out,
+            k,
+            stride,
+            dilation,
+            ..
+        } => {
+            rank4(*input, Some(Layout::Nhwc))?;
+            rank4(*out, Some(Layout::Nhwc))?;
+            positive("kernel", k)?;
+            positive("strides", stride)?;
+            positive("dilations", dilation)?;
+            let (i, o) = (td(*input), td(*out));
+            ensure(i.shape[..2] == o.shape[..2], || {
+                format!(
+                    "input {:?} and output {:?} differ in N or C",
+                    i.shape, o.shape
+                )
+            })
+        }
+        Step::GlobalAvgPool { input, out, .. } => {
+            rank4(*input, None)?;
+            let i = td(*input);
+            is("the output", numel(*out), i.shape[0] * i.shape[1])
+        }
+        Step::Concat {
+            inputs,
+            out,
+            outer,
+            inner,
+            ..
+        } => {
+            let row = outer.saturating_mul(*inner);
+            positive("outer x inner", &[row])?;
+            let mut total = 0usize;
+            for &t in inputs {
+                ensure(numel(t).is_multiple_of(row), || {
+                    format!(
+                        "input `{}` does not split into {outer} x {inner}",
+                        td(t).name
+                    )
+                })?;
+                total += numel(t);
+            }
+            is("the output", numel(*out), total)
+        }
+        Step::Resize {
+            input,
+            out,
+            mode,
+            scale_hw,
+            ..
+        } => {
+            rank4(*input, Some(Layout::Nhwc))?;
+            rank4(*out, Some(Layout::Nhwc))?;
+            ensure((0..=2).contains(mode), || format!("mode {mode} (0 to 2)"))?;
+            ensure(scale_hw.iter().all(|&v| v > 0.0), || {
+                format!("scales {scale_hw:?} must be positive")
+            })?;
+            let (i, o) = (td(*input), td(*out));
+            ensure(i.shape[..2] == o.shape[..2], || {
+                format!(
+                    "input {:?} and output {:?} differ in N or C",
+                    i.shape, o.shape
+                )
+            })?;
+            positive("input size", &i.shape)
+        }
+        Step::Softmax {
+            input,
+            out,
+            outer,
+            len,
+            inner,
+            ..
+        } => {
+            let n = prod(&[*outer, *len, *inner]);
+            is("the input", numel(*input), n)?;
+            is("the output", numel(*out), n)
+        }
+        Step::Pad {
+            input,
+            out,
+            in_dims,
+            begin,
+            mode,
+            ..
+        } => pad_args(plan, *input, *out, in_dims, begin, *mode).map(|_| ()),
+        Step::ConvTranspose {
+            input,
+            out,
+            w,
+            bias,
+            groups,
+            k,
+            stride,
+            dilation,
+            ..
+        } => {
+            rank4(*input, Some(Layout::Plain))?;
+            rank4(*out, Some(Layout::Plain))?;
+            positive("groups", &[*groups])?;
+            positive("kernel", k)?;
+            positive("strides", stride)?;
+            positive("dilations", dilation)?;
+            let (i, o) = (&td(*input).shape, &td(*out).shape);
+            let (cin, cout) = (i[1], o[1]);
+            ensure(i[0] == o[0], || format!("batch {} in, {} out", i[0], o[0]))?;
+            ensure(
+                cin.is_multiple_of(*groups) && cout.is_multiple_of(*groups),
+                || format!("{cin} -> {cout} channels do not split into {groups} groups"),
+            )?;
+            is(
+                "the weights",
+                w.len(),
+                prod(&[cin, cout / groups, k[0], k[1]]),
+            )?;
+            ensure(bias.is_empty() || bias.len() == cout, || {
+                format!("bias holds {}, channels {cout}", bias.len())
+            })
+        }
     }
 }
 
@@ -199,14 +797,21 @@ impl Device {
             im2col: f("im2col")?,
             im2col_v16: f("im2col_v16")?,
             unary: f("unary")?,
-            binary: f("binary")?,
-            transpose: f("transpose")?,
+            view: f("view")?,
+            nary: f("nary")?,
+            reduce: f("reduce")?,
+            reduce_rows: f("reduce_rows")?,
+            norm_rows: f("norm_rows")?,
+            softmax: f("softmax")?,
+            softmax_rows: f("softmax_rows")?,
+            matmul: f("matmul")?,
+            gather: f("gather")?,
+            pad_nd: f("pad_nd")?,
+            conv_transpose: f("conv_transpose")?,
             pool: f("pool")?,
             gap: f("global_avg_pool")?,
             concat: f("concat_part")?,
             resize: f("resize")?,
-            softmax: f("softmax")?,
-            pad: f("pad_nhwc")?,
         };
         let mut cudnn = std::ptr::null_mut();
         dnn_ok(unsafe { dnn::cudnnCreate(&mut cudnn) }, "cudnnCreate")?;
@@ -469,7 +1074,9 @@ pub struct CudaEngine {
     bufs: Vec<DevBuf>,
     slot_of: Vec<usize>,
     convs: HashMap<usize, ConvRt>,
-    consts: HashMap<usize, DevBuf>,
+    /// Each step's `Step::constants()`, uploaded in that order (`None` for an empty one,
+    /// which the kernels take as a null pointer: absent).
+    consts: HashMap<usize, Vec<Option<DevBuf>>>,
     scratch: DevBuf,
     raw_off: usize,
     col_off: usize,
@@ -505,6 +1112,11 @@ impl CudaEngine {
         cached: &Choices,
     ) -> DevResult<(CudaEngine, Choices)> {
         drv(dev.ctx.bind_to_thread(), "binding the context")?;
+        // Every step's sizes against its tensors, before anything is allocated: a planner bug
+        // becomes an error naming the step, not an out-of-bounds access on the device.
+        for s in &plan.steps {
+            check_step(&plan, s).map_err(|e| format!("step `{}` ({}): {e}", s.name(), s.kind()))?;
+        }
         let (free_before, _) = drv(result::mem_get_info(), "cuMemGetInfo")?;
         let (slot_of, sizes) = assign_buffers(&plan);
         let mut bufs = vec![];
@@ -573,14 +1185,20 @@ impl CudaEngine {
         let scratch = DevBuf::new(ws_off + LIB_WORKSPACE_BYTES)?;
         let mut consts = HashMap::new();
         for (si, s) in plan.steps.iter().enumerate() {
-            if let Step::Binary {
-                b: Operand::Const(v, _),
-                ..
-            } = s
-            {
-                weights_bytes += 4 * v.len() as u64;
-                consts.insert(si, DevBuf::from_slice(v)?);
+            let cs = s.constants();
+            if cs.is_empty() {
+                continue;
             }
+            let mut bufs = Vec::with_capacity(cs.len());
+            for c in cs {
+                weights_bytes += std::mem::size_of_val(c) as u64;
+                bufs.push(if c.is_empty() {
+                    None
+                } else {
+                    Some(DevBuf::from_slice(c)?)
+                });
+            }
+            consts.insert(si, bufs);
         }
         let mut eng = CudaEngine {
             dev,
@@ -681,7 +1299,7 @@ impl CudaEngine {
         let int8 = step.int8.is_some();
         let macs = (m * step.cout * step.reduction()) as f64;
         let name = step.name.clone();
-        let note = |what: &str, e: String| log(&format!("{name}: no {what} ({e})"));
+        let note = |what: &str, e: String| log_msg(&format!("{name}: no {what} ({e})"));
         // Set up every applicable implementation, each in the layer's planned precision, and
         // for an int8 layer its FP16 way too ("FP16 vs INT8 where the plan allows").
         let gemm_ok = step.groups == 1
@@ -806,7 +1424,7 @@ impl CudaEngine {
                 let t = match self.time_step(si, 5) {
                     Ok(t) => t,
                     Err(e) => {
-                        log(&format!("{}: candidate {} failed: {e}", step.name, c.key()));
+                        log_msg(&format!("{}: candidate {} failed: {e}", step.name, c.key()));
                         continue;
                     }
                 };
@@ -1352,13 +1970,42 @@ impl CudaEngine {
         }
     }
 
+    /// Device pointer of constant `idx` of step `si` (`Step::constants()` order); 0 (null)
+    /// for an empty constant.
+    fn const_ptr(&self, si: usize, idx: usize) -> DevResult<u64> {
+        let c = self
+            .consts
+            .get(&si)
+            .and_then(|v| v.get(idx))
+            .ok_or_else(|| format!("constant {idx} was not uploaded"))?;
+        Ok(c.as_ref().map_or(0, |b| b.ptr))
+    }
+
+    /// (pointer, dtype code, scale) of an operand; constant `ci` of step `si` is an f32
+    /// buffer, dtype -1.
+    fn operand(&self, si: usize, o: &Operand, ci: usize) -> DevResult<(u64, i32, f32)> {
+        Ok(match o {
+            Operand::Tensor(t) => {
+                let d = &self.plan.tensors[*t];
+                (self.ptr(*t), d.dtype.code(), d.scale)
+            }
+            Operand::Const(..) => (self.const_ptr(si, ci)?, -1, 1.0),
+        })
+    }
+
     fn run_step(&self, si: usize) -> DevResult<()> {
         let s = &self.plan.steps[si];
+        let plan = &self.plan;
         let st = &self.dev.stream;
         let k = &self.dev.k;
-        let td = |t: usize| &self.plan.tensors[t];
+        let td = |t: usize| &plan.tensors[t];
         let code = |t: usize| td(t).dtype.code();
         let sc = |t: usize| td(t).scale;
+        let u = |v: usize| v as i32;
+        if td(s.output()).numel() == 0 {
+            // Nothing to write (a zero-sized launch is an error).
+            return Ok(());
+        }
         match s {
             Step::Conv(_) => self.run_conv(si),
             Step::Unary {
@@ -1368,51 +2015,113 @@ impl CudaEngine {
                 let n = td(*out).numel();
                 launch!(st, k.unary, n; self.ptr(*input), code(*input), sc(*input), self.ptr(*out), code(*out), sc(*out), n as i64, a, a0, a1)
             }
-            Step::Binary {
-                a,
-                b,
-                mode,
+            Step::View {
+                input,
+                out,
+                dims,
+                strides,
+                offset,
+                ..
+            } => {
+                let a = view_args(plan, *input, *out, dims, strides, *offset)?;
+                let n = td(*out).numel();
+                launch!(st, k.view, n; self.ptr(*input), code(*input), sc(*input), self.ptr(*out), code(*out), sc(*out), n as i64, a)
+            }
+            Step::Nary {
                 op,
+                inputs,
+                strides,
+                dims,
                 out,
                 act,
                 ..
             } => {
+                let mut a = nary_args(plan, inputs, strides, dims, *out)?;
+                let mut ci = 0;
+                for (j, o) in inputs.iter().enumerate() {
+                    a.ptrs[j] = self.operand(si, o, ci)?.0;
+                    ci += matches!(o, Operand::Const(..)) as usize;
+                }
                 let (ac, a0, a1) = act.code();
-                let d = td(*out);
-                let (_, c, hw) = d.nchw();
-                let layout = if d.layout == Layout::Nhwc && d.shape.len() == 4 {
-                    0
-                } else {
-                    1
-                };
-                let (bp, bt, bs) = match b {
-                    Operand::Tensor(t) => (self.ptr(*t), code(*t), sc(*t)),
-                    Operand::Const(..) => (self.consts[&si].ptr, -1, 1.0),
-                };
-                let n = d.numel();
-                launch!(st, k.binary, n; self.ptr(*a), code(*a), sc(*a), bp, bt, bs, *mode, self.ptr(*out), code(*out), sc(*out), n as i64, c as i64, hw as i64, layout, *op, ac, a0, a1)
+                let n = td(*out).numel();
+                launch!(st, k.nary, n; a, self.ptr(*out), code(*out), sc(*out), n as i64, op.code(), ac, a0, a1)
             }
-            Step::Transpose {
+            Step::Reduce {
                 input,
                 out,
-                in_dims,
-                perm,
+                outer,
+                len,
+                inner,
+                op,
                 ..
             } => {
-                let mut p = Perm {
-                    rank: perm.len() as i32,
-                    ..Default::default()
+                let opc = *op as i32;
+                if *inner == 1 {
+                    launch!(st, k.reduce_rows, cfg rows_cfg(*outer, *len); self.ptr(*input), code(*input), sc(*input),
+                        self.ptr(*out), code(*out), sc(*out), *outer as i64, *len as i64, opc)
+                } else {
+                    let n = outer * inner;
+                    launch!(st, k.reduce, n; self.ptr(*input), code(*input), sc(*input), self.ptr(*out), code(*out), sc(*out),
+                        *outer as i64, *len as i64, *inner as i64, opc)
+                }
+            }
+            Step::Norm {
+                input,
+                out,
+                rows,
+                len,
+                eps,
+                gamma,
+                ..
+            } => {
+                let (g, b) = if gamma.is_empty() {
+                    (0u64, 0u64)
+                } else {
+                    (self.const_ptr(si, 0)?, self.const_ptr(si, 1)?)
                 };
-                let mut strides = vec![1i64; in_dims.len()];
-                for d in (0..in_dims.len().saturating_sub(1)).rev() {
-                    strides[d] = strides[d + 1] * in_dims[d + 1] as i64;
-                }
-                for (o, &pi) in perm.iter().enumerate() {
-                    p.out_dims[o] = in_dims[pi] as i64;
-                    p.in_strides[o] = strides[pi];
-                }
+                launch!(st, k.norm_rows, cfg rows_cfg(*rows, *len); self.ptr(*input), code(*input), sc(*input),
+                    self.ptr(*out), code(*out), sc(*out), *rows as i64, *len as i64, *eps, g, b)
+            }
+            Step::MatMul {
+                a,
+                b,
+                out,
+                batch,
+                m,
+                n,
+                k: kd,
+                a_stride,
+                b_stride,
+                trans_b,
+                ..
+            } => {
+                let (bp, bt, bs) = self.operand(si, b, 0)?;
+                let cfg = LaunchConfig {
+                    grid_dim: (
+                        n.div_ceil(32) as u32,
+                        m.div_ceil(32).min(65_535) as u32,
+                        (*batch).clamp(1, 65_535) as u32,
+                    ),
+                    block_dim: (32, 8, 1),
+                    shared_mem_bytes: 0,
+                };
+                launch!(st, k.matmul, cfg cfg; self.ptr(*a), code(*a), sc(*a), bp, bt, bs, self.ptr(*out), code(*out), sc(*out),
+                    *batch as i64, u(*m), u(*n), u(*kd), *a_stride as i64, *b_stride as i64, *trans_b as i32)
+            }
+            Step::Gather {
+                input,
+                indices,
+                out,
+                outer,
+                axis_len,
+                count,
+                inner,
+                ..
+            } => {
+                let (ip, it, is) = self.operand(si, indices, 0)?;
                 let n = td(*out).numel();
-                launch!(st, k.transpose, n; self.ptr(*input), code(*input), sc(*input), self.ptr(*out), code(*out), sc(*out), n as i64, p)
+                launch!(st, k.gather, n; self.ptr(*input), code(*input), sc(*input), ip, it, is, self.ptr(*out), code(*out), sc(*out),
+                    *outer as i64, *axis_len as i64, *count as i64, *inner as i64)
             }
             Step::Pool {
                 input,
@@ -1420,16 +2129,17 @@ impl CudaEngine {
                 max,
                 k: kk,
                 stride,
+                dilation,
                 pads,
                 count_include_pad,
                 ..
             } => {
                 let (i, o) = (td(*input), td(*out));
                 let n = o.numel();
-                let u = |v: usize| v as i32;
                 launch!(st, k.pool, n; self.ptr(*input), code(*input), sc(*input), self.ptr(*out), code(*out), sc(*out),
                     u(i.shape[0]), u(i.shape[2]), u(i.shape[3]), u(i.shape[1]), u(o.shape[2]), u(o.shape[3]),
-                    u(kk[0]), u(kk[1]), u(stride[0]), u(stride[1]), u(pads[0]), u(pads[1]), if *max { 0i32 } else { 1i32 }, *count_include_pad as i32)
+                    u(kk[0]), u(kk[1]), u(stride[0]), u(stride[1]), u(pads[0]), u(pads[1]), u(pads[2]), u(pads[3]),
+                    u(dilation[0]), u(dilation[1]), if *max { 0i32 } else { 1i32 }, *count_include_pad as i32)
             }
             Step::GlobalAvgPool { input, out, .. } => {
                 let i = td(*input);
@@ -1454,8 +2164,10 @@ impl CudaEngine {
                 for &t in inputs {
                     let len = td(t).numel() / (outer * inner);
                     let n = td(t).numel();
-                    launch!(st, k.concat, n; self.ptr(t), code(t), sc(t), self.ptr(*out), code(*out), sc(*out),
-                        *outer as i64, len as i64, axis_total as i64, off as i64, *inner as i64)?;
+                    if n > 0 {
+                        launch!(st, k.concat, n; self.ptr(t), code(t), sc(t), self.ptr(*out), code(*out), sc(*out),
+                            *outer as i64, len as i64, axis_total as i64, off as i64, *inner as i64)?;
+                    }
                     off += len;
                 }
                 Ok(())
@@ -1463,18 +2175,19 @@ impl CudaEngine {
             Step::Resize {
                 input,
                 out,
-                linear,
+                mode,
                 coord,
                 nearest,
                 scale_hw,
+                cubic_a,
+                exclude_outside,
                 ..
             } => {
                 let (i, o) = (td(*input), td(*out));
                 let n = o.numel();
-                let u = |v: usize| v as i32;
                 launch!(st, k.resize, n; self.ptr(*input), code(*input), sc(*input), self.ptr(*out), code(*out), sc(*out),
                     u(i.shape[0]), u(i.shape[2]), u(i.shape[3]), u(i.shape[1]), u(o.shape[2]), u(o.shape[3]),
-                    scale_hw[0], scale_hw[1], *linear as i32, *coord, *nearest)
+                    scale_hw[0], scale_hw[1], *mode, *coord, *nearest, *cubic_a, *exclude_outside as i32)
             }
             Step::Softmax {
                 input,
@@ -1482,25 +2195,52 @@ impl CudaEngine {
                 outer,
                 len,
                 inner,
+                log,
                 ..
             } => {
-                let n = outer * inner;
-                launch!(st, k.softmax, n; self.ptr(*input), code(*input), sc(*input), self.ptr(*out), code(*out), sc(*out),
-                    *outer as i64, *len as i64, *inner as i64)
+                if *inner == 1 {
+                    launch!(st, k.softmax_rows, cfg rows_cfg(*outer, *len); self.ptr(*input), code(*input), sc(*input),
+                        self.ptr(*out), code(*out), sc(*out), *outer as i64, *len as i64, *log as i32)
+                } else {
+                    let n = outer * inner;
+                    launch!(st, k.softmax, n; self.ptr(*input), code(*input), sc(*input), self.ptr(*out), code(*out), sc(*out),
+                        *outer as i64, *len as i64, *inner as i64, *log as i32)
+                }
             }
             Step::Pad {
                 input,
                 out,
-                top_left,
+                in_dims,
+                begin,
+                mode,
                 value,
                 ..
             } => {
+                let a = pad_args(plan, *input, *out, in_dims, begin, *mode)?;
+                let n = td(*out).numel();
+                launch!(st, k.pad_nd, n; self.ptr(*input), code(*input), sc(*input), self.ptr(*out), code(*out), sc(*out),
+                    n as i64, a, *value)
+            }
+            Step::ConvTranspose {
+                input,
+                out,
+                groups,
+                k: kk,
+                stride,
+                pads,
+                dilation,
+                act,
+                ..
+            } => {
                 let (i, o) = (td(*input), td(*out));
+                let (w, bias) = (self.const_ptr(si, 0)?, self.const_ptr(si, 1)?);
+                let (ac, a0, a1) = act.code();
                 let n = o.numel();
-                let u = |v: usize| v as i32;
-                launch!(st, k.pad, n; self.ptr(*input), code(*input), sc(*input), self.ptr(*out), code(*out), sc(*out),
-                    u(i.shape[0]), u(i.shape[2]), u(i.shape[3]), u(i.shape[1]), u(o.shape[2]), u(o.shape[3]),
-                    u(top_left[0]), u(top_left[1]), *value)
+                launch!(st, k.conv_transpose, n; self.ptr(*input), code(*input), sc(*input), w, bias,
+                    self.ptr(*out), code(*out), sc(*out),
+                    u(i.shape[0]), u(i.shape[1]), u(i.shape[2]), u(i.shape[3]), u(o.shape[1]), u(o.shape[2]), u(o.shape[3]),
+                    u(kk[0]), u(kk[1]), u(stride[0]), u(stride[1]), u(pads[0]), u(pads[1]),
+                    u(dilation[0]), u(dilation[1]), u(*groups), ac, a0, a1)
             }
         }
     }
@@ -1709,7 +2449,7 @@ impl CudaEngine {
     }
 }
 
-fn log(msg: &str) {
+fn log_msg(msg: &str) {
     if std::env::var_os("QUANTSCOPE_CUDA_VERBOSE").is_some() {
         eprintln!("quantscope cuda: {msg}");
     }
@@ -1755,5 +2495,184 @@ impl Engine for CudaEngine {
         drv(e1.record(&self.dev.stream), "event").map_err(run_err)?;
         let ms = drv(e0.elapsed_ms(&e1), "event elapsed").map_err(run_err)?;
         Ok(ms as f64)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::cuda::plan::{EwOp, ReduceOp};
+
+    fn tensor(name: &str, shape: &[usize], layout: Layout) -> TensorDesc {
+        TensorDesc {
+            name: name.into(),
+            shape: shape.to_vec(),
+            layout,
+            dtype: DType::F32,
+            scale: 1.0,
+            alias_of: None,
+        }
+    }
+
+    fn plan_of(tensors: Vec<TensorDesc>) -> Plan {
+        Plan {
+            tensors,
+            ..Default::default()
+        }
+    }
+
+    /// The kernels compile under NVRTC for Hopper and for the oldest supported GPU, without a
+    /// warning, and export every kernel the engine loads. Needs no GPU: NVRTC alone (the
+    /// `nvidia-cuda-nvrtc` and `nvidia-cuda-runtime` wheels for CUDA 13, with
+    /// QUANTSCOPE_CUDA_LIB_DIRS naming the folder that holds libnvrtc.so.13; .ci/run does this).
+    /// Skips when NVRTC is missing, unless QUANTSCOPE_REQUIRE_NVRTC is set.
+    #[test]
+    fn kernels_compile_with_nvrtc() {
+        let _ = super::super::libs::preload();
+        if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+            // CI installs the wheels and sets this, so a broken install fails instead of skipping.
+            assert!(
+                std::env::var_os("QUANTSCOPE_REQUIRE_NVRTC").is_none(),
+                "QUANTSCOPE_REQUIRE_NVRTC is set but libnvrtc.so.13 cannot be loaded"
+            );
+            eprintln!(
+                "skipped: NVRTC (libnvrtc.so.13) cannot be loaded; install the nvidia-cuda-nvrtc \
+                 wheel and set {} to its lib folder",
+                super::super::libs::ENV_DIRS
+            );
+            return;
+        }
+        for arch in ["compute_90", "compute_75"] {
+            let (ptx, log) = compile_kernels(arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
+            assert!(log.trim().is_empty(), "{arch}: NVRTC warnings:\n{log}");
+            for name in KERNEL_NAMES {
+                assert!(
+                    ptx.contains(&format!(".entry {name}(")),
+                    "{arch}: kernel `{name}` missing from the PTX"
+                );
+            }
+            eprintln!(
+                "{arch}: {} kernels, {} bytes of PTX",
+                KERNEL_NAMES.len(),
+                ptx.len()
+            );
+        }
+    }
+
+    #[test]
+    fn argument_structs_match_kernels_cu() {
+        // i64 arrays then ints, padded to 8 bytes, as the C++ compiler lays them out.
+        assert_eq!(std::mem::size_of::<ViewArgs>(), 8 * 8 * 2 + 8 + 8);
+        assert_eq!(
+            std::mem::size_of::<NaryArgs>(),
+            8 * 8 * 4 + 3 * 8 + 3 * 4 * 2 + 8
+        );
+        assert_eq!(std::mem::size_of::<PadArgs>(), 8 * 8 * 3 + 8);
+        for src in ["struct ViewArgs", "struct NaryArgs", "struct PadArgs"] {
+            assert!(KERNELS.contains(src), "{src}");
+        }
+        assert!(KERNELS.contains(&format!("#define QS_MAX_RANK {MAX_RANK}")));
+    }
+
+    #[test]
+    fn collapse_merges_contiguous_runs_and_drops_unit_dims() {
+        // A contiguous copy of [1, 8, 4, 4] is one run.
+        let (d, s) = collapse(&[1, 8, 4, 4], &[&[128, 16, 4, 1]]);
+        assert_eq!((d, s), (vec![128], vec![vec![1]]));
+        // NCHW -> NHWC of [2, 3, 4, 5]: out dims [2, 4, 5, 3], H and W merge.
+        let (d, s) = collapse(&[2, 4, 5, 3], &[&[60, 5, 1, 20]]);
+        assert_eq!((d, s), (vec![2, 20, 3], vec![vec![60, 1, 20]]));
+        // A [1, C, 1, 1] scale over [1, C, H, W] next to a full operand: C and H*W stay apart.
+        let (d, s) = collapse(&[1, 3, 4, 4], &[&[48, 16, 4, 1], &[3, 1, 0, 0]]);
+        assert_eq!(d, vec![3, 16]);
+        assert_eq!(s, vec![vec![16, 1], vec![1, 0]]);
+        // Rank 0.
+        assert_eq!(collapse(&[], &[&[]]), (vec![], vec![vec![]]));
+    }
+
+    #[test]
+    fn steps_with_bad_sizes_are_errors_before_any_launch() {
+        let plan = plan_of(vec![
+            tensor("x", &[2, 3, 4], Layout::Plain),
+            tensor("y", &[2, 4, 3], Layout::Plain),
+            tensor("s", &[3], Layout::Plain),
+        ]);
+        let view = |strides: Vec<i64>, offset| Step::View {
+            name: "t".into(),
+            input: 0,
+            out: 1,
+            dims: vec![2, 4, 3],
+            strides,
+            offset,
+        };
+        assert_eq!(check_step(&plan, &view(vec![12, 1, 4], 0)), Ok(()));
+        let e = check_step(&plan, &view(vec![12, 1, 4], 1)).expect_err("past the end");
+        assert!(e.contains("0..=24 of 24") || e.contains("of 24"), "{e}");
+        assert!(check_step(&plan, &view(vec![12, 1], 0)).is_err());
+        // A broadcast row over [2, 4, 3] and a constant of the wrong size.
+        let nary = |b: Operand| Step::Nary {
+            name: "add".into(),
+            op: EwOp::Add,
+            inputs: vec![Operand::Tensor(1), b],
+            strides: vec![vec![12, 3, 1], vec![0, 0, 1]],
+            dims: vec![2, 4, 3],
+            out: 1,
+            act: Act::None,
+        };
+        assert_eq!(check_step(&plan, &nary(Operand::Tensor(2))), Ok(()));
+        assert!(check_step(&plan, &nary(Operand::Const(vec![1.0; 3], vec![3]))).is_ok());
+        let e = check_step(&plan, &nary(Operand::Const(vec![1.0; 2], vec![2]))).expect_err("short");
+        assert!(e.contains("input 1"), "{e}");
+        let reduce = Step::Reduce {
+            name: "r".into(),
+            input: 0,
+            out: 2,
+            outer: 1,
+            len: 8,
+            inner: 3,
+            op: ReduceOp::Mean,
+        };
+        assert_eq!(check_step(&plan, &reduce), Ok(()));
+        let gather = |idx: Vec<f32>| Step::Gather {
+            name: "g".into(),
+            input: 0,
+            indices: Operand::Const(idx, vec![1]),
+            out: 2,
+            outer: 1,
+            axis_len: 2,
+            count: 1,
+            inner: 12,
+        };
+        assert!(
+            check_step(&plan, &gather(vec![-2.0])).is_err(),
+            "3 of 12 outputs"
+        );
+        let missing = Step::Unary {
+            name: "u".into(),
+            input: 7,
+            out: 1,
+            act: Act::Relu,
+        };
+        assert!(
+            check_step(&plan, &missing)
+                .unwrap_err()
+                .contains("tensor 7")
+        );
+    }
+
+    #[test]
+    fn pad_args_follow_stored_dims() {
+        // NHWC tensors pad in stored order: [N, H, W, C].
+        let plan = plan_of(vec![
+            tensor("x", &[1, 3, 4, 4], Layout::Nhwc),
+            tensor("y", &[1, 3, 6, 5], Layout::Nhwc),
+        ]);
+        let a = pad_args(&plan, 0, 1, &[1, 4, 4, 3], &[0, 1, 0, 0], PadMode::Reflect)
+            .expect("pad args");
+        assert_eq!(&a.out_dims[..4], &[1, 6, 5, 3]);
+        assert_eq!(&a.begin[..4], &[0, 1, 0, 0]);
+        assert_eq!((a.rank, a.mode), (4, 1));
+        assert!(pad_args(&plan, 0, 1, &[1, 3, 4, 4], &[0, 1, 0, 0], PadMode::Edge).is_ok());
+        assert!(pad_args(&plan, 0, 1, &[1, 4, 4], &[0, 1, 0], PadMode::Edge).is_err());
     }
 }

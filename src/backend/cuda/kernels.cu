@@ -1,6 +1,10 @@
-// quantscope CUDA backend: every non-GEMM kernel, compiled once per process with NVRTC.
+// quantscope CUDA backend: every non-library kernel, compiled once per process with NVRTC
+// (C++17; the engine's unit test compiles it for compute_90 and compute_75 without a GPU).
 // Tensors carry a dtype code (0 = f32, 1 = f16, 2 = i8 with a scale, 3 = i32); kernels
-// branch on it uniformly, so one kernel serves every precision.
+// branch on it uniformly, so one kernel serves every precision. Where an operand may be a
+// constant the host uploaded, dtype -1 means an f32 buffer (`ldc`). Argument structs
+// (`ViewArgs`, `NaryArgs`, `PadArgs`) are mirrored field for field in engine.rs. Linear
+// indices are 64-bit wherever a tensor may pass 2^31 elements.
 #include <cuda_fp16.h>
 
 typedef long long i64;
@@ -29,7 +33,13 @@ __device__ __forceinline__ void st(void* p, int t, i64 i, float v, float scale) 
   }
 }
 
-// act: 0 none, 1 relu, 2 clip(a, b), 3 sigmoid, 4 hardswish, 5 hardsigmoid(a = alpha, b = beta)
+// Activation codes as `Act::code` gives them (host reference: `Act::apply` in plan.rs):
+// 0 none, 1 relu, 2 clip(a, b), 3 sigmoid, 4 hardswish, 5 hardsigmoid(alpha a, beta b),
+// 6 tanh, 7 erf, 8 gelu (erf form), 9 gelu (tanh form), 10 exp, 11 log, 12 sqrt,
+// 13 reciprocal, 14 neg, 15 abs, 16 softplus, 17 leaky relu(a), 18 elu(a), 19 not,
+// 20 floor, 21 ceil, 22 round (half to even), 23 sign, 24 silu, 25 sin, 26 cos,
+// 27 selu(alpha a, gamma b), 28 softsign, 29 mish.
+__device__ __forceinline__ float softplus_f(float v) { return v > 20.f ? v : log1pf(expf(v)); }
 __device__ __forceinline__ float act_f(float v, int act, float a, float b) {
   switch (act) {
     case 1: return fmaxf(v, 0.f);
@@ -37,8 +47,72 @@ __device__ __forceinline__ float act_f(float v, int act, float a, float b) {
     case 3: return 1.f / (1.f + expf(-v));
     case 4: return v * fminf(fmaxf(v + 3.f, 0.f), 6.f) / 6.f;
     case 5: return fminf(fmaxf(a * v + b, 0.f), 1.f);
+    case 6: return tanhf(v);
+    case 7: return erff(v);
+    case 8: return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
+    case 9: return 0.5f * v * (1.f + tanhf(0.7978846f * (v + 0.044715f * v * v * v)));
+    case 10: return expf(v);
+    case 11: return logf(v);
+    case 12: return sqrtf(v);
+    case 13: return 1.f / v;
+    case 14: return -v;
+    case 15: return fabsf(v);
+    case 16: return softplus_f(v);
+    case 17: return v >= 0.f ? v : a * v;
+    case 18: return v >= 0.f ? v : a * (expf(v) - 1.f);
+    case 19: return v == 0.f ? 1.f : 0.f;
+    case 20: return floorf(v);
+    case 21: return ceilf(v);
+    case 22: return rintf(v);
+    case 23: return v > 0.f ? 1.f : (v < 0.f ? -1.f : 0.f);
+    case 24: return v / (1.f + expf(-v));
+    case 25: return sinf(v);
+    case 26: return cosf(v);
+    case 27: return b * (v > 0.f ? v : a * (expf(v) - 1.f));
+    case 28: return v / (1.f + fabsf(v));
+    case 29: return v * tanhf(softplus_f(v));
     default: return v;
   }
+}
+
+// A read that also takes f32 constant buffers (dtype < 0), as the host uploads constants.
+__device__ __forceinline__ float ldc(const void* p, int t, i64 i, float scale) {
+  return t < 0 ? ((const float*)p)[i] : ld(p, t, i, scale);
+}
+
+// Most dimensions of the strided kernels (`MAX_RANK` in plan.rs).
+#define QS_MAX_RANK 8
+
+// Block-wide reductions. comb: 0 sum, 1 max, 2 min, 3 product. blockDim.x must be a multiple
+// of 32 (every launch uses whole warps); `sh` holds 32 floats. Every thread gets the result.
+__device__ __forceinline__ float comb_f(int comb, float a, float b) {
+  switch (comb) {
+    case 1: return fmaxf(a, b);
+    case 2: return fminf(a, b);
+    case 3: return a * b;
+    default: return a + b;
+  }
+}
+__device__ __forceinline__ float comb_init(int comb) {
+  return comb == 1 ? -QS_INF : comb == 2 ? QS_INF : comb == 3 ? 1.f : 0.f;
+}
+__device__ __forceinline__ float warp_reduce(float v, int comb) {
+  for (int o = 16; o > 0; o >>= 1) v = comb_f(comb, v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+__device__ float block_reduce(float v, int comb, float* sh) {
+  int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = (blockDim.x + 31) >> 5;
+  v = warp_reduce(v, comb);
+  __syncthreads();  // `sh` may still be read from the previous call
+  if (lane == 0) sh[w] = v;
+  __syncthreads();
+  if (w == 0) {
+    v = lane < nw ? sh[lane] : comb_init(comb);
+    v = warp_reduce(v, comb);
+    if (lane == 0) sh[0] = v;
+  }
+  __syncthreads();
+  return sh[0];
 }
 
 // Position of element i of an NHWC [n, oh, ow, c] tensor; with c the row length, also the
@@ -169,50 +243,381 @@ extern "C" __global__ void unary(const void* x, int x_t, float x_scale, void* y,
   st(y, y_t, i, act_f(ld(x, x_t, i, x_scale), act, a0, a1), y_scale);
 }
 
-// y = a (op) b, b broadcast by mode: 0 full, 1 scalar, 2 per channel, 3 per (n, c).
-// layout: 0 NHWC (channel innermost), 1 plain NCHW-order. op: 0 add, 1 mul, 2 sub, 3 div.
-// b_t < 0: b is an f32 constant buffer.
-extern "C" __global__ void binary(const void* a, int a_t, float a_scale, const void* b, int b_t,
-                                  float b_scale, int mode, void* y, int y_t, float y_scale, i64 n,
-                                  i64 c, i64 hw, int layout, int op, int act, float a0, float a1) {
+// Strided read (transpose, slice, expand, tile, layout change, depth-to-space) with type
+// conversion: y[i] = x[offset + sum_d idx_d * strides[d]], idx = i unravelled over dims.
+struct ViewArgs {
+  i64 dims[QS_MAX_RANK];
+  i64 strides[QS_MAX_RANK];
+  i64 offset;
+  int rank;
+  int pad_;
+};
+extern "C" __global__ void view(const void* x, int x_t, float x_scale, void* y, int y_t,
+                                float y_scale, i64 n, ViewArgs p) {
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
-  i64 ch, bn;
-  if (layout == 0) {
-    ch = i % c;
-    bn = i / (c * hw);
-  } else {
-    ch = (i / hw) % c;
-    bn = i / (c * hw);
-  }
-  i64 bi = mode == 0 ? i : mode == 1 ? 0 : mode == 2 ? ch : bn * c + ch;
-  float va = ld(a, a_t, i, a_scale);
-  float vb = b_t < 0 ? ((const float*)b)[bi] : ld(b, b_t, bi, b_scale);
-  float v = op == 0 ? va + vb : op == 1 ? va * vb : op == 2 ? va - vb : va / vb;
-  st(y, y_t, i, act_f(v, act, a0, a1), y_scale);
-}
-
-// General permutation of a rank <= 6 tensor with type conversion. in_strides are the input
-// strides permuted into output order; out_dims the output dims.
-struct Perm { i64 out_dims[6]; i64 in_strides[6]; int rank; };
-extern "C" __global__ void transpose(const void* x, int x_t, float x_scale, void* y, int y_t,
-                                     float y_scale, i64 n, Perm p) {
-  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  i64 rem = i, src = 0;
-  for (int d = p.rank - 1; d >= 0; d--) {
-    i64 idx = rem % p.out_dims[d];
-    rem /= p.out_dims[d];
-    src += idx * p.in_strides[d];
+  i64 rem = i, src = p.offset;
+#pragma unroll
+  for (int d = QS_MAX_RANK - 1; d >= 0; d--) {
+    if (d >= p.rank) continue;
+    i64 idx = rem % p.dims[d];
+    rem /= p.dims[d];
+    src += idx * p.strides[d];
   }
   st(y, y_t, i, ld(x, x_t, src, x_scale), y_scale);
 }
 
-// Pooling over NHWC. kind 0 max, 1 average.
+// Elementwise op of `EwOp` (host reference `EwOp::apply`), before the activation.
+__device__ __forceinline__ float ew_f(int op, float a, float b, float c) {
+  switch (op) {
+    case 0: return a + b;
+    case 1: return a * b;
+    case 2: return a - b;
+    case 3: return a / b;
+    case 4: return powf(a, b);
+    case 5: return fmaxf(a, b);
+    case 6: return fminf(a, b);
+    case 7: return a == b ? 1.f : 0.f;
+    case 8: return a < b ? 1.f : 0.f;
+    case 9: return a > b ? 1.f : 0.f;
+    case 10: return a <= b ? 1.f : 0.f;
+    case 11: return a >= b ? 1.f : 0.f;
+    case 12: return (a != 0.f && b != 0.f) ? 1.f : 0.f;
+    case 13: return (a != 0.f || b != 0.f) ? 1.f : 0.f;
+    case 14: return ((a != 0.f) != (b != 0.f)) ? 1.f : 0.f;
+    case 15: return fmodf(a, b);
+    case 16: {
+      float r = fmodf(a, b);
+      return (r != 0.f && ((r < 0.f) != (b < 0.f))) ? r + b : r;
+    }
+    case 17: return a != 0.f ? b : c;
+    case 18: return a >= 0.f ? a : a * b;
+    default: return a;
+  }
+}
+
+// y = act(op(in0, in1, in2)) with NumPy broadcasting: dims are y's stored dims, strides[k]
+// input k's element strides over them (0 where it broadcasts). t[k] < 0: input k is an f32
+// constant buffer. Inputs past `nin` are not read.
+struct NaryArgs {
+  i64 dims[QS_MAX_RANK];
+  i64 strides[3][QS_MAX_RANK];
+  const void* in[3];
+  int t[3];
+  float scale[3];
+  int rank;
+  int nin;
+};
+extern "C" __global__ void nary(NaryArgs p, void* y, int y_t, float y_scale, i64 n, int op,
+                                int act, float a0, float a1) {
+  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  i64 off0 = 0, off1 = 0, off2 = 0, rem = i;
+#pragma unroll
+  for (int d = QS_MAX_RANK - 1; d >= 0; d--) {
+    if (d >= p.rank) continue;
+    i64 idx = rem % p.dims[d];
+    rem /= p.dims[d];
+    off0 += idx * p.strides[0][d];
+    off1 += idx * p.strides[1][d];
+    off2 += idx * p.strides[2][d];
+  }
+  float a = ldc(p.in[0], p.t[0], off0, p.scale[0]);
+  float b = p.nin > 1 ? ldc(p.in[1], p.t[1], off1, p.scale[1]) : 0.f;
+  float c = p.nin > 2 ? ldc(p.in[2], p.t[2], off2, p.scale[2]) : 0.f;
+  st(y, y_t, i, act_f(ew_f(op, a, b, c), act, a0, a1), y_scale);
+}
+
+// Reductions of `ReduceOp`: 0 mean, 1 sum, 2 max, 3 min, 4 l2, 5 sum of squares, 6 product,
+// 7 l1, 8 log-sum-exp. `red_comb` is how partial results combine; `red_map` what each element
+// contributes (m: the row maximum, for log-sum-exp); `red_fin` the final value.
+__device__ __forceinline__ int red_comb(int op) {
+  return op == 2 ? 1 : op == 3 ? 2 : op == 6 ? 3 : 0;
+}
+__device__ __forceinline__ float red_map(int op, float v, float m) {
+  switch (op) {
+    case 4: case 5: return v * v;
+    case 7: return fabsf(v);
+    case 8: return expf(v - m);
+    default: return v;
+  }
+}
+__device__ __forceinline__ float red_fin(int op, float acc, i64 len, float m) {
+  switch (op) {
+    case 0: return acc / (float)len;
+    case 4: return sqrtf(acc);
+    case 8: return m + logf(acc);
+    default: return acc;
+  }
+}
+
+// [outer, len, inner] -> [outer, inner], one thread per output (inner > 1: neighbouring
+// threads read neighbouring elements).
+extern "C" __global__ void reduce(const void* x, int x_t, float x_scale, void* y, int y_t,
+                                  float y_scale, i64 outer, i64 len, i64 inner, int op) {
+  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= outer * inner) return;
+  i64 o = i / inner, k = i - o * inner;
+  i64 base = o * len * inner + k;
+  float m = 0.f;
+  if (op == 8) {
+    m = -QS_INF;
+    for (i64 j = 0; j < len; j++) m = fmaxf(m, ld(x, x_t, base + j * inner, x_scale));
+  }
+  int comb = red_comb(op);
+  float acc = comb_init(comb);
+  for (i64 j = 0; j < len; j++)
+    acc = comb_f(comb, acc, red_map(op, ld(x, x_t, base + j * inner, x_scale), m));
+  st(y, y_t, i, red_fin(op, acc, len, m), y_scale);
+}
+
+// [rows, len] -> [rows] (inner == 1: LayerNorm-like rows), a block per row (grid-stride over
+// rows), the row reduced across the block.
+extern "C" __global__ void reduce_rows(const void* x, int x_t, float x_scale, void* y, int y_t,
+                                       float y_scale, i64 rows, i64 len, int op) {
+  __shared__ float sh[32];
+  int comb = red_comb(op);
+  for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+    i64 base = r * len;
+    float m = 0.f;
+    if (op == 8) {
+      float v = -QS_INF;
+      for (i64 j = threadIdx.x; j < len; j += blockDim.x) v = fmaxf(v, ld(x, x_t, base + j, x_scale));
+      m = block_reduce(v, 1, sh);
+    }
+    float acc = comb_init(comb);
+    for (i64 j = threadIdx.x; j < len; j += blockDim.x)
+      acc = comb_f(comb, acc, red_map(op, ld(x, x_t, base + j, x_scale), m));
+    acc = block_reduce(acc, comb, sh);
+    if (threadIdx.x == 0) st(y, y_t, r, red_fin(op, acc, len, m), y_scale);
+  }
+}
+
+// Normalises each contiguous row of `len` (a block per row, grid-stride over rows): mean, then
+// variance of (x - mean) (two passes, as accurate as the CPU's), y = (x - mean) / sqrt(var +
+// eps), then * gamma[j] + beta[j] where given (null pointers: absent).
+extern "C" __global__ void norm_rows(const void* x, int x_t, float x_scale, void* y, int y_t,
+                                     float y_scale, i64 rows, i64 len, float eps,
+                                     const float* gamma, const float* beta) {
+  __shared__ float sh[32];
+  for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+    i64 base = r * len;
+    float s = 0.f;
+    for (i64 j = threadIdx.x; j < len; j += blockDim.x) s += ld(x, x_t, base + j, x_scale);
+    float mean = block_reduce(s, 0, sh) / (float)len;
+    float s2 = 0.f;
+    for (i64 j = threadIdx.x; j < len; j += blockDim.x) {
+      float d = ld(x, x_t, base + j, x_scale) - mean;
+      s2 += d * d;
+    }
+    float inv = 1.f / sqrtf(block_reduce(s2, 0, sh) / (float)len + eps);
+    for (i64 j = threadIdx.x; j < len; j += blockDim.x) {
+      float v = (ld(x, x_t, base + j, x_scale) - mean) * inv;
+      if (gamma) v *= gamma[j];
+      if (beta) v += beta[j];
+      st(y, y_t, base + j, v, y_scale);
+    }
+  }
+}
+
+// Softmax (log_sm: LogSoftmax) over the middle axis of [outer, len, inner]; one thread per
+// (outer, inner), for inner > 1.
+extern "C" __global__ void softmax(const void* x, int x_t, float x_scale, void* y, int y_t,
+                                   float y_scale, i64 outer, i64 len, i64 inner, int log_sm) {
+  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= outer * inner) return;
+  i64 o = i / inner, k = i % inner;
+  i64 base = o * len * inner + k;
+  float m = -QS_INF;
+  for (i64 j = 0; j < len; j++) m = fmaxf(m, ld(x, x_t, base + j * inner, x_scale));
+  float s = 0.f;
+  for (i64 j = 0; j < len; j++) s += expf(ld(x, x_t, base + j * inner, x_scale) - m);
+  float ls = logf(s);
+  for (i64 j = 0; j < len; j++) {
+    float d = ld(x, x_t, base + j * inner, x_scale) - m;
+    st(y, y_t, base + j * inner, log_sm ? d - ls : expf(d) / s, y_scale);
+  }
+}
+
+// Softmax over contiguous rows (inner == 1: attention rows), a block per row (grid-stride).
+extern "C" __global__ void softmax_rows(const void* x, int x_t, float x_scale, void* y, int y_t,
+                                        float y_scale, i64 rows, i64 len, int log_sm) {
+  __shared__ float sh[32];
+  for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
+    i64 base = r * len;
+    float m = -QS_INF;
+    for (i64 j = threadIdx.x; j < len; j += blockDim.x) m = fmaxf(m, ld(x, x_t, base + j, x_scale));
+    m = block_reduce(m, 1, sh);
+    float s = 0.f;
+    for (i64 j = threadIdx.x; j < len; j += blockDim.x) s += expf(ld(x, x_t, base + j, x_scale) - m);
+    s = block_reduce(s, 0, sh);
+    float ls = logf(s);
+    for (i64 j = threadIdx.x; j < len; j += blockDim.x) {
+      float d = ld(x, x_t, base + j, x_scale) - m;
+      st(y, y_t, base + j, log_sm ? d - ls : expf(d) / s, y_scale);
+    }
+  }
+}
+
+// Batched row-major matmul: y[bt] (m x n) = a[bt] (m x k) * B[bt], B k x n, or n x k when
+// trans_b; a_stride / b_stride: elements between batches (0 broadcasts). b_t < 0: B is an f32
+// constant buffer. 32 x 32 output tiles in shared memory, block (32, 8), each thread 4 rows;
+// f32 accumulation; grid (n tiles, m tiles, batch), grid-stride over m tiles and batches.
+#define MM_T 32
+extern "C" __global__ void matmul(const void* a, int a_t, float a_scale, const void* b, int b_t,
+                                  float b_scale, void* y, int y_t, float y_scale, i64 batch, int m,
+                                  int n, int k, i64 a_stride, i64 b_stride, int trans_b) {
+  __shared__ float as[MM_T][MM_T + 1];
+  __shared__ float bs[MM_T][MM_T + 1];
+  int tx = threadIdx.x, ty = threadIdx.y;
+  int col0 = blockIdx.x * MM_T;
+  for (i64 bt = blockIdx.z; bt < batch; bt += gridDim.z) {
+    i64 ab = bt * a_stride, bb = bt * b_stride;
+    for (i64 row0 = (i64)blockIdx.y * MM_T; row0 < m; row0 += (i64)gridDim.y * MM_T) {
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int k0 = 0; k0 < k; k0 += MM_T) {
+#pragma unroll
+        for (int r = 0; r < 4; r++) {
+          int rr = ty + 8 * r;
+          i64 gr = row0 + rr;
+          int gk = k0 + tx;
+          as[rr][tx] = (gr < m && gk < k) ? ld(a, a_t, ab + gr * k + gk, a_scale) : 0.f;
+          if (trans_b) {
+            // B is n x k: read along k so a warp's loads are contiguous.
+            int gc = col0 + rr;
+            bs[tx][rr] = (gc < n && gk < k) ? ldc(b, b_t, bb + (i64)gc * k + gk, b_scale) : 0.f;
+          } else {
+            int bk = k0 + rr, gc = col0 + tx;
+            bs[rr][tx] = (bk < k && gc < n) ? ldc(b, b_t, bb + (i64)bk * n + gc, b_scale) : 0.f;
+          }
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int kk = 0; kk < MM_T; kk++) {
+          float bv = bs[kk][tx];
+#pragma unroll
+          for (int r = 0; r < 4; r++) acc[r] += as[ty + 8 * r][kk] * bv;
+        }
+        __syncthreads();
+      }
+#pragma unroll
+      for (int r = 0; r < 4; r++) {
+        i64 gr = row0 + ty + 8 * r;
+        int gc = col0 + tx;
+        if (gr < m && gc < n) st(y, y_t, (bt * m + gr) * n + gc, acc[r], y_scale);
+      }
+    }
+  }
+}
+
+// y[o, j, i] = x[o, idx[j], i] over [outer, axis_len, inner]; idx_t < 0: f32 constant indices,
+// else a device tensor of any dtype. Negative indices count from the end; out of range reads 0.
+extern "C" __global__ void gather(const void* x, int x_t, float x_scale, const void* idx,
+                                  int idx_t, float idx_scale, void* y, int y_t, float y_scale,
+                                  i64 outer, i64 axis_len, i64 count, i64 inner) {
+  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= outer * count * inner) return;
+  i64 k = i % inner, t = i / inner;
+  i64 j = t % count, o = t / count;
+  i64 ix = (i64)rintf(ldc(idx, idx_t, j, idx_scale));
+  if (ix < 0) ix += axis_len;
+  float v = (ix >= 0 && ix < axis_len) ? ld(x, x_t, (o * axis_len + ix) * inner + k, x_scale) : 0.f;
+  st(y, y_t, i, v, y_scale);
+}
+
+// N-d pad in stored order: out_dims / in_dims the stored dims, begin the pads before each axis
+// (negative crops). mode: 0 constant (value), 1 reflect, 2 edge, 3 wrap.
+struct PadArgs {
+  i64 out_dims[QS_MAX_RANK];
+  i64 in_dims[QS_MAX_RANK];
+  i64 begin[QS_MAX_RANK];
+  int rank;
+  int mode;
+};
+extern "C" __global__ void pad_nd(const void* x, int x_t, float x_scale, void* y, int y_t,
+                                  float y_scale, i64 n, PadArgs p, float value) {
+  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  i64 rem = i, src = 0, in_stride = 1;
+  bool inside = true;
+#pragma unroll
+  for (int d = QS_MAX_RANK - 1; d >= 0; d--) {
+    if (d >= p.rank) continue;
+    i64 o = rem % p.out_dims[d];
+    rem /= p.out_dims[d];
+    i64 len = p.in_dims[d];
+    i64 s = o - p.begin[d];
+    if (s < 0 || s >= len) {
+      switch (p.mode) {
+        case 1: {
+          // Reflect without repeating the edge: period 2 (len - 1), as numpy does.
+          i64 period = 2 * (len - 1);
+          if (period <= 0) {
+            s = 0;
+          } else {
+            s %= period;
+            if (s < 0) s += period;
+            if (s >= len) s = period - s;
+          }
+          break;
+        }
+        case 2: s = s < 0 ? 0 : len - 1; break;
+        case 3: s %= len; if (s < 0) s += len; break;
+        default: inside = false; break;
+      }
+    }
+    src += s * in_stride;
+    in_stride *= len;
+  }
+  st(y, y_t, i, inside ? ld(x, x_t, src, x_scale) : value, y_scale);
+}
+
+// Transposed convolution, plain NCHW in and out, weights [cin, cout / groups, kh, kw] (ONNX
+// order, f32), gathered per output: output (oy, ox) takes input (iy, ix) at tap (ky, kx) when
+// oy + ph - ky * dh == iy * sh (and likewise for x). Bias may be null. One thread per output.
+extern "C" __global__ void conv_transpose(const void* x, int x_t, float x_scale, const float* w,
+                                          const float* bias, void* y, int y_t, float y_scale,
+                                          int n, int cin, int h, int wd, int cout, int oh, int ow,
+                                          int kh, int kw, int sh, int sw, int ph, int pw, int dh,
+                                          int dw, int groups, int act, float a0, float a1) {
+  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= (i64)n * cout * oh * ow) return;
+  int ox = i % ow;
+  i64 t = i / ow;
+  int oy = t % oh;
+  t /= oh;
+  int co = t % cout;
+  i64 b = t / cout;
+  int cpg = cin / groups, opg = cout / groups, g = co / opg, col = co - g * opg;
+  float acc = bias ? bias[co] : 0.f;
+  for (int ky = 0; ky < kh; ky++) {
+    int ty = oy + ph - ky * dh;
+    if (ty < 0 || ty % sh != 0) continue;
+    int iy = ty / sh;
+    if (iy >= h) continue;
+    for (int kx = 0; kx < kw; kx++) {
+      int tx = ox + pw - kx * dw;
+      if (tx < 0 || tx % sw != 0) continue;
+      int ix = tx / sw;
+      if (ix >= wd) continue;
+      for (int cg = 0; cg < cpg; cg++) {
+        int ci = g * cpg + cg;
+        float xv = ld(x, x_t, (((b * cin + ci) * h + iy) * wd + ix), x_scale);
+        acc += xv * w[(((i64)ci * opg + col) * kh + ky) * kw + kx];
+      }
+    }
+  }
+  st(y, y_t, i, act_f(acc, act, a0, a1), y_scale);
+}
+
+// Pooling over NHWC. kind 0 max, 1 average. Pads top (pt), left (pl), bottom (pb), right (pr);
+// windows running past the padded input (ceil mode) are clipped. Average: count_include_pad
+// counts the window's positions inside the padded input (as ONNX Runtime and PyTorch do),
+// otherwise only those inside the input.
 extern "C" __global__ void pool(const void* x, int x_t, float x_scale, void* y, int y_t,
                                 float y_scale, int n, int h, int wd, int c, int oh, int ow, int kh,
-                                int kw, int sh, int sw, int ph, int pw, int kind,
-                                int count_include_pad) {
+                                int kw, int sh, int sw, int pt, int pl, int pb, int pr, int dh,
+                                int dw, int kind, int count_include_pad) {
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   i64 total = (i64)n * oh * ow * c;
   if (i >= total) return;
@@ -221,15 +626,16 @@ extern "C" __global__ void pool(const void* x, int x_t, float x_scale, void* y, 
   float acc = kind == 0 ? -QS_INF : 0.f;
   int cnt = 0;
   for (int ky = 0; ky < kh; ky++) {
-    int iy = oy * sh - ph + ky;
+    int iy = oy * sh - pt + ky * dh;
+    if (iy >= h + pb) break;
     for (int kx = 0; kx < kw; kx++) {
-      int ix = ox * sw - pw + kx;
-      bool in = iy >= 0 && iy < h && ix >= 0 && ix < wd;
-      if (in) {
+      int ix = ox * sw - pl + kx * dw;
+      if (ix >= wd + pr) break;
+      if (iy >= 0 && iy < h && ix >= 0 && ix < wd) {
         float v = ld(x, x_t, (((i64)b * h + iy) * wd + ix) * c + ch, x_scale);
         acc = kind == 0 ? fmaxf(acc, v) : acc + v;
         cnt++;
-      } else if (count_include_pad && iy < h + ph && ix < wd + pw) {
+      } else if (count_include_pad) {
         cnt++;
       }
     }
@@ -271,20 +677,58 @@ extern "C" __global__ void concat_part(const void* x, int x_t, float x_scale, vo
   st(y, y_t, (o * total + off + j) * inner + k, ld(x, x_t, i, x_scale), y_scale);
 }
 
-// Resize over NHWC. mode 0 nearest, 1 linear. coord: 0 half_pixel, 1 asymmetric,
-// 2 align_corners, 3 pytorch_half_pixel. nearest: 0 round_prefer_floor, 1 round_prefer_ceil,
-// 2 floor, 3 ceil.
+// Resize over NHWC. mode 0 nearest, 1 linear, 2 cubic (Keys kernel, coefficient cubic_a;
+// exclude_outside: taps outside the input get weight 0 and the rest are renormalised; taps
+// are clamped to the edge). coord: 0 half_pixel, 1 asymmetric, 2 align_corners,
+// 3 pytorch_half_pixel, 4 tf_half_pixel_for_nearest, 5 half_pixel_symmetric. nearest:
+// 0 round_prefer_floor, 1 round_prefer_ceil, 2 floor, 3 ceil.
 __device__ float src_coord(int o, int in_len, int out_len, float scale, int coord) {
   switch (coord) {
     case 1: return o / scale;
     case 2: return out_len > 1 ? o * (float)(in_len - 1) / (float)(out_len - 1) : 0.f;
     case 3: return out_len > 1 ? (o + 0.5f) / scale - 0.5f : 0.f;
+    case 4: return (o + 0.5f) / scale;
+    case 5: {
+      float adj = (float)out_len / (scale * (float)in_len);
+      float center = (float)in_len * 0.5f;
+      return center * (1.f - adj) + (o + 0.5f) / scale - 0.5f;
+    }
     default: return (o + 0.5f) / scale - 0.5f;
   }
 }
+__device__ __forceinline__ float nearest_f(float f, int mode) {
+  switch (mode) {
+    case 1: return (f - floorf(f) == 0.5f) ? ceilf(f) : rintf(f);
+    case 2: return floorf(f);
+    case 3: return ceilf(f);
+    default: return (f - floorf(f) == 0.5f) ? floorf(f) : rintf(f);
+  }
+}
+// Keys cubic weights of the 4 taps floor(f) - 1 .. floor(f) + 2, t = f - floor(f).
+__device__ void cubic_taps(float f, int len, float a, int excl, int idx[4], float wt[4]) {
+  float fl = floorf(f), t = f - fl;
+  int x0 = (int)fl;
+  float d[4] = {1.f + t, t, 1.f - t, 2.f - t};
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; j++) {
+    float s = d[j];
+    float v = s <= 1.f ? ((a + 2.f) * s - (a + 3.f)) * s * s + 1.f
+                       : ((a * s - 5.f * a) * s + 8.f * a) * s - 4.f * a;
+    int ix = x0 - 1 + j;
+    if (excl && (ix < 0 || ix >= len)) v = 0.f;
+    wt[j] = v;
+    sum += v;
+    idx[j] = min(max(ix, 0), len - 1);
+  }
+  if (excl && sum != 0.f)
+#pragma unroll
+    for (int j = 0; j < 4; j++) wt[j] /= sum;
+}
 extern "C" __global__ void resize(const void* x, int x_t, float x_scale, void* y, int y_t,
                                   float y_scale, int n, int h, int wd, int c, int oh, int ow,
-                                  float scale_h, float scale_w, int mode, int coord, int nearest) {
+                                  float scale_h, float scale_w, int mode, int coord, int nearest,
+                                  float cubic_a, int exclude_outside) {
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   i64 total = (i64)n * oh * ow * c;
   if (i >= total) return;
@@ -294,15 +738,22 @@ extern "C" __global__ void resize(const void* x, int x_t, float x_scale, void* y
   i64 base = (i64)b * h * wd * c + ch;
   float v;
   if (mode == 0) {
-    float ry, rx;
-    switch (nearest) {
-      case 1: ry = ceilf(fy - 0.5f); rx = ceilf(fx - 0.5f); if (fy - floorf(fy) != 0.5f) { ry = rintf(fy); } if (fx - floorf(fx) != 0.5f) { rx = rintf(fx); } break;
-      case 2: ry = floorf(fy); rx = floorf(fx); break;
-      case 3: ry = ceilf(fy); rx = ceilf(fx); break;
-      default: ry = (fy - floorf(fy) == 0.5f) ? floorf(fy) : rintf(fy); rx = (fx - floorf(fx) == 0.5f) ? floorf(fx) : rintf(fx); break;
-    }
-    int iy = min(max((int)ry, 0), h - 1), ix = min(max((int)rx, 0), wd - 1);
+    int iy = min(max((int)nearest_f(fy, nearest), 0), h - 1);
+    int ix = min(max((int)nearest_f(fx, nearest), 0), wd - 1);
     v = ld(x, x_t, base + ((i64)iy * wd + ix) * c, x_scale);
+  } else if (mode == 2) {
+    int iy[4], ix[4];
+    float wy[4], wx[4];
+    cubic_taps(fy, h, cubic_a, exclude_outside, iy, wy);
+    cubic_taps(fx, wd, cubic_a, exclude_outside, ix, wx);
+    v = 0.f;
+    for (int r = 0; r < 4; r++) {
+      if (wy[r] == 0.f) continue;
+      float row = 0.f;
+      for (int q = 0; q < 4; q++)
+        row += wx[q] * ld(x, x_t, base + ((i64)iy[r] * wd + ix[q]) * c, x_scale);
+      v += wy[r] * row;
+    }
   } else {
     fy = fminf(fmaxf(fy, 0.f), (float)(h - 1));
     fx = fminf(fmaxf(fx, 0.f), (float)(wd - 1));
@@ -315,35 +766,5 @@ extern "C" __global__ void resize(const void* x, int x_t, float x_scale, void* y
     float v11 = ld(x, x_t, base + ((i64)y1 * wd + x1) * c, x_scale);
     v = (v00 * (1.f - lx) + v01 * lx) * (1.f - ly) + (v10 * (1.f - lx) + v11 * lx) * ly;
   }
-  st(y, y_t, i, v, y_scale);
-}
-
-// Softmax over the middle axis of [outer, len, inner]; one thread per (outer, inner).
-extern "C" __global__ void softmax(const void* x, int x_t, float x_scale, void* y, int y_t,
-                                   float y_scale, i64 outer, i64 len, i64 inner) {
-  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= outer * inner) return;
-  i64 o = i / inner, k = i % inner;
-  i64 base = o * len * inner + k;
-  float m = -QS_INF;
-  for (i64 j = 0; j < len; j++) m = fmaxf(m, ld(x, x_t, base + j * inner, x_scale));
-  float s = 0.f;
-  for (i64 j = 0; j < len; j++) s += expf(ld(x, x_t, base + j * inner, x_scale) - m);
-  for (i64 j = 0; j < len; j++)
-    st(y, y_t, base + j * inner, expf(ld(x, x_t, base + j * inner, x_scale) - m) / s, y_scale);
-}
-
-// Constant padding over NHWC (spatial pads only).
-extern "C" __global__ void pad_nhwc(const void* x, int x_t, float x_scale, void* y, int y_t,
-                                    float y_scale, int n, int h, int wd, int c, int oh, int ow,
-                                    int top, int left, float value) {
-  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-  i64 total = (i64)n * oh * ow * c;
-  if (i >= total) return;
-  Pos p = nhwc_pos(i, oh, ow, c);
-  int ch = p.c, ox = p.x, oy = p.y, b = p.b;
-  int iy = oy - top, ix = ox - left;
-  float v = value;
-  if (iy >= 0 && iy < h && ix >= 0 && ix < wd) v = ld(x, x_t, (((i64)b * h + iy) * wd + ix) * c + ch, x_scale);
   st(y, y_t, i, v, y_scale);
 }

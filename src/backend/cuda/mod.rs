@@ -10,6 +10,7 @@ pub mod cache;
 mod dnn_graph;
 pub mod engine;
 pub mod libs;
+pub mod ops;
 pub mod plan;
 
 use std::sync::OnceLock;
@@ -156,7 +157,27 @@ impl Backend for CudaBackend {
             .with_fixed_input(spec.batch, spec.hw),
         };
         let shape = model.input_shape(spec.batch, spec.hw);
-        let plan = plan::lower(&p, shape, precision).map_err(build_err)?;
+        let plan = ops::lower(&p, shape, precision).map_err(|first| {
+            // Name every node the backend cannot take, not only the first, so one run tells
+            // the user the whole gap.
+            let all = ops::survey(&p, shape, precision).unwrap_or_default();
+            if all.len() > 1 {
+                let list: Vec<String> = all.iter().take(12).map(|u| u.why.clone()).collect();
+                let more = all.len().saturating_sub(12);
+                build_err(format!(
+                    "the CUDA backend cannot take {} node(s): {}{}",
+                    all.len(),
+                    list.join("; "),
+                    if more > 0 {
+                        format!("; and {more} more")
+                    } else {
+                        String::new()
+                    }
+                ))
+            } else {
+                build_err(first)
+            }
+        })?;
         let dev = engine::Device::new().map_err(build_err)?;
         let fingerprint = blake3::hash(&p.encode_to_vec()).to_hex()[..16].to_string();
         let name = cache::file_name(
@@ -174,6 +195,47 @@ impl Backend for CudaBackend {
         }
         Ok(Box::new(eng))
     }
+}
+
+/// The nodes of `model` the CUDA planner cannot take for `precision` at input size `hw`,
+/// found without a GPU and without building anything (for INT8, on the Q/DQ placement with
+/// placeholder scales: placement, not calibration, decides what lowers). Empty: it all lowers.
+pub fn coverage(
+    model: &crate::model::Model,
+    hw: [usize; 2],
+    precision: Precision,
+) -> Result<Vec<ops::Unsupported>, String> {
+    let p = if precision == Precision::Int8 {
+        let plan = crate::quant::plan(model, &[]);
+        let q = crate::quant::build_qdq(model, &plan, None).map_err(|e| e.to_string())?;
+        crate::model::Model {
+            proto: q.proto,
+            ..model.clone()
+        }
+        .with_fixed_input(1, hw)
+    } else {
+        model.with_fixed_input(1, hw)
+    };
+    let shape = model.input_shape(1, hw);
+    crate::guard::catch("surveying the CUDA plan", || {
+        ops::survey(&p, shape, precision)
+    })?
+}
+
+/// Per precision, the nodes the CUDA planner cannot take (empty: all of it lowers), or why it
+/// could not plan at all.
+pub type Coverage = Vec<(Precision, Result<Vec<ops::Unsupported>, String>)>;
+
+/// [`coverage`] for every precision, at `size` (default: the model's own input size, else
+/// 224x224).
+pub fn coverage_all(model: &crate::model::Model, size: Option<[usize; 2]>) -> Coverage {
+    let hw = size
+        .or_else(|| model.input_hw(None).ok())
+        .unwrap_or([224, 224]);
+    Precision::ALL
+        .iter()
+        .map(|&p| (p, coverage(model, hw, p)))
+        .collect()
 }
 
 /// Precisions the engine builds natively (none emulated).

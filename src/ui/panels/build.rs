@@ -45,8 +45,9 @@ pub fn build_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
             let tip = match p {
                 Precision::Fp32 => "The reference engine",
                 Precision::Fp16 if simulated => {
-                    "FP16 numerics simulated on the CPU: the accuracy is real, the latency is \
-                     not an FP16 device's and is many times FP32's. Off by default on the CPU"
+                    "FP16 numerics on CPU: accuracy is real, latency is not an FP16 device's \
+                     (weights rounded to f16 once, each layer's output rounded to f16, f32 \
+                     accumulation; about FP32's time). Off by default on the CPU"
                 }
                 Precision::Fp16 => "Half precision on the GPU",
                 Precision::Int8 => "Q/DQ INT8 engines, one per calibration method",

@@ -1,9 +1,10 @@
 //! The Calibration panel: method (max, percentile with its p, MSE, entropy), how many
-//! calibration images, and "compare all methods".
+//! calibration images, "compare all methods" and cross-layer equalization (auto/on/off).
 
 use crate::calib::Method;
 use crate::data::Selection;
 use crate::experiment::Experiment;
+use crate::quant::cle::CleSetting;
 use crate::ui::Workbench;
 use eframe::egui;
 
@@ -48,6 +49,22 @@ pub fn calibration_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::U
     ui.checkbox(&mut all, "Compare all methods").on_hover_text(
         "Build one INT8 engine per method from the same statistics (switching is instant)",
     );
+    ui.horizontal(|ui| {
+        ui.label("Equalize:");
+        egui::ComboBox::from_id_salt("calib.cle")
+            .selected_text(exp.cle.name())
+            .show_ui(ui, |ui| {
+                for c in CleSetting::ALL {
+                    ui.selectable_value(&mut exp.cle, c, c.name());
+                }
+            })
+            .response
+            .on_hover_text(
+                "Cross-layer equalization before calibration: rescales the channels between two \
+                 convs so their weight ranges match (the FP32 rows keep the original model). \
+                 auto: on where a depthwise conv is in a pair with no Clip (ReLU6) between",
+            );
+    });
     if primary != wb.primary_method {
         wb.primary_method = primary;
     }

@@ -3,7 +3,7 @@
 //! on the I/O thread).
 
 use super::{PathKind, path_field_ui};
-use crate::data::{ChannelOrder, Normalize, ResizeMode};
+use crate::data::{ChannelOrder, Interpolation, Normalize, Preprocess, Preset, ResizeMode};
 use crate::experiment::{Experiment, TaskChoice};
 use crate::model::Task;
 use crate::ui::{Command, Scan, Workbench, theme};
@@ -176,19 +176,129 @@ fn eval_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
     .on_hover_text("Leave out evaluation images that are also calibration images");
 }
 
+/// A combo of the named conventions; shows the one the settings match, else "custom".
+fn preset_ui(pre: &mut Preprocess, ui: &mut egui::Ui) {
+    let current = Preset::matching(pre);
+    egui::ComboBox::from_id_salt("data.preset")
+        .selected_text(current.map_or("custom", Preset::name))
+        .show_ui(ui, |ui| {
+            for p in Preset::ALL {
+                if ui
+                    .selectable_label(current == Some(p), p.name())
+                    .on_hover_text(p.description())
+                    .clicked()
+                {
+                    p.apply(pre);
+                }
+            }
+        })
+        .response
+        .on_hover_text(current.map_or(
+            "Settings of no named convention; pick one to set resize, crop, interpolation, channels and normalisation",
+            Preset::description,
+        ));
+}
+
+fn interpolation_ui(interpolation: &mut Interpolation, ui: &mut egui::Ui) {
+    let hover = |i: Interpolation| match i {
+        Interpolation::Nearest => {
+            "Resampling: the source pixel under each output pixel (Pillow NEAREST)"
+        }
+        Interpolation::Bilinear => {
+            "Resampling: triangle filter, antialiased when shrinking (Pillow / torchvision BILINEAR)"
+        }
+        Interpolation::Bicubic => {
+            "Resampling: Catmull-Rom cubic, a = -0.5 (Pillow BICUBIC, timm bicubic)"
+        }
+    };
+    egui::ComboBox::from_id_salt("data.interpolation")
+        .selected_text(interpolation.name())
+        .show_ui(ui, |ui| {
+            for i in Interpolation::ALL {
+                ui.selectable_value(interpolation, i, i.name())
+                    .on_hover_text(hover(i));
+            }
+        })
+        .response
+        .on_hover_text(hover(*interpolation));
+}
+
+/// Crop ratio (timm's crop_pct) and what it means at this input size.
+fn crop_ui(pre: &mut Preprocess, input_hw: [usize; 2], ui: &mut egui::Ui) {
+    ui.horizontal(|ui| {
+        if let Some(n) = pre.resize_short_px {
+            ui.label(format!("short side {n} px"));
+            if ui
+                .small_button("use ratio")
+                .on_hover_text("Resize by the crop ratio instead of a fixed short side")
+                .clicked()
+            {
+                pre.resize_short_px = None;
+            }
+            return;
+        }
+        ui.add(
+            egui::DragValue::new(&mut pre.crop_pct)
+                .range(0.05..=1.0)
+                .speed(0.005)
+                .max_decimals(4),
+        )
+        .on_hover_text(
+            "Share of the resized image the centre crop keeps (timm crop_pct): 0.875 resizes \
+             the short side to 256 and crops 224; 1 resizes straight to the input",
+        );
+        let [h, w] = input_hw;
+        let short = ((h.min(w) as f64) / pre.crop_pct).floor() as usize;
+        ui.weak(format!("short side to {short} px, centre {h}×{w}"));
+    });
+}
+
 fn preprocess_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
-    ui.label(egui::RichText::new("Preprocessing").strong())
-        .on_hover_text("How an image becomes the model's input");
+    let input_hw = exp.preprocess.size.unwrap_or_else(|| wb.input_hw());
     let pre = &mut exp.preprocess;
+    // The preset shares the heading's row: the left column is tall already, and the Build
+    // panel below it must stay on a laptop screen.
+    ui.horizontal(|ui| {
+        ui.label(egui::RichText::new("Preprocessing").strong())
+            .on_hover_text("How an image becomes the model's input");
+        ui.label("preset");
+        preset_ui(pre, ui);
+    });
     egui::Grid::new("data.pre").num_columns(2).show(ui, |ui| {
         ui.label("Resize");
         ui.horizontal(|ui| {
             ui.radio_value(&mut pre.resize, ResizeMode::Stretch, "stretch")
                 .on_hover_text("Resize both sides to the input size, ignoring aspect ratio");
             ui.radio_value(&mut pre.resize, ResizeMode::Crop, "crop")
-                .on_hover_text("Resize the short side to fit, then cut the centre");
+                .on_hover_text(
+                    "Resize the short side (to input / crop ratio), then cut the centre \
+                     (torchvision Resize + CenterCrop)",
+                );
+            ui.radio_value(&mut pre.resize, ResizeMode::Letterbox, "letterbox")
+                .on_hover_text(
+                    "Keep the aspect ratio, fit the long side, pad the rest (detectors)",
+                );
         });
         ui.end_row();
+        ui.label("Resample");
+        interpolation_ui(&mut pre.interpolation, ui);
+        ui.end_row();
+        match pre.resize {
+            ResizeMode::Stretch => {}
+            ResizeMode::Crop => {
+                ui.label("Crop ratio");
+                crop_ui(pre, input_hw, ui);
+                ui.end_row();
+            }
+            ResizeMode::Letterbox => {
+                ui.label("Padding");
+                ui.add(egui::DragValue::new(&mut pre.pad_value).range(0..=255))
+                    .on_hover_text(
+                        "Raw 0..255 value of the padding, on every channel (ultralytics: 114)",
+                    );
+                ui.end_row();
+            }
+        }
         ui.label("Size");
         ui.horizontal(|ui| {
             let mut own = pre.size.is_none();

@@ -15,6 +15,42 @@ fn shape_text(t: &TensorInfo) -> String {
     format!("{} [{}] {}", t.name, dims.join("×"), t.dtype)
 }
 
+/// What the CUDA backend would refuse, found by planning the engine (no GPU needed).
+fn cuda_coverage_ui(cov: &crate::backend::cuda::Coverage, ui: &mut egui::Ui) {
+    if cov.is_empty() {
+        return;
+    }
+    let gaps: Vec<_> = cov
+        .iter()
+        .filter(|(_, r)| !matches!(r, Ok(v) if v.is_empty()))
+        .collect();
+    if gaps.is_empty() {
+        ui.label("CUDA backend: every node lowers in FP32, FP16 and INT8")
+            .on_hover_text("Planned without a GPU; the build itself still needs one");
+        return;
+    }
+    for (p, r) in gaps {
+        match r {
+            Ok(list) => {
+                ui.colored_label(
+                    theme::ERROR,
+                    format!("CUDA {}: {} node(s) it cannot take:", p.name(), list.len()),
+                )
+                .on_hover_text("Found by planning the engine; the CPU backend may still run them");
+                for u in list.iter().take(20) {
+                    ui.colored_label(theme::ERROR, format!("  {}", u.why));
+                }
+                if list.len() > 20 {
+                    ui.weak(format!("  … and {} more", list.len() - 20));
+                }
+            }
+            Err(e) => {
+                ui.colored_label(theme::ERROR, format!("CUDA {}: cannot plan: {e}", p.name()));
+            }
+        }
+    }
+}
+
 pub fn model_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
     let current = (!wb.exp.model.as_os_str().is_empty()).then(|| wb.exp.model.clone());
     if let Some(Some(p)) = path_field_ui(
@@ -108,6 +144,7 @@ pub fn model_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
                 .on_hover_text("Unsupported operator and the node using it");
         }
     }
+    cuda_coverage_ui(&wb.model.cuda, ui);
     egui::CollapsingHeader::new(format!("Op census ({} op types)", info.op_census.len()))
         .id_salt("model.census")
         .show(ui, |ui| {

@@ -1,0 +1,628 @@
+//! Convolutions and linear layers with constant weights: Conv (grouped, dilated), Gemm and
+//! MatMul against a constant B (as 1x1 convolutions over rows, any leading dims), with bias,
+//! a constant bias Add, a residual Add and an activation fused; int8 where the Q/DQ plan
+//! quantizes both inputs, with an int8 output where every reader quantizes at one scale.
+//! Also BatchNormalization left unfolded and ConvTranspose.
+
+use tract_onnx::pb;
+
+use super::{Builder, OpFamily, Value, err};
+use crate::backend::FloatNode;
+use crate::backend::cuda::plan::{
+    Act, ConvStep, DType, EwOp, Int8Weights, Layout, Operand, PlanResult, Step, oihw_to_ohwi,
+};
+use crate::model::proto;
+
+pub const FAMILY: OpFamily = OpFamily {
+    name: "convolution",
+    ops: &["Conv", "Gemm", "BatchNormalization", "ConvTranspose"],
+    lower,
+};
+
+fn lower(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
+    match b.g.node(i).op_type.as_str() {
+        "BatchNormalization" => batch_norm(b, i),
+        "ConvTranspose" => conv_transpose(b, i),
+        "Gemm" if !b.is_const(&b.g.node(i).input[1]) => super::matmul::gemm_of_tensors(b, i),
+        _ => conv(b, i),
+    }
+}
+
+/// Explicit or automatic pads (top, left, bottom, right) of a 2-D window op.
+pub(super) fn conv_pads(
+    n: &pb::NodeProto,
+    hw: [usize; 2],
+    k: [usize; 2],
+    s: [usize; 2],
+    d: [usize; 2],
+) -> PlanResult<[usize; 4]> {
+    let auto = proto::attr_str(n, "auto_pad").unwrap_or("NOTSET".into());
+    match auto.as_str() {
+        "NOTSET" | "" => {
+            let p = proto::attr_ints(n, "pads").unwrap_or(vec![0, 0, 0, 0]);
+            if p.len() != 4 || p.iter().any(|&v| v < 0) {
+                return Err(err(n, "pads must be 4 non-negative values"));
+            }
+            Ok([p[0] as usize, p[1] as usize, p[2] as usize, p[3] as usize])
+        }
+        "VALID" => Ok([0; 4]),
+        "SAME_UPPER" | "SAME_LOWER" => {
+            let mut out = [0usize; 4];
+            for a in 0..2 {
+                let o = hw[a].div_ceil(s[a]);
+                let ek = d[a] * (k[a] - 1) + 1;
+                let total = ((o - 1) * s[a] + ek).saturating_sub(hw[a]);
+                let (lo, hi) = if auto == "SAME_UPPER" {
+                    (total / 2, total - total / 2)
+                } else {
+                    (total - total / 2, total / 2)
+                };
+                out[a] = lo;
+                out[a + 2] = hi;
+            }
+            Ok(out)
+        }
+        other => Err(err(n, format!("auto_pad `{other}` is not supported"))),
+    }
+}
+
+/// A 2-element spatial attribute (strides, dilations), default 1.
+pub(super) fn pair(n: &pb::NodeProto, name: &str) -> PlanResult<[usize; 2]> {
+    let v = proto::attr_ints(n, name).unwrap_or(vec![1, 1]);
+    if v.len() != 2 || v.iter().any(|&x| x < 1) {
+        return Err(err(
+            n,
+            format!("`{name}` must be two positive values (only 2-D windows are implemented)"),
+        ));
+    }
+    Ok([v[0] as usize, v[1] as usize])
+}
+
+fn transpose_km(d: &[f32], k: usize, m: usize) -> Vec<f32> {
+    let mut t = vec![0.0; d.len()];
+    for r in 0..k {
+        for c in 0..m {
+            t[c * k + r] = d[r * m + c];
+        }
+    }
+    t
+}
+
+fn transpose_km_i8(d: &[i8], k: usize, m: usize) -> Vec<i8> {
+    let mut t = vec![0i8; d.len()];
+    for r in 0..k {
+        for c in 0..m {
+            t[c * k + r] = d[r * m + c];
+        }
+    }
+    t
+}
+
+pub(super) fn conv(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
+    let n = b.g.node(i);
+    let op = n.op_type.as_str();
+    let wname = n.input.get(1).ok_or_else(|| err(n, "no weight input"))?;
+    let w = b.const_of(wname).ok_or_else(|| {
+        err(
+            n,
+            "the weights must be a constant (a computed weight input is not supported)",
+        )
+    })?;
+    let w_i8 = match b.values.get(&format!("{wname}#int8")) {
+        Some(Value::ConstI8 { data, dims, scales }) => {
+            Some((data.clone(), dims.clone(), scales.clone()))
+        }
+        _ => None,
+    };
+    let bias_c = n
+        .input
+        .get(2)
+        .filter(|s| !s.is_empty())
+        .map(|s| {
+            b.const_f32(s)
+                .ok_or_else(|| err(n, "bias must be a constant"))
+        })
+        .transpose()?;
+    let x_dq = match b.values.get(&n.input[0]) {
+        Some(Value::Dequant { src, scale }) => Some((*src, *scale)),
+        _ => None,
+    };
+    let use_int8 = b.int8 && x_dq.is_some() && w_i8.is_some();
+    let x = match x_dq {
+        Some((src, _)) if use_int8 => src,
+        _ => b.float_tensor_of(&n.input[0], "conv input")?,
+    };
+    let x = if op == "Conv" {
+        b.to_layout(x, Layout::Nhwc, "conv")?
+    } else {
+        let x = b.to_layout(x, Layout::Plain, "gemm")?;
+        let d = b.desc(x).clone();
+        if op == "Gemm" && proto::attr_i(n, "transA").unwrap_or(0) == 1 && d.shape.len() == 2 {
+            // A is stored [K, M]: one transposing copy gives the rows the GEMM reads.
+            let t = b.tensor(
+                &format!("{}.transposed", n.input[0]),
+                vec![d.shape[1], d.shape[0]],
+                Layout::Plain,
+                d.dtype,
+                d.scale,
+            );
+            let step = b.view_step(
+                &format!("{}.transA", n.name),
+                x,
+                t,
+                Some(vec![1, d.shape[1] as i64]),
+                0,
+            );
+            b.plan.steps.push(step);
+            t
+        } else {
+            x
+        }
+    };
+    let xd = b.desc(x).clone();
+    let mut step = ConvStep {
+        name: n.name.clone(),
+        fused: vec![],
+        input: x,
+        out: 0,
+        w: vec![],
+        bias: vec![],
+        int8: None,
+        cin: 0,
+        cout: 0,
+        k: [1, 1],
+        stride: [1, 1],
+        pads: [0; 4],
+        dilation: [1, 1],
+        groups: 1,
+        residual: None,
+        act: Act::None,
+    };
+    // The logical output shape, and the shape the step computes (rows x M for linear layers).
+    let (out_shape, step_shape): (Vec<usize>, Vec<usize>);
+    let w_scales: Vec<f32>;
+    let w_i8_ordered: Option<Vec<i8>>;
+    if op == "Conv" {
+        if w.dims.len() != 4 || xd.shape.len() != 4 {
+            return Err(err(
+                n,
+                "only 2-D convolutions (rank-4 input and weights) are implemented",
+            ));
+        }
+        let (co, cig, kh, kw) = (w.dims[0], w.dims[1], w.dims[2], w.dims[3]);
+        let groups = proto::attr_i(n, "group").unwrap_or(1).max(1) as usize;
+        let strides = pair(n, "strides")?;
+        let dil = pair(n, "dilations")?;
+        let [nb, cin, h, wd] = [xd.shape[0], xd.shape[1], xd.shape[2], xd.shape[3]];
+        if cig * groups != cin || co % groups != 0 {
+            return Err(err(n, "channel/group mismatch"));
+        }
+        let pads = conv_pads(n, [h, wd], [kh, kw], strides, dil)?;
+        let span = |len: usize, lo: usize, hi: usize, k: usize, d: usize, s: usize| {
+            (len + lo + hi)
+                .checked_sub(d * (k - 1) + 1)
+                .map(|v| v / s + 1)
+        };
+        let (oh, ow) = match (
+            span(h, pads[0], pads[2], kh, dil[0], strides[0]),
+            span(wd, pads[1], pads[3], kw, dil[1], strides[1]),
+        ) {
+            (Some(a), Some(c)) => (a, c),
+            _ => return Err(err(n, "the kernel is larger than the padded input")),
+        };
+        out_shape = vec![nb, co, oh, ow];
+        step_shape = out_shape.clone();
+        step.cin = cin;
+        step.cout = co;
+        step.k = [kh, kw];
+        step.stride = strides;
+        step.dilation = dil;
+        step.pads = pads;
+        step.groups = groups;
+        step.w = oihw_to_ohwi(&w.data, co, cig, kh, kw);
+        w_i8_ordered = w_i8
+            .as_ref()
+            .map(|(d, _, _)| oihw_to_ohwi(d, co, cig, kh, kw));
+        w_scales = w_i8.as_ref().map(|x| x.2.clone()).unwrap_or_default();
+        step.bias = match &bias_c {
+            Some(bc) if bc.len() == co => bc.data.clone(),
+            Some(_) => return Err(err(n, "bias length differs from output channels")),
+            None => vec![0.0; co],
+        };
+    } else {
+        // Gemm / MatMul with a constant B: rows of the (flattened) input times B, as a 1x1
+        // convolution over H = W = 1.
+        if w.dims.len() != 2 || xd.shape.len() < 2 {
+            return Err(err(
+                n,
+                format!(
+                    "B must be a 2-D constant and A at least 2-D (A {:?}, B {:?})",
+                    xd.shape, w.dims
+                ),
+            ));
+        }
+        let gemm = op == "Gemm";
+        if gemm && xd.shape.len() != 2 {
+            return Err(err(n, "Gemm takes a 2-D A"));
+        }
+        let trans_b = gemm && proto::attr_i(n, "transB").unwrap_or(0) == 1;
+        let alpha = if gemm {
+            proto::attr_f(n, "alpha").unwrap_or(1.0)
+        } else {
+            1.0
+        };
+        let (k, m) = if trans_b {
+            (w.dims[1], w.dims[0])
+        } else {
+            (w.dims[0], w.dims[1])
+        };
+        let last = *xd.shape.last().unwrap_or(&0);
+        if last != k {
+            return Err(err(n, format!("inner dims differ: {last} vs {k}")));
+        }
+        let rows: usize = xd.shape[..xd.shape.len() - 1].iter().product();
+        let mut os = xd.shape.clone();
+        *os.last_mut().unwrap_or(&mut 0) = m;
+        out_shape = os;
+        step_shape = vec![rows, m];
+        if xd.shape.len() != 2 {
+            // The rows of a plain tensor are contiguous: view it as [rows, K].
+            let v = b.alias(&format!("{}.rows", n.input[0]), x, vec![rows, k]);
+            step.input = v;
+        }
+        step.cin = k;
+        step.cout = m;
+        let mk = if trans_b {
+            w.data.clone()
+        } else {
+            transpose_km(&w.data, k, m)
+        };
+        step.w = mk.iter().map(|v| v * alpha).collect();
+        w_i8_ordered = w_i8.as_ref().map(|(d, _, _)| {
+            if trans_b {
+                d.clone()
+            } else {
+                transpose_km_i8(d, k, m)
+            }
+        });
+        w_scales = w_i8
+            .as_ref()
+            .map(|x| x.2.iter().map(|s| s * alpha).collect())
+            .unwrap_or_default();
+        step.bias = match &bias_c {
+            Some(bc) => {
+                let beta = proto::attr_f(n, "beta").unwrap_or(1.0);
+                if bc.len() != m && bc.len() != 1 {
+                    return Err(err(n, "only a per-column bias C is supported"));
+                }
+                (0..m)
+                    .map(|c| bc.data[if bc.len() == 1 { 0 } else { c }] * beta)
+                    .collect()
+            }
+            None => vec![0.0; m],
+        };
+    }
+    if use_int8 {
+        let (_, xs) = x_dq.unwrap_or_default();
+        let ws = if w_scales.len() == 1 {
+            vec![w_scales[0]; step.cout]
+        } else {
+            w_scales
+        };
+        if ws.len() != step.cout {
+            return Err(err(n, "weight scales do not match output channels"));
+        }
+        step.int8 = Some(Int8Weights {
+            x_scale: xs,
+            w: w_i8_ordered.unwrap_or_default(),
+            w_scales: ws,
+        });
+        b.plan.int8_nodes.push(n.name.clone());
+    } else if b.int8 {
+        b.plan.float_nodes.push(FloatNode {
+            node: n.name.clone(),
+            op: n.op_type.clone(),
+            reason: "inputs are not quantized (excluded, or not a symmetric int8 Q/DQ pattern)"
+                .into(),
+        });
+    }
+    let mut tname = n.output[0].clone();
+    // Fusion: a constant bias Add (MatMul + Add is how Linear layers export), a residual Add,
+    // then an activation.
+    if op != "Conv"
+        && let Some(ci) = b.single_consumer(&tname)
+    {
+        let c = b.g.node(ci);
+        if c.op_type == "Add" && c.input.len() == 2 {
+            let other = if c.input[0] == tname {
+                &c.input[1]
+            } else {
+                &c.input[0]
+            };
+            if let Some(bc) = b.const_of(other)
+                && bc.dims.iter().rev().skip(1).all(|&d| d == 1)
+                && (bc.len() == step.cout || bc.len() == 1)
+            {
+                for (k, v) in step.bias.iter_mut().enumerate() {
+                    *v += bc.data[if bc.len() == 1 { 0 } else { k }];
+                }
+                step.fused.push(c.name.clone());
+                b.skip.insert(ci);
+                tname = c.output[0].clone();
+            }
+        }
+    }
+    if let Some(ci) = b.single_consumer(&tname) {
+        let c = b.g.node(ci);
+        if c.op_type == "Add" && c.input.len() == 2 && !b.skip.contains(&ci) {
+            let other = if c.input[0] == tname {
+                &c.input[1]
+            } else {
+                &c.input[0]
+            };
+            // The shortcut may come later in node order (torchvision puts the downsample
+            // conv after conv3): lower it now so the Add can still fuse here.
+            b.lower_early(other, 4)?;
+            let res = match b.values.get(other).cloned() {
+                Some(Value::Tensor(t)) if t != b.plan.input => Some(t),
+                Some(Value::Dequant { src, .. }) if b.int8 => Some(src),
+                _ => None,
+            };
+            if let Some(r) = res
+                && b.desc(r).shape == out_shape
+            {
+                let r = if op == "Conv" {
+                    b.to_layout(r, Layout::Nhwc, "residual")?
+                } else {
+                    let r = b.to_layout(r, Layout::Plain, "residual")?;
+                    if out_shape.len() == 2 {
+                        r
+                    } else {
+                        b.alias(&format!("{other}.rows"), r, step_shape.clone())
+                    }
+                };
+                step.residual = Some(r);
+                step.fused.push(c.name.clone());
+                b.skip.insert(ci);
+                tname = c.output[0].clone();
+            }
+        }
+    }
+    let (act, name) = b.fuse_act(&tname, &mut step.fused);
+    step.act = act;
+    tname = name;
+    // Int8 output when every reader quantizes at one scale.
+    let mut out_dtype = b.float;
+    let mut out_scale = 1.0;
+    let mut q_nodes = vec![];
+    if use_int8 && !b.g.is_graph_output(&tname) {
+        let cons = b.g.consumers(&tname);
+        let scales: Vec<Option<f32>> = cons
+            .iter()
+            .map(|&(ci, slot)| {
+                let c = b.g.node(ci);
+                (c.op_type == "QuantizeLinear" && slot == 0)
+                    .then(|| super::quant::q_scale(b, c))
+                    .flatten()
+            })
+            .collect();
+        if !scales.is_empty()
+            && scales.iter().all(|s| s.is_some() && *s == scales[0])
+            && cons
+                .iter()
+                .all(|&(ci, _)| !b.g.is_graph_output(&b.g.node(ci).output[0]))
+        {
+            out_dtype = DType::I8;
+            out_scale = scales[0].unwrap_or(1.0);
+            // Bias through int32 at x_scale * w_scale, as an int8-out conv (QLinearConv on
+            // the CPU, TensorRT's int32 bias) computes it.
+            if let Some(q) = &step.int8 {
+                for (c, v) in step.bias.iter_mut().enumerate() {
+                    let s = q.x_scale * q.w_scales[c];
+                    if s > 0.0 {
+                        *v = (*v / s).round_ties_even() * s;
+                    }
+                }
+            }
+            q_nodes = cons.iter().map(|c| c.0).collect();
+        }
+    }
+    let layout = if op == "Conv" {
+        Layout::Nhwc
+    } else {
+        Layout::Plain
+    };
+    let o = b.tensor(&tname, step_shape.clone(), layout, out_dtype, out_scale);
+    step.out = o;
+    let logical = if step_shape == out_shape {
+        o
+    } else {
+        b.alias(&format!("{tname}.shaped"), o, out_shape)
+    };
+    b.values.insert(tname.clone(), Value::Tensor(logical));
+    for q in q_nodes {
+        let qn = b.g.node(q);
+        step.fused.push(qn.name.clone());
+        b.skip.insert(q);
+        b.values
+            .insert(qn.output[0].clone(), Value::Tensor(logical));
+    }
+    b.plan.steps.push(Step::Conv(step));
+    Ok(())
+}
+
+/// BatchNormalization not folded into a convolution: a per-channel multiply-add.
+fn batch_norm(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
+    let n = b.g.node(i);
+    let get = |k: usize| {
+        n.input
+            .get(k)
+            .and_then(|s| b.const_f32(s))
+            .ok_or_else(|| err(n, "BatchNormalization parameters must be constants"))
+    };
+    let (s, bb, m, v) = (get(1)?, get(2)?, get(3)?, get(4)?);
+    let eps = proto::attr_f(n, "epsilon").unwrap_or(1e-5);
+    let c = s.len();
+    if [bb.len(), m.len(), v.len()].iter().any(|&l| l != c) {
+        return Err(err(n, "parameters differ in length"));
+    }
+    let k: Vec<f32> = (0..c)
+        .map(|j| s.data[j] / (v.data[j] + eps).sqrt())
+        .collect();
+    let sh: Vec<f32> = (0..c).map(|j| bb.data[j] - m.data[j] * k[j]).collect();
+    let x = b.float_tensor_of(&n.input[0], "batch norm input")?;
+    let d = b.desc(x).clone();
+    if d.shape.len() < 2 || d.shape[1] != c {
+        return Err(err(n, "channel count differs from the parameters"));
+    }
+    // [C, 1, ..., 1] broadcasts over axis 1 of the input.
+    let pdims: Vec<usize> = std::iter::once(c)
+        .chain(std::iter::repeat_n(1, d.shape.len() - 2))
+        .collect();
+    let t = b.tensor(
+        &format!("{}.scaled", n.output[0]),
+        d.shape.clone(),
+        d.layout,
+        b.float,
+        1.0,
+    );
+    let dims = super::stored_dims(&d);
+    let xs = super::to_stored(&d, &super::logical_strides(&d)).1;
+    let cs = super::bcast_strides(&pdims, &d);
+    b.plan.steps.push(Step::Nary {
+        name: format!("{}.scale", n.name),
+        op: EwOp::Mul,
+        inputs: vec![Operand::Tensor(x), Operand::Const(k, pdims.clone())],
+        strides: vec![xs.clone(), cs.clone()],
+        dims: dims.clone(),
+        out: t,
+        act: Act::None,
+    });
+    let mut fused = vec![];
+    let (act, tname) = b.fuse_act(&n.output[0], &mut fused);
+    let o = b.tensor(&tname, d.shape, d.layout, b.float, 1.0);
+    b.plan.steps.push(Step::Nary {
+        name: std::iter::once(n.name.clone())
+            .chain(fused)
+            .collect::<Vec<_>>()
+            .join("+"),
+        op: EwOp::Add,
+        inputs: vec![Operand::Tensor(t), Operand::Const(sh, pdims)],
+        strides: vec![xs, cs],
+        dims,
+        out: o,
+        act,
+    });
+    b.values.insert(tname, Value::Tensor(o));
+    Ok(())
+}
+
+fn conv_transpose(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
+    let n = b.g.node(i);
+    let w = n
+        .input
+        .get(1)
+        .and_then(|s| b.const_f32(s))
+        .ok_or_else(|| err(n, "the weights must be a constant"))?;
+    let x = b.float_tensor_of(&n.input[0], "conv transpose input")?;
+    let x = b.to_layout(x, Layout::Plain, "conv transpose")?;
+    let xd = b.desc(x).clone();
+    if xd.shape.len() != 4 || w.dims.len() != 4 {
+        return Err(err(n, "only 2-D transposed convolutions are implemented"));
+    }
+    let groups = proto::attr_i(n, "group").unwrap_or(1).max(1) as usize;
+    let [nb, cin, h, wd] = [xd.shape[0], xd.shape[1], xd.shape[2], xd.shape[3]];
+    if w.dims[0] != cin || cin % groups != 0 {
+        return Err(err(n, "weights do not match the input channels / groups"));
+    }
+    let cout = w.dims[1] * groups;
+    let k = [w.dims[2], w.dims[3]];
+    let s = pair(n, "strides")?;
+    let d = pair(n, "dilations")?;
+    let op = proto::attr_ints(n, "output_padding").unwrap_or(vec![0, 0]);
+    let ek = [d[0] * (k[0] - 1) + 1, d[1] * (k[1] - 1) + 1];
+    let full = [
+        (h - 1) * s[0] + ek[0] + op.first().copied().unwrap_or(0).max(0) as usize,
+        (wd - 1) * s[1] + ek[1] + op.get(1).copied().unwrap_or(0).max(0) as usize,
+    ];
+    let auto = proto::attr_str(n, "auto_pad").unwrap_or("NOTSET".into());
+    let pads: [usize; 4] = if let Some(os) = proto::attr_ints(n, "output_shape") {
+        let os: Vec<usize> = os.iter().rev().take(2).rev().map(|&v| v as usize).collect();
+        let mut p = [0; 4];
+        for a in 0..2 {
+            let total = full[a]
+                .checked_sub(os[a])
+                .ok_or_else(|| err(n, "output_shape larger than the full output"))?;
+            let (lo, hi) = if auto == "SAME_LOWER" {
+                (total - total / 2, total / 2)
+            } else {
+                (total / 2, total - total / 2)
+            };
+            p[a] = lo;
+            p[a + 2] = hi;
+        }
+        p
+    } else if auto == "SAME_UPPER" || auto == "SAME_LOWER" {
+        let mut p = [0; 4];
+        for a in 0..2 {
+            let want = [h, wd][a] * s[a];
+            let total = full[a].saturating_sub(want);
+            let (lo, hi) = if auto == "SAME_LOWER" {
+                (total - total / 2, total / 2)
+            } else {
+                (total / 2, total - total / 2)
+            };
+            p[a] = lo;
+            p[a + 2] = hi;
+        }
+        p
+    } else {
+        conv_pads(n, [h, wd], k, s, d)?
+    };
+    let oh = full[0]
+        .checked_sub(pads[0] + pads[2])
+        .ok_or_else(|| err(n, "pads larger than the output"))?;
+    let ow = full[1]
+        .checked_sub(pads[1] + pads[3])
+        .ok_or_else(|| err(n, "pads larger than the output"))?;
+    let bias = match n.input.get(2).filter(|s| !s.is_empty()) {
+        Some(bn) => {
+            let bc = b
+                .const_f32(bn)
+                .ok_or_else(|| err(n, "bias must be a constant"))?;
+            if bc.len() != cout {
+                return Err(err(n, "bias length differs from output channels"));
+            }
+            bc.data
+        }
+        None => vec![0.0; cout],
+    };
+    if b.int8 {
+        b.plan.float_nodes.push(crate::backend::FloatNode {
+            node: n.name.clone(),
+            op: n.op_type.clone(),
+            reason: "ConvTranspose runs in float on the CUDA backend".into(),
+        });
+    }
+    let mut fused = vec![];
+    let (act, tname) = b.fuse_act(&n.output[0], &mut fused);
+    let o = b.tensor(&tname, vec![nb, cout, oh, ow], Layout::Plain, b.float, 1.0);
+    b.plan.steps.push(Step::ConvTranspose {
+        name: std::iter::once(n.name.clone())
+            .chain(fused)
+            .collect::<Vec<_>>()
+            .join("+"),
+        input: x,
+        out: o,
+        w: w.data,
+        bias,
+        groups,
+        k,
+        stride: s,
+        pads,
+        dilation: d,
+        act,
+    });
+    b.values.insert(tname, Value::Tensor(o));
+    Ok(())
+}

@@ -1,0 +1,375 @@
+//! Planner tests: fusion, layouts, buffers, and the op families on small graphs.
+
+use super::*;
+use crate::backend::cuda::plan::{
+    ConvStep, assign_buffers, oihw_to_ohwi, reshape_dims, squeeze_dims,
+};
+use crate::model::testing::{GraphBuilder, residual_classifier};
+
+fn plan_of(b: &GraphBuilder, shape: [usize; 4], p: Precision) -> Plan {
+    let m = b.model();
+    lower(
+        &m.with_fixed_input(shape[0], [shape[2], shape[3]]),
+        shape,
+        p,
+    )
+    .expect("lowers")
+}
+
+/// A bottleneck as torchvision orders it: the main branch's last conv comes before the
+/// shortcut conv, both feed the Add.
+fn shortcut_after_main() -> GraphBuilder {
+    let mut b = GraphBuilder::new(&[1, 8, 8, 8]);
+    let r = b.conv("stem", "x", 8, 16, 1);
+    let r = b.op("Relu", "stem.relu", &[&r]);
+    let a = b.conv("main.conv1", &r, 16, 16, 3);
+    let a = b.op("Relu", "main.relu", &[&a]);
+    let m = b.conv("main.conv2", &a, 16, 32, 1);
+    let d = b.conv("downsample", &r, 16, 32, 1);
+    let s = b.op("Add", "add", &[&m, &d]);
+    let y = b.op("Relu", "add.relu", &[&s]);
+    b.output(&y);
+    b
+}
+
+#[test]
+fn residual_add_fuses_when_the_shortcut_comes_later() {
+    let b = shortcut_after_main();
+    let m = b.model();
+    let qp = crate::quant::plan(&m, &[]);
+    let ranges = crate::calib::Ranges {
+        method: crate::calib::Method::Max,
+        percentile: 99.99,
+        amax: qp.tensors().into_iter().map(|t| (t, 4.0)).collect(),
+        bias_correction: Default::default(),
+    };
+    let qdq = crate::quant::build_qdq(&m, &qp, Some(&ranges)).expect("qdq");
+    let fp32 = plan_of(&b, [1, 8, 8, 8], Precision::Fp32);
+    let int8 = lower(
+        &crate::model::Model {
+            proto: qdq.proto.clone(),
+            ..m.clone()
+        }
+        .with_fixed_input(1, [8, 8]),
+        [1, 8, 8, 8],
+        Precision::Int8,
+    )
+    .expect("int8 lowers");
+    let residual_conv = |plan: &Plan| {
+        plan.steps.iter().find_map(|s| match s {
+            Step::Conv(c) if c.residual.is_some() => Some(c.clone()),
+            _ => None,
+        })
+    };
+    for (what, plan) in [("fp32", &fp32), ("int8", &int8)] {
+        let fused =
+            residual_conv(plan).unwrap_or_else(|| panic!("{what}: no conv took the residual"));
+        assert_eq!(fused.act, Act::Relu, "{what}");
+        assert!(
+            !plan.steps.iter().any(|s| matches!(s, Step::Nary { .. })),
+            "{what}: a standalone Add is left"
+        );
+        // Every conv is lowered exactly once.
+        let convs = plan
+            .steps
+            .iter()
+            .filter(|s| matches!(s, Step::Conv(_)))
+            .count();
+        let names: Vec<&str> = plan.steps.iter().map(|s| s.name()).collect();
+        assert_eq!(convs, 4, "{what}: {names:?}");
+    }
+    let fused = residual_conv(&int8).expect("int8 residual conv");
+    let r = fused.residual.expect("residual");
+    assert_eq!(int8.tensors[r].dtype, DType::I8, "int8 shortcut stays int8");
+    // The shortcut conv took its QuantizeLinear: no separate quantize step for it.
+    let quantizes: Vec<&str> = int8
+        .steps
+        .iter()
+        .filter(|s| matches!(s, Step::Unary { out, .. } if int8.tensors[*out].dtype == DType::I8))
+        .map(|s| s.name())
+        .collect();
+    assert_eq!(quantizes.len(), 1, "only the input: {quantizes:?}");
+}
+
+#[test]
+fn residual_classifier_fuses_conv_bias_add_relu() {
+    let b = residual_classifier(5);
+    let plan = plan_of(&b, [2, 3, 16, 16], Precision::Fp32);
+    let convs: Vec<&ConvStep> = plan
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Conv(c) => Some(c),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(convs.len(), 4, "stem, two block convs, fc");
+    // stem: BN folded by Model::load, relu fused.
+    assert_eq!(convs[0].act, Act::Relu);
+    // block.conv2 + add + relu in one step.
+    let c2 = convs
+        .iter()
+        .find(|c| c.name == "block.conv2")
+        .expect("conv2");
+    assert!(c2.residual.is_some());
+    assert_eq!(c2.act, Act::Relu);
+    assert_eq!(c2.fused, vec!["block.add", "block.relu2"]);
+    // No standalone Add/Relu left.
+    assert!(!plan.steps.iter().any(|s| matches!(s, Step::Nary { .. })));
+    let out = &plan.tensors[plan.output];
+    assert_eq!(out.shape, vec![2, 5]);
+    assert_eq!(out.dtype, DType::F32);
+    // conv activations are NHWC with NCHW logical shapes.
+    let t = &plan.tensors[convs[1].out];
+    assert_eq!(
+        (t.layout, t.shape.clone()),
+        (Layout::Nhwc, vec![2, 8, 16, 16])
+    );
+}
+
+#[test]
+fn fp16_plan_uses_half_activations_and_f32_io() {
+    let plan = plan_of(&residual_classifier(3), [1, 3, 16, 16], Precision::Fp16);
+    assert_eq!(plan.tensors[plan.input].dtype, DType::F32);
+    assert_eq!(plan.tensors[plan.output].dtype, DType::F32);
+    let conv_out = plan
+        .steps
+        .iter()
+        .find_map(|s| match s {
+            Step::Conv(c) => Some(c.out),
+            _ => None,
+        })
+        .expect("a conv");
+    assert_eq!(plan.tensors[conv_out].dtype, DType::F16);
+}
+
+#[test]
+fn unknown_op_is_named_and_survey_lists_each_node_once() {
+    // Hardmax has no kernel here; Erf (now supported) reads it and is not reported again.
+    let mut b = GraphBuilder::new(&[1, 3, 8, 8]);
+    let h = b.op("Hardmax", "weird", &["x"]);
+    let y = b.op("Erf", "after", &[&h]);
+    b.output(&y);
+    let m = b.model();
+    let p = m.with_fixed_input(1, [8, 8]);
+    let e = lower(&p, [1, 3, 8, 8], Precision::Fp32).expect_err("Hardmax unsupported");
+    assert!(e.contains("Hardmax") && e.contains("weird"), "{e}");
+    let list = survey(&p, [1, 3, 8, 8], Precision::Fp32).expect("survey");
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert_eq!(
+        (list[0].node.as_str(), list[0].op.as_str()),
+        ("weird", "Hardmax")
+    );
+}
+
+#[test]
+fn every_family_op_is_registered_once() {
+    let mut seen = std::collections::HashSet::new();
+    for f in REGISTRY {
+        for op in f.ops {
+            assert!(seen.insert(*op), "{op} is in two families");
+        }
+    }
+    assert_eq!(
+        family_of("LayerNormalization").map(|f| f.name),
+        Some("normalization")
+    );
+}
+
+#[test]
+fn layout_and_shape_math() {
+    assert_eq!(reshape_dims(&[2, 8, 1, 1], &[0, -1]), Some(vec![2, 8]));
+    assert_eq!(reshape_dims(&[2, 8, 3, 3], &[2, 72]), Some(vec![2, 72]));
+    assert_eq!(reshape_dims(&[2, 8], &[-1, -1]), None);
+    assert_eq!(squeeze_dims(&[2, 8, 1, 1], &[2, 3], true), Some(vec![2, 8]));
+    assert_eq!(squeeze_dims(&[2, 8], &[-1], false), Some(vec![2, 8, 1]));
+    // OIHW -> OHWI for a 2x3x1x2 weight.
+    let w: Vec<i32> = (0..12).collect();
+    let t = oihw_to_ohwi(&w, 2, 3, 1, 2);
+    assert_eq!(&t[..6], &[0, 2, 4, 1, 3, 5]);
+}
+
+#[test]
+fn flatten_of_spatial_tensor_goes_through_nchw_order() {
+    let mut b = GraphBuilder::new(&[1, 3, 4, 4]);
+    let c = b.conv("c", "x", 3, 4, 3);
+    let f = b.op("Flatten", "f", &[&c]);
+    b.output(&f);
+    let plan = plan_of(&b, [1, 3, 4, 4], Precision::Fp32);
+    assert!(
+        plan.steps
+            .iter()
+            .any(|s| matches!(s, Step::View { name, .. } if name.contains("layout")))
+    );
+    assert_eq!(plan.tensors[plan.output].shape, vec![1, 64]);
+}
+
+#[test]
+fn buffers_are_reused_but_not_while_live() {
+    let plan = plan_of(&residual_classifier(5), [1, 3, 16, 16], Precision::Fp32);
+    let (slot, sizes) = assign_buffers(&plan);
+    assert!(sizes.len() < plan.tensors.len());
+    // No step writes a slot that one of its inputs reads.
+    for s in &plan.steps {
+        let o = slot[s.output()];
+        for i in s.inputs() {
+            assert_ne!(slot[i], o, "step {} reads and writes one buffer", s.name());
+        }
+    }
+    // A conv's residual stays live until the conv.
+    for (k, s) in plan.steps.iter().enumerate() {
+        if let Step::Conv(c) = s
+            && let Some(r) = c.residual
+        {
+            for later in &plan.steps[..k] {
+                let _ = later;
+            }
+            assert_ne!(slot[r], slot[c.out]);
+        }
+    }
+    for (t, d) in plan.tensors.iter().enumerate() {
+        assert!(sizes[slot[t]] >= d.bytes());
+    }
+}
+
+#[test]
+fn squeeze_excite_scale_broadcasts_in_either_operand_order_without_a_copy() {
+    // torchvision's SqueezeExcitation computes `scale * input`: the [1,C,1,1] operand first.
+    let mut b = GraphBuilder::new(&[1, 8, 6, 6]);
+    let c = b.conv("c", "x", 8, 8, 3);
+    let p = b.op("GlobalAveragePool", "pool", &[&c]);
+    let s = b.op("Sigmoid", "gate", &[&p]);
+    let y = b.op("Mul", "se", &[&s, &c]);
+    b.output(&y);
+    let plan = plan_of(&b, [1, 8, 6, 6], Precision::Fp32);
+    let step = plan
+        .steps
+        .iter()
+        .find(|s| s.name() == "se")
+        .expect("se step");
+    let Step::Nary {
+        op, strides, dims, ..
+    } = step
+    else {
+        panic!("{step:?}")
+    };
+    assert_eq!(*op, EwOp::Mul);
+    // Output NHWC [1, 6, 6, 8]: the gate reads channel-wise (stride 1 on C, 0 on H and W).
+    assert_eq!(dims, &vec![1, 6, 6, 8]);
+    assert_eq!(strides[0], vec![0, 0, 0, 1]);
+    assert_eq!(strides[1], vec![0, 48, 8, 1]);
+    // No layout copy for the activation.
+    assert!(
+        !plan
+            .steps
+            .iter()
+            .any(|s| s.name().contains("layout(") && s.output() != plan.output)
+    );
+}
+
+#[test]
+fn decomposed_layer_norm_is_one_norm_step_and_shape_subgraphs_fold() {
+    let mut b = GraphBuilder::new(&[1, 4, 5, 6]);
+    let axes = b.ints("axes", &[1], &[-1]);
+    let two = b.constant("two", &[], &[2.0]);
+    let eps = b.constant("eps", &[], &[1e-5]);
+    let g = b.random("gamma", &[6], 1.0);
+    let bt = b.random("beta", &[6], 1.0);
+    let m = b.node(
+        "ReduceMean",
+        "m1",
+        &["x"],
+        vec![proto::ints_attr("axes", &[-1])],
+    );
+    let d = b.op("Sub", "sub", &["x", &m]);
+    let p = b.op("Pow", "pow", &[&d, &two]);
+    let v = b.node(
+        "ReduceMean",
+        "m2",
+        &[&p],
+        vec![proto::ints_attr("axes", &[-1])],
+    );
+    let a = b.op("Add", "add", &[&v, &eps]);
+    let r = b.op("Sqrt", "sqrt", &[&a]);
+    let n = b.op("Div", "div", &[&d, &r]);
+    let n = b.op("Mul", "gmul", &[&n, &g]);
+    let n = b.op("Add", "badd", &[&n, &bt]);
+    // Shape -> Gather -> Unsqueeze -> Concat -> Reshape, as exporters write a flatten.
+    let sh = b.op("Shape", "shape", &[&n]);
+    let zero = b.ints("zero", &[], &[0]);
+    let g0 = b.op("Gather", "g0", &[&sh, &zero]);
+    let u = b.node("Unsqueeze", "u", &[&g0, &axes], vec![]);
+    let minus = b.ints("minus1", &[1], &[-1]);
+    let cat = b.node(
+        "Concat",
+        "cat",
+        &[&u, &minus],
+        vec![proto::int_attr("axis", 0)],
+    );
+    let y = b.op("Reshape", "flat", &[&n, &cat]);
+    b.output(&y);
+    let plan = plan_of(&b, [1, 4, 5, 6], Precision::Fp32);
+    let norms: Vec<&Step> = plan
+        .steps
+        .iter()
+        .filter(|s| matches!(s, Step::Norm { .. }))
+        .collect();
+    assert_eq!(norms.len(), 1, "{:?}", plan.steps);
+    let Step::Norm {
+        len, rows, gamma, ..
+    } = norms[0]
+    else {
+        unreachable!()
+    };
+    assert_eq!((*len, *rows, gamma.len()), (6, 20, 6));
+    assert!(
+        !plan
+            .steps
+            .iter()
+            .any(|s| matches!(s, Step::Reduce { .. } | Step::Nary { .. }))
+    );
+    assert_eq!(plan.tensors[plan.output].shape, vec![1, 120]);
+}
+
+#[test]
+fn einsum_equations_parse_with_ellipsis_and_implicit_output() {
+    let (ins, out) =
+        matmul::parse_einsum("bhid,bhjd->bhij", &[vec![1, 2, 3, 4], vec![1, 2, 5, 4]]).unwrap();
+    assert_eq!(ins[0], vec!['b', 'h', 'i', 'd']);
+    assert_eq!(out, vec!['b', 'h', 'i', 'j']);
+    let (ins, out) = matmul::parse_einsum("...ij,jk", &[vec![7, 2, 3], vec![3, 4]]).unwrap();
+    assert_eq!(ins[0].len(), 3);
+    assert_eq!(
+        out,
+        vec!['A', 'i', 'k'],
+        "NumPy: the ellipsis dims lead an implicit output"
+    );
+    assert!(matmul::parse_einsum("ij,jk->ik", &[vec![2, 3]]).is_err());
+}
+
+#[test]
+fn attention_matmuls_are_batched_and_int8_reads_int8() {
+    // q·kᵀ over [1, 2, 4, 8] heads, softmax on the last axis, then ·v.
+    let mut b = GraphBuilder::new(&[1, 2, 4, 8]);
+    let kt = b.node(
+        "Transpose",
+        "kt",
+        &["x"],
+        vec![proto::ints_attr("perm", &[0, 1, 3, 2])],
+    );
+    let s = b.op("MatMul", "qk", &["x", &kt]);
+    let p = b.node("Softmax", "sm", &[&s], vec![proto::int_attr("axis", -1)]);
+    let y = b.op("MatMul", "pv", &[&p, "x"]);
+    b.output(&y);
+    let plan = plan_of(&b, [1, 2, 4, 8], Precision::Fp32);
+    let mms: Vec<(usize, usize, usize, usize)> = plan
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::MatMul { batch, m, n, k, .. } => Some((*batch, *m, *n, *k)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(mms, vec![(2, 4, 4, 8), (2, 4, 8, 4)]);
+    assert_eq!(plan.tensors[plan.output].shape, vec![1, 2, 4, 8]);
+}

@@ -1,0 +1,556 @@
+//! Strongly typed exports for TensorRT 10/11 `--stronglyTyped`: an FP16 model (FP16
+//! initializers and activations, FP32 graph I/O, numerically sensitive ops kept FP32 with Casts
+//! around them, as TensorRT Model Optimizer's AutoCast writes them) and a mixed model (the
+//! INT8 Q/DQ model with every layer that is not INT8 in FP16).
+//!
+//! The rule that keeps a node in FP32 (stated once, here and in the README):
+//! 1. its op is numerically sensitive in FP16: exponentials, logarithms, powers, square roots,
+//!    reciprocals, softmax, normalisations and reductions ([`SENSITIVE_OPS`]): they overflow
+//!    FP16's range (65504) or lose the small differences they are computed from;
+//! 2. it is a Resize/Upsample that enlarges any axis more than [`MAX_FP16_UPSCALE`] times:
+//!    every output pixel is interpolated from few inputs, so FP16 rounding of the inputs is
+//!    spread over large areas of the output;
+//! 3. it produces a graph output (the final logits), or feeds one through ops that only
+//!    reshape, resize or activate ([`LOGITS_PASS_THROUGH`]), back to the first layer that
+//!    computes: the scores users compare are not rounded to FP16;
+//! 4. it reads a float constant beyond FP16's range (|v| > 65504), which FP16 would turn into
+//!    infinity (AutoCast's `init_max`);
+//! 5. in the mixed model, Q/DQ nodes and the layers reading a DequantizeLinear output: at the
+//!    opsets quantscope writes (13..18) Q/DQ take FP32 only; TensorRT runs those layers in INT8.
+//!
+//! The model's opset is kept (Cast exists in every opset quantscope loads).
+
+use std::collections::{HashMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+use tract_onnx::pb::{self, tensor_proto::DataType};
+
+use crate::model::{Graph, Model, proto};
+
+use super::QdqModel;
+
+/// Ops kept in FP32 by rule 1.
+pub const SENSITIVE_OPS: [&str; 22] = [
+    "Softmax",
+    "LogSoftmax",
+    "Exp",
+    "Log",
+    "Pow",
+    "Sqrt",
+    "Reciprocal",
+    "LayerNormalization",
+    "GroupNormalization",
+    "InstanceNormalization",
+    "LpNormalization",
+    "MeanVarianceNormalization",
+    "ReduceMean",
+    "ReduceSum",
+    "ReduceSumSquare",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+    "ReduceProd",
+    "CumSum",
+    "Einsum",
+];
+
+/// Rule 2: a Resize enlarging any axis by more than this is kept in FP32.
+pub const MAX_FP16_UPSCALE: f32 = 4.0;
+
+/// Rule 3: ops walked through, back from a graph output, to find the layer producing logits.
+pub const LOGITS_PASS_THROUGH: [&str; 14] = [
+    "Resize",
+    "Upsample",
+    "Reshape",
+    "Flatten",
+    "Transpose",
+    "Squeeze",
+    "Unsqueeze",
+    "Identity",
+    "Softmax",
+    "LogSoftmax",
+    "Sigmoid",
+    "Relu",
+    "Clip",
+    "ArgMax",
+];
+
+/// FP16's largest finite value.
+const FP16_MAX: f32 = 65504.0;
+
+/// Ops whose output type is set by an attribute or that accept any input type: their inputs
+/// are left as they are and their outputs typed as the op says.
+const TYPE_NEUTRAL: [&str; 11] = [
+    "Cast",
+    "CastLike",
+    "Shape",
+    "Size",
+    "Constant",
+    "ConstantOfShape",
+    "RandomNormal",
+    "RandomUniform",
+    "RandomNormalLike",
+    "RandomUniformLike",
+    "EyeLike",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum TypedError {
+    #[error("{model}: the model has no graph; re-export it from its framework")]
+    NoGraph { model: String },
+    #[error(
+        "{model}: `{tensor}` is a graph output of type {dtype}; the FP16 writer converts float32 models only"
+    )]
+    NotFloat32 {
+        model: String,
+        tensor: String,
+        dtype: &'static str,
+    },
+}
+
+/// A node the writer kept in FP32, and the rule that kept it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct KeptFp32 {
+    pub node: String,
+    pub op: String,
+    pub reason: String,
+}
+
+/// A strongly typed model and what the writer did to it.
+#[derive(Clone, Debug)]
+pub struct TypedModel {
+    pub proto: pb::ModelProto,
+    /// Nodes that compute in FP16.
+    pub fp16_nodes: usize,
+    /// Layers that read Q/DQ inputs (mixed model only): TensorRT runs them in INT8.
+    pub int8_layers: usize,
+    /// Nodes kept in FP32 by rules 1–4 (not counting Q/DQ and INT8 layers).
+    pub kept_fp32: Vec<KeptFp32>,
+    /// Cast nodes inserted at FP16/FP32 boundaries.
+    pub casts: usize,
+}
+
+impl TypedModel {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        prost::Message::encode_to_vec(&self.proto)
+    }
+}
+
+/// How a node computes in the written model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Compute {
+    F16,
+    F32,
+    /// Cast, Shape, Constant...: inputs untouched, output typed by the op.
+    Neutral,
+}
+
+const FLOAT: i32 = DataType::Float as i32;
+const FLOAT16: i32 = DataType::Float16 as i32;
+
+/// The FP16 model of `model` (the prepared graph quantscope's engines run). `shapes` (from
+/// [`crate::model::infer_shapes`]) lets rule 2 read a Resize's factor from its `sizes` input.
+pub fn fp16_model(
+    model: &Model,
+    shapes: Option<&HashMap<String, Vec<usize>>>,
+) -> Result<TypedModel, TypedError> {
+    convert(
+        &model.proto,
+        &model.path.display().to_string(),
+        shapes,
+        false,
+    )
+}
+
+/// The mixed model of an INT8 Q/DQ model: layers with Q/DQ inputs as they are (INT8 in
+/// TensorRT), every other layer FP16 except those rules 1–4 keep in FP32.
+pub fn mixed_model(
+    qdq: &QdqModel,
+    model_name: &str,
+    shapes: Option<&HashMap<String, Vec<usize>>>,
+) -> Result<TypedModel, TypedError> {
+    convert(&qdq.proto, model_name, shapes, true)
+}
+
+fn convert(
+    p: &pb::ModelProto,
+    model_name: &str,
+    shapes: Option<&HashMap<String, Vec<usize>>>,
+    keep_qdq_fp32: bool,
+) -> Result<TypedModel, TypedError> {
+    let mut out = p.clone();
+    let g = out.graph.as_mut().ok_or_else(|| TypedError::NoGraph {
+        model: model_name.into(),
+    })?;
+    let types = tensor_types(g);
+    for o in &g.output {
+        let t = types.get(&o.name).copied().unwrap_or(FLOAT);
+        if !matches!(DataType::try_from(t), Ok(DataType::Float)) && crate::model::dtype_is_float(t)
+        {
+            return Err(TypedError::NotFloat32 {
+                model: model_name.into(),
+                tensor: o.name.clone(),
+                dtype: proto::data_type_name(t),
+            });
+        }
+    }
+    let (compute, kept, int8_layers) = assign(g, &types, shapes, keep_qdq_fp32);
+
+    // What type each (node, input slot) wants for its float32 inputs.
+    let wanted = |i: usize, slot: usize, n: &pb::NodeProto| -> Option<i32> {
+        match compute[i] {
+            Compute::Neutral => None,
+            Compute::F32 => Some(FLOAT),
+            Compute::F16 if keeps_fp32_slot(&n.op_type, slot) => Some(FLOAT),
+            Compute::F16 => Some(FLOAT16),
+        }
+    };
+    // Float initializers become FP16 when every reader wants FP16; one read both ways gets an
+    // FP16 copy beside the FP32 original (a constant, not a Cast node TensorRT must fold).
+    let mut init_wants: HashMap<String, HashSet<i32>> = HashMap::new();
+    let init_names: HashSet<String> = g
+        .initializer
+        .iter()
+        .filter(|t| t.data_type == FLOAT)
+        .map(|t| t.name.clone())
+        .collect();
+    for (i, n) in g.node.iter().enumerate() {
+        for (slot, t) in n.input.iter().enumerate() {
+            if init_names.contains(t) {
+                let w = wanted(i, slot, n).unwrap_or(FLOAT);
+                init_wants.entry(t.clone()).or_default().insert(w);
+            }
+        }
+    }
+    // Current type of each tensor in the written graph.
+    let mut cur: HashMap<String, i32> = types.clone();
+    let mut copies: HashMap<(String, i32), String> = HashMap::new();
+    let graph_inputs: HashSet<String> = g.input.iter().map(|i| i.name.clone()).collect();
+    let mut new_inits = vec![];
+    for t in g.initializer.iter_mut() {
+        let Some(w) = init_wants.get(&t.name) else {
+            continue;
+        };
+        // An initializer that is also a graph input (old exporters) keeps its declared type.
+        if graph_inputs.contains(&t.name) || !w.contains(&FLOAT16) {
+            continue;
+        }
+        let Some(f) = proto::tensor_f32(t) else {
+            continue;
+        };
+        let half = f16_tensor(&t.name, &f.dims, &f.data);
+        if w.contains(&FLOAT) {
+            let name = format!("{}_fp16", t.name);
+            copies.insert((t.name.clone(), FLOAT16), name.clone());
+            new_inits.push(pb::TensorProto { name, ..half });
+        } else {
+            *t = half;
+            cur.insert(t.name.clone(), FLOAT16);
+        }
+    }
+    g.initializer.extend(new_inits);
+
+    // Emit nodes in order, inserting a Cast before a reader whose wanted type differs.
+    let graph_outputs: HashSet<String> = g.output.iter().map(|o| o.name.clone()).collect();
+    let mut alias: HashMap<String, String> = HashMap::new();
+    let mut casts = 0usize;
+    let mut nodes = Vec::with_capacity(g.node.len() * 2);
+    for (i, mut n) in std::mem::take(&mut g.node).into_iter().enumerate() {
+        for slot in 0..n.input.len() {
+            let orig = n.input[slot].clone();
+            if orig.is_empty() || types.get(&orig) != Some(&FLOAT) {
+                continue;
+            }
+            let src = alias.get(&orig).cloned().unwrap_or(orig.clone());
+            let have = cur.get(&src).copied().unwrap_or(FLOAT);
+            let Some(want) = wanted(i, slot, &n) else {
+                n.input[slot] = src;
+                continue;
+            };
+            if have == want {
+                n.input[slot] = src;
+                continue;
+            }
+            let key = (orig.clone(), want);
+            let name = match copies.get(&key) {
+                Some(c) => c.clone(),
+                None => {
+                    let suffix = if want == FLOAT16 { "fp16" } else { "fp32" };
+                    let c = format!("{orig}_to_{suffix}");
+                    nodes.push(proto::node(
+                        "Cast",
+                        &format!("{orig}_cast_{suffix}"),
+                        &[&src],
+                        &[&c],
+                        vec![proto::int_attr("to", want as i64)],
+                    ));
+                    casts += 1;
+                    cur.insert(c.clone(), want);
+                    copies.insert(key, c.clone());
+                    c
+                }
+            };
+            n.input[slot] = name;
+        }
+        if compute[i] == Compute::F16 {
+            for o in n.output.iter_mut() {
+                if o.is_empty() || types.get(o.as_str()) != Some(&FLOAT) {
+                    continue;
+                }
+                if graph_outputs.contains(o.as_str()) {
+                    // Graph outputs stay FP32: the node writes an FP16 copy, a Cast follows.
+                    let h = format!("{o}_fp16");
+                    alias.insert(o.clone(), h.clone());
+                    cur.insert(h.clone(), FLOAT16);
+                    *o = h;
+                } else {
+                    cur.insert(o.clone(), FLOAT16);
+                }
+            }
+        }
+        nodes.push(n);
+    }
+    for o in &g.output {
+        if let Some(h) = alias.get(&o.name) {
+            nodes.push(proto::node(
+                "Cast",
+                &format!("{}_cast_fp32", o.name),
+                &[h],
+                &[&o.name],
+                vec![proto::int_attr("to", FLOAT as i64)],
+            ));
+            casts += 1;
+        }
+    }
+    g.node = nodes;
+    // Intermediate value infos carry the old types; ONNX Runtime and TensorRT infer them.
+    g.value_info.clear();
+    crate::model::drop_unused_initializers(g);
+    let fp16_nodes = compute.iter().filter(|c| **c == Compute::F16).count();
+    Ok(TypedModel {
+        proto: out,
+        fp16_nodes,
+        int8_layers,
+        kept_fp32: kept,
+        casts,
+    })
+}
+
+/// Input slots that stay FP32 in an FP16 node: Resize's roi and scales (float32 by the spec)
+/// and Upsample's scales.
+fn keeps_fp32_slot(op: &str, slot: usize) -> bool {
+    matches!((op, slot), ("Resize", 1 | 2) | ("Upsample", 1))
+}
+
+/// Decides how each node computes; returns the decision, the nodes rules 1–4 kept in FP32 and
+/// the number of INT8 layers (rule 5).
+fn assign(
+    g: &pb::GraphProto,
+    types: &HashMap<String, i32>,
+    shapes: Option<&HashMap<String, Vec<usize>>>,
+    keep_qdq_fp32: bool,
+) -> (Vec<Compute>, Vec<KeptFp32>, usize) {
+    let graph = Graph::new(g);
+    let logits = logits_nodes(g, &graph);
+    let mut compute = vec![Compute::F16; g.node.len()];
+    let mut kept = vec![];
+    let mut int8_layers = 0;
+    let is_float = |t: &String| types.get(t) == Some(&FLOAT);
+    for (i, n) in g.node.iter().enumerate() {
+        let touches_float = n.input.iter().chain(&n.output).any(is_float);
+        if TYPE_NEUTRAL.contains(&n.op_type.as_str()) || !touches_float {
+            compute[i] = Compute::Neutral;
+            continue;
+        }
+        let custom = !(n.domain.is_empty() || n.domain == "ai.onnx");
+        if matches!(n.op_type.as_str(), "QuantizeLinear" | "DequantizeLinear") {
+            compute[i] = Compute::F32;
+            continue;
+        }
+        if keep_qdq_fp32
+            && n.input
+                .iter()
+                .any(|t| graph.producer_op(t) == Some("DequantizeLinear"))
+        {
+            compute[i] = Compute::F32;
+            int8_layers += 1;
+            continue;
+        }
+        let reason = if custom || n.attribute.iter().any(|a| a.g.is_some()) {
+            Some("custom-domain op or op with a subgraph: its types are not known here".into())
+        } else if SENSITIVE_OPS.contains(&n.op_type.as_str()) {
+            Some("numerically sensitive in FP16 (exp/log/pow/normalisation/reduction)".into())
+        } else if let Some(f) = upscale(n, &graph, shapes).filter(|f| *f > MAX_FP16_UPSCALE) {
+            Some(format!(
+                "upsamples {f:.1}x (more than {MAX_FP16_UPSCALE}x): FP16 rounding would spread over large output areas"
+            ))
+        } else if let Some(why) = logits.get(&i) {
+            Some(why.clone())
+        } else if reads_beyond_fp16(n, &graph) {
+            Some("reads a constant beyond FP16's range (|v| > 65504)".into())
+        } else {
+            None
+        };
+        if let Some(reason) = reason {
+            compute[i] = Compute::F32;
+            kept.push(KeptFp32 {
+                node: n.name.clone(),
+                op: n.op_type.clone(),
+                reason,
+            });
+        }
+    }
+    (compute, kept, int8_layers)
+}
+
+/// Rule 3: the nodes from each graph output back through pass-through ops to the first layer
+/// that computes, with the reason.
+fn logits_nodes(g: &pb::GraphProto, graph: &Graph) -> HashMap<usize, String> {
+    let mut out = HashMap::new();
+    for o in &g.output {
+        let mut t = o.name.clone();
+        // A bound on the walk: real heads are a handful of ops deep.
+        for _ in 0..16 {
+            let Some(i) = graph.producer(&t) else {
+                break;
+            };
+            let n = graph.node(i);
+            out.entry(i).or_insert_with(|| {
+                format!("final logits: produces or feeds graph output `{}`", o.name)
+            });
+            if !LOGITS_PASS_THROUGH.contains(&n.op_type.as_str()) {
+                break;
+            }
+            match n.input.first() {
+                Some(x) if graph.initializer(x).is_none() => t = x.clone(),
+                _ => break,
+            }
+        }
+    }
+    out
+}
+
+/// Rule 2: the largest factor a Resize/Upsample enlarges an axis by, from its scales
+/// initializer, or from its sizes and the inferred input shape.
+fn upscale(
+    n: &pb::NodeProto,
+    graph: &Graph,
+    shapes: Option<&HashMap<String, Vec<usize>>>,
+) -> Option<f32> {
+    let scales_slot = match n.op_type.as_str() {
+        "Upsample" => 1,
+        "Resize" if n.input.len() == 2 => 1,
+        "Resize" => 2,
+        _ => return None,
+    };
+    let from_scales = n
+        .input
+        .get(scales_slot)
+        .filter(|s| !s.is_empty())
+        .and_then(|s| graph.initializer(s))
+        .and_then(proto::tensor_f32)
+        .filter(|t| !t.is_empty())
+        .map(|t| t.data.iter().copied().fold(0f32, f32::max));
+    if from_scales.is_some() {
+        return from_scales;
+    }
+    let sizes = n
+        .input
+        .get(3)
+        .filter(|s| !s.is_empty())
+        .and_then(|s| graph.initializer(s))
+        .and_then(proto::tensor_i64)?;
+    let input = shapes?.get(n.input.first()?)?;
+    (input.len() == sizes.len()).then(|| {
+        sizes
+            .iter()
+            .zip(input)
+            .map(|(&o, &i)| o as f32 / (i.max(1)) as f32)
+            .fold(0f32, f32::max)
+    })
+}
+
+/// Rule 4: the node reads a float initializer with a value FP16 cannot hold.
+fn reads_beyond_fp16(n: &pb::NodeProto, graph: &Graph) -> bool {
+    n.input.iter().enumerate().any(|(slot, t)| {
+        !keeps_fp32_slot(&n.op_type, slot)
+            && graph
+                .initializer(t)
+                .filter(|t| t.data_type == FLOAT)
+                .and_then(proto::tensor_f32)
+                .is_some_and(|t| t.data.iter().any(|v| v.abs() > FP16_MAX))
+    })
+}
+
+/// Element type of every tensor, from the graph's inputs, initializers and value infos, then
+/// propagated through the nodes in order by each op's typing rule.
+fn tensor_types(g: &pb::GraphProto) -> HashMap<String, i32> {
+    let mut types: HashMap<String, i32> = HashMap::new();
+    for v in g.input.iter().chain(&g.value_info).chain(&g.output) {
+        if let Some(t) = proto::value_info_elem_type(v).filter(|t| *t != 0) {
+            types.insert(v.name.clone(), t);
+        }
+    }
+    for t in &g.initializer {
+        types.insert(t.name.clone(), t.data_type);
+    }
+    for n in &g.node {
+        let of = |slot: usize| n.input.get(slot).and_then(|t| types.get(t)).copied();
+        let attr_type = |a: &str| proto::attr_i(n, a).map(|v| v as i32);
+        let value_attr = || {
+            n.attribute.iter().find_map(|a| match a.name.as_str() {
+                "value" => a.t.as_ref().map(|t| t.data_type),
+                "value_float" | "value_floats" => Some(FLOAT),
+                "value_int" | "value_ints" => Some(DataType::Int64 as i32),
+                _ => None,
+            })
+        };
+        let first: Option<i32> = match n.op_type.as_str() {
+            "Cast" => attr_type("to"),
+            "CastLike" => of(1),
+            "Shape" | "Size" | "NonZero" | "ArgMax" | "ArgMin" => Some(DataType::Int64 as i32),
+            "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "Not" | "And"
+            | "Or" | "Xor" | "IsNaN" | "IsInf" => Some(DataType::Bool as i32),
+            "Constant" => value_attr(),
+            "ConstantOfShape" => value_attr().or(Some(FLOAT)),
+            "QuantizeLinear" => of(2).or(Some(DataType::Uint8 as i32)),
+            "DequantizeLinear" => of(1).or(Some(FLOAT)),
+            "RandomNormal" | "RandomUniform" | "RandomNormalLike" | "RandomUniformLike"
+            | "EyeLike" => attr_type("dtype").or(of(0)).or(Some(FLOAT)),
+            "Where" => of(1),
+            "OneHot" => of(2),
+            _ => of(0),
+        };
+        for (k, o) in n.output.iter().enumerate() {
+            if o.is_empty() {
+                continue;
+            }
+            let t = match (n.op_type.as_str(), k) {
+                ("TopK" | "MaxPool", 1) => Some(DataType::Int64 as i32),
+                _ => first,
+            };
+            if let Some(t) = t {
+                types.entry(o.clone()).or_insert(t);
+            }
+        }
+    }
+    types
+}
+
+/// An FP16 initializer (round to nearest even, as `half` does).
+fn f16_tensor(name: &str, dims: &[usize], data: &[f32]) -> pb::TensorProto {
+    pb::TensorProto {
+        name: name.to_string(),
+        dims: dims.iter().map(|&d| d as i64).collect(),
+        data_type: FLOAT16,
+        raw_data: data
+            .iter()
+            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+            .collect(),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,112 @@
+//! Cross-layer equalization end to end on the bundled segmenter: with `cle: On` the INT8
+//! engines are built from the equalized model and the report says what was equalized, while
+//! the FP32 row stays the original model's; with `Off` nothing is equalized; `Auto` leaves this
+//! model (no depthwise conv) alone.
+
+mod common;
+
+use std::path::Path;
+
+use quantscope::backend::Precision;
+use quantscope::calib::{Method, StatsCache};
+use quantscope::data::Selection;
+use quantscope::experiment::Experiment;
+use quantscope::pipeline::{self, CancelToken, Sink};
+use quantscope::quant::cle::CleSetting;
+use quantscope::report::Report;
+
+struct Quiet;
+impl Sink for Quiet {
+    fn progress(&self, _: &str, _: usize, _: usize) {}
+    fn log(&self, _: &str) {}
+}
+
+fn run(cle: CleSetting) -> Report {
+    let path =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("sample_models/fashion_scenes_deeplab.ron");
+    let mut exp = Experiment::load(&path).expect("sample experiment loads");
+    exp.cle = cle;
+    exp.methods = vec![Method::Max];
+    exp.precisions = vec![Precision::Fp32, Precision::Int8];
+    exp.evaluation.count = Some(6);
+    exp.calibration.select = Selection::First(16);
+    exp.bench.min_runs = 1;
+    exp.bench.min_time_ms = 0.0;
+    exp.bench.warmup_runs = 0;
+    exp.bench.batch = 1;
+    let cache = StatsCache {
+        dir: common::temp_dir(&format!("cle-cache-{cle}")),
+    };
+    let out = pipeline::run_with_cache(&exp, &cache, &Quiet, &CancelToken::default())
+        .expect("sample runs");
+    let json = out.report.to_json();
+    let back: Report = serde_json::from_str(&json).expect("report JSON parses");
+    back
+}
+
+#[test]
+fn cle_on_equalizes_the_int8_model_and_reports_it() {
+    let on = run(CleSetting::On);
+    let eq = on
+        .equalization
+        .as_ref()
+        .expect("the report says what CLE did");
+    assert!(eq.applied, "{eq:?}");
+    assert!(!eq.pairs.is_empty());
+    assert!(eq.spread_after < eq.spread_before, "{eq:?}");
+    assert!(
+        on.notes
+            .iter()
+            .any(|n| n.contains("cross-layer equalization (on)")),
+        "{:?}",
+        on.notes
+    );
+    for r in &on.rows {
+        assert!(r.error.is_none(), "{}: {:?}", r.label(), r.error);
+    }
+    let int8 = on
+        .rows
+        .iter()
+        .find(|r| r.precision == Some(Precision::Int8))
+        .expect("int8 row");
+    assert!(
+        int8.agreement.unwrap_or(0.0) >= 0.9,
+        "INT8 after CLE agrees with FP32 on {:?} of pixels",
+        int8.agreement
+    );
+
+    let off = run(CleSetting::Off);
+    let eq_off = off.equalization.as_ref().expect("reported when off too");
+    assert!(!eq_off.applied);
+    assert_eq!(
+        eq_off.pairs, eq.pairs,
+        "off lists the same equalizable pairs"
+    );
+    // The FP32 row is the original model's either way.
+    assert_eq!(
+        on.fp32().and_then(|r| r.miou),
+        off.fp32().and_then(|r| r.miou)
+    );
+    // The INT8 engines differ: CLE changed what was quantized.
+    let i_off = off
+        .rows
+        .iter()
+        .find(|r| r.precision == Some(Precision::Int8))
+        .expect("int8 row");
+    assert_ne!(int8.sqnr_db, i_off.sqnr_db);
+
+    // auto: the segmenter has conv pairs but no depthwise conv, so it is left alone and the
+    // report says why.
+    let auto = run(CleSetting::Auto);
+    let eq_auto = auto.equalization.as_ref().expect("reported");
+    assert!(!eq_auto.applied, "{eq_auto:?}");
+    assert!(
+        eq_auto.decision.contains("no depthwise"),
+        "{}",
+        eq_auto.decision
+    );
+    assert_eq!(
+        auto.rows.iter().map(|r| r.sqnr_db).collect::<Vec<_>>(),
+        off.rows.iter().map(|r| r.sqnr_db).collect::<Vec<_>>()
+    );
+}

@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""The zoo: everyday vision architectures exported to ONNX, for op-coverage and speed checks.
+
+  export DIR      (GPU machine, needs torch/torchvision/timm) exports every model to DIR/<name>.onnx
+                  (random weights, opset 17 unless the name says otherwise, dynamo=False: what users
+                  get from torch.onnx.export today).
+  pack DIR OUT    zeroes every large float initializer (recording its mean/std) so the folder
+                  compresses to a few MiB and travels back from the GPU machine.
+  unpack IN DIR   refills those initializers with seeded normal noise (see `unpack`).
+
+Random weights are fine for coverage and timing; accuracy is checked on ../shared's trained models.
+"""
+import json
+import os
+import sys
+import tarfile
+
+import numpy as np
+
+# name -> (constructor source, input shape, opset, fp16)
+MODELS = {
+    "resnet50": ("tv:resnet50", (1, 3, 224, 224), 17, False),
+    "mobilenet_v2": ("tv:mobilenet_v2", (1, 3, 224, 224), 17, False),
+    "mobilenet_v3_large": ("tv:mobilenet_v3_large", (1, 3, 224, 224), 17, False),
+    "mobilenet_v3_small": ("tv:mobilenet_v3_small", (1, 3, 224, 224), 17, False),
+    "efficientnet_b0": ("tv:efficientnet_b0", (1, 3, 224, 224), 17, False),
+    "regnet_y_400mf": ("tv:regnet_y_400mf", (1, 3, 224, 224), 17, False),
+    "convnext_tiny": ("tv:convnext_tiny", (1, 3, 224, 224), 17, False),
+    "convnext_tiny_op13": ("tv:convnext_tiny", (1, 3, 224, 224), 13, False),
+    "vit_b_16": ("tv:vit_b_16", (1, 3, 224, 224), 17, False),
+    "swin_t": ("tv:swin_t", (1, 3, 224, 224), 17, False),
+    "maxvit_t": ("tv:maxvit_t", (1, 3, 224, 224), 17, False),
+    "shufflenet_v2_x1_0": ("tv:shufflenet_v2_x1_0", (1, 3, 224, 224), 17, False),
+    "squeezenet1_0": ("tv:squeezenet1_0", (1, 3, 224, 224), 17, False),
+    "densenet121": ("tv:densenet121", (1, 3, 224, 224), 17, False),
+    "googlenet": ("tv:googlenet", (1, 3, 224, 224), 17, False),
+    "mnasnet1_0": ("tv:mnasnet1_0", (1, 3, 224, 224), 17, False),
+    "deeplabv3_mobilenet_v3_large": ("seg:deeplabv3_mobilenet_v3_large", (1, 3, 256, 256), 17, False),
+    "lraspp_mobilenet_v3_large": ("seg:lraspp_mobilenet_v3_large", (1, 3, 256, 256), 17, False),
+    "fcn_resnet50": ("seg:fcn_resnet50", (1, 3, 256, 256), 17, False),
+    "resnet18_fp16": ("tv:resnet18", (1, 3, 224, 224), 17, True),
+    "timm_mobilevit_s": ("timm:mobilevit_s", (1, 3, 256, 256), 17, False),
+    "timm_efficientformer_l1": ("timm:efficientformer_l1", (1, 3, 224, 224), 17, False),
+}
+BIG = 1024  # float initializers with at least this many elements are zeroed by `pack`
+
+
+def build(src):
+    kind, name = src.split(":")
+    if kind == "tv":
+        import torchvision
+
+        return torchvision.models.get_model(name, weights=None)
+    if kind == "seg":
+        import torchvision
+
+        return torchvision.models.get_model(name, weights=None, weights_backbone=None, aux_loss=None)
+    import timm
+
+    return timm.create_model(name, pretrained=False)
+
+
+def export(out_dir, only=None):
+    import torch
+
+    os.makedirs(out_dir, exist_ok=True)
+    torch.manual_seed(0)
+    # nn.MultiheadAttention's fused fast path (ViT in eval mode) has no ONNX export.
+    torch.backends.mha.set_fastpath_enabled(False)
+    for name, (src, shape, opset, fp16) in MODELS.items():
+        if only and name not in only:
+            continue
+        path = os.path.join(out_dir, f"{name}.onnx")
+        try:
+            m = build(src).eval()
+            if src.startswith("seg:"):
+                inner = m
+
+                class Wrap(torch.nn.Module):
+                    def __init__(self):
+                        super().__init__()
+                        self.m = inner
+
+                    def forward(self, x):
+                        return self.m(x)["out"]
+
+                m = Wrap().eval()
+            x = torch.randn(*shape)
+            if fp16:
+                m, x = m.cuda().half(), x.cuda().half()
+            with torch.no_grad():
+                torch.onnx.export(m, x, path, opset_version=opset, dynamo=False,
+                                  input_names=["input"], output_names=["output"])
+            print(f"zoo: exported {name} ({os.path.getsize(path) / 1e6:.1f} MB)", flush=True)
+        except Exception as e:  # one model failing must not lose the others
+            print(f"zoo: {name} failed to export: {type(e).__name__}: {e}", flush=True)
+
+
+def pack(in_dir, out):
+    import onnx
+    from onnx import numpy_helper
+
+    stats = {}
+    with tarfile.open(out, "w:xz") as tar:
+        for f in sorted(os.listdir(in_dir)):
+            if not f.endswith(".onnx"):
+                continue
+            m = onnx.load(os.path.join(in_dir, f))
+            rec = {}
+            for t in m.graph.initializer:
+                a = numpy_helper.to_array(t)
+                if a.dtype.kind == "f" and a.size >= BIG:
+                    rec[t.name] = [float(a.astype(np.float64).mean()), float(a.astype(np.float64).std())]
+                    t.CopyFrom(numpy_helper.from_array(np.zeros_like(a), t.name))
+            stats[f] = rec
+            tmp = os.path.join(in_dir, f + ".packed")
+            onnx.save(m, tmp)
+            tar.add(tmp, arcname=f)
+            os.remove(tmp)
+        js = os.path.join(in_dir, "zoo_stats.json")
+        with open(js, "w") as fh:
+            json.dump(stats, fh)
+        tar.add(js, arcname="zoo_stats.json")
+    print(f"zoo: packed {len(stats)} models into {out} ({os.path.getsize(out) / 1e6:.1f} MB)")
+
+
+def refill(m, rec, gain, seed=0):
+    """The model with its zeroed initializers refilled: convolutions LeCun-style with `gain`
+    (std = sqrt(gain / fan_in)), tensors that were all zero (a head torchvision initialises to
+    0) with std sqrt(1 / fan_in), the rest with the recorded mean/std."""
+    from onnx import numpy_helper
+
+    rng = np.random.default_rng(seed)
+    for t in m.graph.initializer:
+        if t.name in rec:
+            a = numpy_helper.to_array(t)
+            mean, std = rec[t.name]
+            fan_in = max(1, int(np.prod(a.shape[1:]))) if a.ndim > 1 else 1
+            if a.ndim == 4:
+                mean, std = 0.0, float(np.sqrt(gain / fan_in))
+            elif std == 0.0 and a.ndim == 2:
+                mean, std = 0.0, float(np.sqrt(1.0 / fan_in))
+            r = rng.normal(mean, std, a.shape).astype(a.dtype)
+            t.CopyFrom(numpy_helper.from_array(r, t.name))
+    return m
+
+
+def output_scale(path):
+    """log10 of the largest |output| on a random input (ONNX Runtime), or None."""
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        return None
+    try:
+        s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+        i = s.get_inputs()[0]
+        shape = [d if isinstance(d, int) else 1 for d in i.shape]
+        x = (np.random.default_rng(7).random(shape, dtype=np.float32) * 2 - 1) * 2
+        if "float16" in i.type:
+            x = x.astype(np.float16)
+        y = s.run(None, {i.name: x})[0].astype(np.float32)
+    except Exception as e:  # a model ORT cannot run keeps gain 1
+        print(f"zoo: {path}: onnxruntime: {e}")
+        return None
+    peak = float(np.abs(y).max())
+    return np.log10(peak) if np.isfinite(y).all() and peak > 0 else float("inf")
+
+
+def unpack(src, out_dir):
+    """Refills each model, choosing the convolution gain (1, 1.5, 2 or 3) that keeps its outputs
+    nearest 1 in magnitude: random weights otherwise make deep nets' activations vanish below
+    FP16's range (MobileNets) or overflow it (ResNets), which tests nothing."""
+    import onnx
+
+    os.makedirs(out_dir, exist_ok=True)
+    with tarfile.open(src) as tar:
+        tar.extractall(out_dir, filter="data")
+    stats = json.load(open(os.path.join(out_dir, "zoo_stats.json")))
+    for f, rec in stats.items():
+        path = os.path.join(out_dir, f)
+        packed = onnx.load(path)
+        best = None
+        for gain in (1.0, 1.5, 2.0, 3.0):
+            m = refill(onnx.ModelProto.FromString(packed.SerializeToString()), rec, gain)
+            onnx.save(m, path)
+            score = output_scale(path)
+            if score is None:
+                break
+            if best is None or abs(score) < abs(best[1]):
+                best = (gain, score)
+        if best is not None:
+            onnx.save(refill(packed, rec, best[0]), path)
+        print(f"zoo: {path}" + (f" (gain {best[0]}, max |y| 1e{best[1]:.1f})" if best else ""))
+
+
+if __name__ == "__main__":
+    cmd = sys.argv[1] if len(sys.argv) > 1 else ""
+    if cmd == "export":
+        export(sys.argv[2], set(sys.argv[3:]) or None)
+    elif cmd == "pack":
+        pack(sys.argv[2], sys.argv[3])
+    elif cmd == "unpack":
+        unpack(sys.argv[2], sys.argv[3])
+    else:
+        sys.exit(__doc__)
