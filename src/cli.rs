@@ -176,8 +176,8 @@ pub struct EvalArgs {
     /// p for the percentile method.
     #[arg(long, default_value_t = 99.99)]
     pub percentile: f64,
-    /// Precisions, comma separated [default: fp32,int8 on the CPU, where FP16 is only
-    /// simulated and slow; fp32,fp16,int8 on cuda].
+    /// Precisions, comma separated [default: fp32,int8 on the CPU, where FP16 gives FP16
+    /// numerics (accuracy is real, latency is not an FP16 device's); fp32,fp16,int8 on cuda].
     #[arg(long, value_delimiter = ',')]
     pub precisions: Option<Vec<Precision>>,
     /// Use the first N calibration images (sorted by path).

@@ -9,7 +9,7 @@ use tract_onnx::pb;
 use super::{Builder, OpFamily, Value, err};
 use crate::backend::FloatNode;
 use crate::backend::cuda::plan::{
-    Act, ConvStep, DType, EwOp, Int8Weights, Layout, Operand, PlanResult, Step, oihw_to_ohwi,
+    Act, ConvStep, DType, Int8Weights, Layout, PlanResult, Step, oihw_to_ohwi,
 };
 use crate::model::proto;
 
@@ -475,46 +475,7 @@ fn batch_norm(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
     if d.shape.len() < 2 || d.shape[1] != c {
         return Err(err(n, "channel count differs from the parameters"));
     }
-    // [C, 1, ..., 1] broadcasts over axis 1 of the input.
-    let pdims: Vec<usize> = std::iter::once(c)
-        .chain(std::iter::repeat_n(1, d.shape.len() - 2))
-        .collect();
-    let t = b.tensor(
-        &format!("{}.scaled", n.output[0]),
-        d.shape.clone(),
-        d.layout,
-        b.float,
-        1.0,
-    );
-    let dims = super::stored_dims(&d);
-    let xs = super::to_stored(&d, &super::logical_strides(&d)).1;
-    let cs = super::bcast_strides(&pdims, &d);
-    b.plan.steps.push(Step::Nary {
-        name: format!("{}.scale", n.name),
-        op: EwOp::Mul,
-        inputs: vec![Operand::Tensor(x), Operand::Const(k, pdims.clone())],
-        strides: vec![xs.clone(), cs.clone()],
-        dims: dims.clone(),
-        out: t,
-        act: Act::None,
-    });
-    let mut fused = vec![];
-    let (act, tname) = b.fuse_act(&n.output[0], &mut fused);
-    let o = b.tensor(&tname, d.shape, d.layout, b.float, 1.0);
-    b.plan.steps.push(Step::Nary {
-        name: std::iter::once(n.name.clone())
-            .chain(fused)
-            .collect::<Vec<_>>()
-            .join("+"),
-        op: EwOp::Add,
-        inputs: vec![Operand::Tensor(t), Operand::Const(sh, pdims)],
-        strides: vec![xs, cs],
-        dims,
-        out: o,
-        act,
-    });
-    b.values.insert(tname, Value::Tensor(o));
-    Ok(())
+    super::elementwise::channel_affine(b, n, x, k, sh)
 }
 
 fn conv_transpose(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {

@@ -379,6 +379,59 @@ pub(super) fn nary_of(
     Ok(o)
 }
 
+/// `x * scale[c] + shift[c]` over axis 1 of tensor `x` (BatchNormalization left unfolded,
+/// the affine of Instance/GroupNormalization), with the activation that follows fused; the
+/// result is node `n`'s output.
+pub(super) fn channel_affine(
+    b: &mut Builder<'_>,
+    n: &pb::NodeProto,
+    x: usize,
+    scale: Vec<f32>,
+    shift: Vec<f32>,
+) -> PlanResult<()> {
+    let d = b.desc(x).clone();
+    // [C, 1, ..., 1] broadcasts over axis 1.
+    let pdims: Vec<usize> = std::iter::once(scale.len())
+        .chain(std::iter::repeat_n(1, d.shape.len().saturating_sub(2)))
+        .collect();
+    let t = b.tensor(
+        &format!("{}.scaled", n.output[0]),
+        d.shape.clone(),
+        d.layout,
+        b.float,
+        1.0,
+    );
+    let dims = super::stored_dims(&d);
+    let xs = super::to_stored(&d, &super::logical_strides(&d)).1;
+    let cs = super::bcast_strides(&pdims, &d);
+    b.plan.steps.push(Step::Nary {
+        name: format!("{}.scale", n.name),
+        op: EwOp::Mul,
+        inputs: vec![Operand::Tensor(x), Operand::Const(scale, pdims.clone())],
+        strides: vec![xs.clone(), cs.clone()],
+        dims: dims.clone(),
+        out: t,
+        act: Act::None,
+    });
+    let mut fused = vec![];
+    let (act, tname) = b.fuse_act(&n.output[0], &mut fused);
+    let o = b.tensor(&tname, d.shape, d.layout, b.float, 1.0);
+    b.plan.steps.push(Step::Nary {
+        name: std::iter::once(n.name.clone())
+            .chain(fused)
+            .collect::<Vec<_>>()
+            .join("+"),
+        op: EwOp::Add,
+        inputs: vec![Operand::Tensor(t), Operand::Const(shift, pdims)],
+        strides: vec![xs, cs],
+        dims,
+        out: o,
+        act,
+    });
+    b.values.insert(tname, Value::Tensor(o));
+    Ok(())
+}
+
 /// `t * factor` as a new tensor.
 pub(super) fn scale_by(
     b: &mut Builder<'_>,

@@ -7,9 +7,7 @@
 use tract_onnx::pb;
 
 use super::{Builder, OpFamily, Value, err};
-use crate::backend::cuda::plan::{
-    Act, EwOp, Layout, Operand, PlanResult, ReduceOp, Step, TensorDesc,
-};
+use crate::backend::cuda::plan::{Layout, PlanResult, ReduceOp, Step, TensorDesc};
 use crate::model::proto;
 
 pub const FAMILY: OpFamily = OpFamily {
@@ -317,45 +315,7 @@ fn group_norm(b: &mut Builder<'_>, n: &pb::NodeProto, groups: Option<usize>) -> 
         &format!("{}.normalized", n.output[0]),
         &format!("{}.normalize", n.name),
     );
-    let pdims: Vec<usize> = std::iter::once(c)
-        .chain(std::iter::repeat_n(1, d.shape.len() - 2))
-        .collect();
-    let td = b.desc(t).clone();
-    let s1 = b.tensor(
-        &format!("{}.scaled", n.output[0]),
-        d.shape.clone(),
-        Layout::Plain,
-        b.float,
-        1.0,
-    );
-    let rm = super::row_major(&d.shape);
-    let cs = super::bcast_strides(&pdims, &td);
-    b.plan.steps.push(Step::Nary {
-        name: format!("{}.scale", n.name),
-        op: EwOp::Mul,
-        inputs: vec![Operand::Tensor(t), Operand::Const(scale, pdims.clone())],
-        strides: vec![rm.clone(), cs.clone()],
-        dims: d.shape.clone(),
-        out: s1,
-        act: Act::None,
-    });
-    let mut fused = vec![];
-    let (act, tname) = b.fuse_act(&n.output[0], &mut fused);
-    let o = b.tensor(&tname, d.shape.clone(), Layout::Plain, b.float, 1.0);
-    b.plan.steps.push(Step::Nary {
-        name: std::iter::once(n.name.clone())
-            .chain(fused)
-            .collect::<Vec<_>>()
-            .join("+"),
-        op: EwOp::Add,
-        inputs: vec![Operand::Tensor(s1), Operand::Const(bias, pdims)],
-        strides: vec![rm, cs],
-        dims: d.shape,
-        out: o,
-        act,
-    });
-    b.values.insert(tname, Value::Tensor(o));
-    Ok(())
+    super::elementwise::channel_affine(b, n, t, scale, bias)
 }
 
 fn softmax(b: &mut Builder<'_>, n: &pb::NodeProto) -> PlanResult<()> {
