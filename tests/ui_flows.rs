@@ -238,6 +238,18 @@ fn qdq_export_from_the_window_and_run_history() {
     let mut wb = Workbench::new(None, Settings::default());
     wb.apply(Command::SetExperiment(Box::new(exp)));
     let mut h = harness(wb);
+    // The Model panel's GPU line: the CUDA engines planned without a GPU, after the model's
+    // description.
+    until(&mut h, "the CUDA coverage", |wb| !wb.model.cuda.is_empty());
+    assert!(
+        h.state()
+            .model
+            .cuda
+            .iter()
+            .all(|(_, r)| matches!(r, Ok(v) if v.is_empty())),
+        "{:?}",
+        h.state().model.cuda
+    );
     h.state_mut().push(Command::Run);
     h.step();
     until(&mut h, "the first run", |wb| !wb.is_running());

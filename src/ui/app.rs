@@ -436,6 +436,7 @@ impl Workbench {
         self.model.info = None;
         self.model.error = None;
         self.model.loading = None;
+        self.model.cuda.clear();
         if self.exp.model.as_os_str().is_empty() {
             return;
         }
@@ -446,6 +447,11 @@ impl Workbench {
             Ok(job) => self.model.loading = Some(job),
             Err(e) => self.model.error = Some(format!("{e:#}")),
         }
+        // Planning the CUDA engines takes longer than the description: its own request, so
+        // the Model panel fills in at once and the GPU coverage line follows.
+        let _ = w.request(IoRequest::CudaCoverage {
+            path: self.exp.model.clone(),
+        });
     }
 
     fn scan_calib(&mut self) {
@@ -1035,11 +1041,13 @@ impl Workbench {
             | Event::Finished { .. }
             | Event::Failed { .. }
             | Event::Sensitivity { .. } => {} // a stale job's
-            Event::Inspected {
-                path, result, cuda, ..
-            } if self.model.loading == Some(job) => {
+            Event::CudaCoverage { path, coverage, .. } => {
+                if path == self.exp.model {
+                    self.model.cuda = coverage;
+                }
+            }
+            Event::Inspected { path, result, .. } if self.model.loading == Some(job) => {
                 self.model.loading = None;
-                self.model.cuda = cuda;
                 match result {
                     Ok(info) => {
                         self.log_info(format!(

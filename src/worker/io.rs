@@ -78,7 +78,11 @@ fn failed(job: JobId, req: IoRequest, error: String) -> Event {
             job,
             path,
             result: Err(error),
-            cuda: vec![],
+        },
+        IoRequest::CudaCoverage { path } => Event::CudaCoverage {
+            job,
+            path,
+            coverage: vec![],
         },
         IoRequest::ScanCalib { .. } => Event::CalibScanned {
             job,
@@ -157,21 +161,20 @@ fn typed_exports(
 
 pub(super) fn answer(job: JobId, req: IoRequest) -> Event {
     match req {
-        IoRequest::Inspect { path } => {
-            let (result, cuda) = match Model::load(&path) {
-                Ok(m) => {
-                    let cuda = crate::backend::cuda::coverage_all(&m, None);
-                    (Ok(Box::new(m.info)), cuda)
-                }
-                Err(e) => (Err(format!("{e:#}")), vec![]),
-            };
-            Event::Inspected {
-                job,
-                result,
-                cuda,
-                path,
-            }
-        }
+        IoRequest::Inspect { path } => Event::Inspected {
+            job,
+            result: Model::load(&path)
+                .map(|m| Box::new(m.info))
+                .map_err(|e| format!("{e:#}")),
+            path,
+        },
+        IoRequest::CudaCoverage { path } => Event::CudaCoverage {
+            job,
+            coverage: Model::load(&path)
+                .map(|m| crate::backend::cuda::coverage_all(&m, None))
+                .unwrap_or_default(),
+            path,
+        },
         IoRequest::ScanCalib {
             dir,
             select,

@@ -58,8 +58,13 @@ pub enum Event {
         job: JobId,
         path: PathBuf,
         result: Result<Box<ModelInfo>, String>,
-        /// What the CUDA planner cannot take, per precision (planned, not built: no GPU needed).
-        cuda: crate::backend::cuda::Coverage,
+    },
+    /// What the CUDA planner cannot take in `path`'s model, per precision (planned, not
+    /// built: no GPU needed); asked after the model's description, as it takes longer.
+    CudaCoverage {
+        job: JobId,
+        path: PathBuf,
+        coverage: crate::backend::cuda::Coverage,
     },
     CalibScanned {
         job: JobId,
@@ -108,6 +113,7 @@ impl Event {
             | Event::Failed { job, .. }
             | Event::Sensitivity { job, .. }
             | Event::Inspected { job, .. }
+            | Event::CudaCoverage { job, .. }
             | Event::CalibScanned { job, .. }
             | Event::EvalScanned { job, .. }
             | Event::Preview { job, .. }
@@ -137,6 +143,9 @@ enum Request {
 #[derive(Debug, Clone)]
 pub enum IoRequest {
     Inspect {
+        path: PathBuf,
+    },
+    CudaCoverage {
         path: PathBuf,
     },
     ScanCalib {
