@@ -8,41 +8,17 @@
 
 use std::path::Path;
 
-use quantscope::backend::cpu::{CpuBackend, Probe};
+mod common;
+
+use common::cuda::{gpu, input_for, max_qdq, rel_err};
+
+use quantscope::backend::cpu::CpuBackend;
 use quantscope::backend::cuda::CudaBackend;
 use quantscope::backend::{Backend, BuildInput, BuildSpec, Engine, Precision};
-use quantscope::calib::{Method, Stats};
 use quantscope::model::Model;
 use quantscope::model::proto;
 use quantscope::model::testing::{GraphBuilder, residual_classifier, values};
 use quantscope::quant;
-
-fn gpu() -> Option<CudaBackend> {
-    match CudaBackend.check() {
-        Ok(dev) => {
-            eprintln!("cuda: {dev}");
-            Some(CudaBackend)
-        }
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            None
-        }
-    }
-}
-
-fn rel_err(a: &[f32], b: &[f32]) -> f64 {
-    assert_eq!(a.len(), b.len());
-    let m = b.iter().fold(0f64, |m, v| m.max(v.abs() as f64)).max(1e-12);
-    a.iter()
-        .zip(b)
-        .fold(0f64, |e, (x, y)| e.max((*x as f64 - *y as f64).abs()))
-        / m
-}
-
-fn input_for(m: &Model, batch: usize, hw: [usize; 2], seed: u64) -> Vec<f32> {
-    let n: usize = m.input_shape(batch, hw).iter().product();
-    values(n, seed).iter().map(|v| v * 2.0).collect()
-}
 
 /// FP32 / FP16 of `m` on both backends: the max relative error.
 fn float_err(gpu: &CudaBackend, m: &Model, p: Precision, batch: usize, hw: [usize; 2]) -> f64 {
@@ -84,22 +60,6 @@ fn float_err(gpu: &CudaBackend, m: &Model, p: Precision, batch: usize, hw: [usiz
     rel_err(&a.data, &b.data)
 }
 
-/// Q/DQ model calibrated (max) on `images` random inputs.
-fn qdq_of(m: &Model, hw: [usize; 2], images: usize) -> quant::QdqModel {
-    let plan = quant::plan(m, &[]);
-    let tensors = plan.tensors();
-    let probe = Probe::new(m, hw, &tensors).expect("probe");
-    let mut stats = Stats::new("test".into(), &tensors);
-    for k in 0..images {
-        let (_, acts) = probe
-            .run(&input_for(m, 1, hw, 100 + k as u64))
-            .expect("probe run");
-        stats.add(&tensors, &acts);
-    }
-    let ranges = stats.ranges(Method::Max, 99.99);
-    quant::build_qdq(m, &plan, Some(&ranges)).expect("qdq")
-}
-
 fn argmaxes(shape: &[usize], d: &[f32]) -> Vec<usize> {
     let (c, inner) = if shape.len() == 4 {
         (shape[1], shape[2] * shape[3])
@@ -131,7 +91,7 @@ fn int8_scores(
     batch: usize,
     runs: usize,
 ) -> (f64, f64, usize, f64, f64) {
-    let qdq = qdq_of(m, hw, 4);
+    let qdq = max_qdq(m, hw, 4).expect("qdq");
     let spec = BuildSpec { batch, hw };
     let mut cuda = gpu
         .build(
@@ -248,7 +208,7 @@ fn every_int8_conv_implementation_matches_cpu() {
     let m = Model::load(&path).expect("sample model loads");
     let hw = m.input_hw(None).expect("fixed input size");
     let batch = 4;
-    let qdq = qdq_of(&m, hw, 4);
+    let qdq = max_qdq(&m, hw, 4).expect("qdq");
     let p = Model {
         proto: qdq.proto.clone(),
         ..m.clone()
@@ -618,7 +578,7 @@ fn models_lower_to_plans_without_a_gpu() {
             quantscope::backend::cuda::ops::lower(&m.with_fixed_input(1, hw), shape, p)
                 .unwrap_or_else(|e| panic!("{name} {p}: {e}"));
         }
-        let qdq = qdq_of(&m, hw, 1);
+        let qdq = max_qdq(&m, hw, 1).expect("qdq");
         let qm = Model {
             proto: qdq.proto.clone(),
             ..m.clone()

@@ -14,10 +14,12 @@
 //!   and in FP32 on the CPU, so a value near a rounding boundary of the next quantizer lands
 //!   one level apart (measured on the H100: 1.02 steps on softmax·V).
 
-use quantscope::backend::cpu::{CpuBackend, Probe};
+mod common;
+
+use common::cuda::{gpu, input_for, max_qdq};
+use quantscope::backend::cpu::CpuBackend;
 use quantscope::backend::cuda::CudaBackend;
 use quantscope::backend::{Backend, BuildInput, BuildSpec, Engine, Output, Precision};
-use quantscope::calib::{Method, Stats};
 use quantscope::model::Model;
 use quantscope::model::proto;
 use quantscope::model::testing::{GraphBuilder, float_attr, values};
@@ -26,19 +28,6 @@ use tract_onnx::pb::AttributeProto;
 
 const FP32_TOL: f64 = 1e-4;
 const FP16_TOL: f64 = 2e-2;
-
-fn gpu() -> Option<CudaBackend> {
-    match CudaBackend.check() {
-        Ok(dev) => {
-            eprintln!("cuda: {dev}");
-            Some(CudaBackend)
-        }
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            None
-        }
-    }
-}
 
 fn int(name: &str, v: i64) -> AttributeProto {
     proto::int_attr(name, v)
@@ -97,11 +86,6 @@ impl Case {
     }
 }
 
-fn input_for(m: &Model, batch: usize, hw: [usize; 2], seed: u64) -> Vec<f32> {
-    let n: usize = m.input_shape(batch, hw).iter().product();
-    values(n, seed).iter().map(|v| v * 2.0).collect()
-}
-
 /// (relative error, absolute error) of `a` against `b`.
 fn errors(a: &Output, b: &Output) -> Result<(f64, f64), String> {
     if a.shape != b.shape {
@@ -148,23 +132,10 @@ fn cpu_run(c: &Case) -> Result<Output, String> {
 
 /// Q/DQ model calibrated (max) on a few random inputs.
 fn qdq_of(m: &Model, hw: [usize; 2]) -> Result<Option<quant::QdqModel>, String> {
-    let plan = quant::plan(m, &[]);
-    let tensors = plan.tensors();
-    if tensors.is_empty() {
+    if quant::plan(m, &[]).tensors().is_empty() {
         return Ok(None);
     }
-    let probe = Probe::new(m, hw, &tensors).map_err(|e| format!("probe: {e:#}"))?;
-    let mut stats = Stats::new("test".into(), &tensors);
-    for k in 0..4 {
-        let (_, acts) = probe
-            .run(&input_for(m, 1, hw, 100 + k))
-            .map_err(|e| format!("probe run: {e:#}"))?;
-        stats.add(&tensors, &acts);
-    }
-    let ranges = stats.ranges(Method::Max, 99.99);
-    quant::build_qdq(m, &plan, Some(&ranges))
-        .map(Some)
-        .map_err(|e| format!("qdq: {e:#}"))
+    max_qdq(m, hw, 4).map(Some)
 }
 
 /// Runs one case in FP32, FP16 and (where it applies) INT8; `Err` lists what failed.

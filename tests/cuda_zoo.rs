@@ -10,13 +10,14 @@
 
 use std::path::PathBuf;
 
-use quantscope::backend::cpu::{CpuBackend, Probe};
+mod common;
+
+use common::cuda::{gpu, input_for, max_qdq, rel_err};
+
+use quantscope::backend::cpu::CpuBackend;
 use quantscope::backend::cuda::CudaBackend;
 use quantscope::backend::{Backend, BuildInput, BuildSpec, Precision};
-use quantscope::calib::{Method, Stats};
 use quantscope::model::Model;
-use quantscope::model::testing::values;
-use quantscope::quant;
 
 /// Why an output cannot be compared: values that are not finite.
 fn non_finite(what: &str, d: &[f32]) -> Result<(), String> {
@@ -29,14 +30,6 @@ fn non_finite(what: &str, d: &[f32]) -> Result<(), String> {
             d.len()
         ))
     }
-}
-
-fn rel_err(a: &[f32], b: &[f32]) -> f64 {
-    let m = b.iter().fold(0f64, |m, v| m.max(v.abs() as f64)).max(1e-12);
-    a.iter()
-        .zip(b)
-        .fold(0f64, |e, (x, y)| e.max((*x as f64 - *y as f64).abs()))
-        / m
 }
 
 fn argmax_rows(shape: &[usize], d: &[f32]) -> Vec<usize> {
@@ -63,8 +56,7 @@ fn check_model(g: &CudaBackend, path: &PathBuf) -> Result<Vec<String>, String> {
     let m = Model::load(path).map_err(|e| format!("load: {e:#}"))?;
     let hw = m.input_hw(None).unwrap_or([224, 224]);
     let spec = BuildSpec { batch: 1, hw };
-    let n: usize = m.input_shape(1, hw).iter().product();
-    let x: Vec<f32> = values(n, 7).iter().map(|v| v * 2.0).collect();
+    let x = input_for(&m, 1, hw, 7);
     let cpu32 = CpuBackend
         .build(
             BuildInput::Float {
@@ -123,17 +115,7 @@ fn check_model(g: &CudaBackend, path: &PathBuf) -> Result<Vec<String>, String> {
         }
     }
     // INT8: max calibration on 2 random inputs; CPU and CUDA engines from the same Q/DQ model.
-    let plan = quant::plan(&m, &[]);
-    let tensors = plan.tensors();
-    let probe = Probe::new(&m, hw, &tensors).map_err(|e| format!("probe: {e}"))?;
-    let mut stats = Stats::new("zoo".into(), &tensors);
-    for k in 0..2u64 {
-        let xi: Vec<f32> = values(n, 100 + k).iter().map(|v| v * 2.0).collect();
-        let (_, acts) = probe.run(&xi).map_err(|e| format!("probe run: {e}"))?;
-        stats.add(&tensors, &acts);
-    }
-    let ranges = stats.ranges(Method::Max, 99.99);
-    let qdq = quant::build_qdq(&m, &plan, Some(&ranges)).map_err(|e| format!("qdq: {e}"))?;
+    let qdq = max_qdq(&m, hw, 2)?;
     let cpu8 = CpuBackend
         .build(
             BuildInput::Int8 {
@@ -188,16 +170,7 @@ fn check_model(g: &CudaBackend, path: &PathBuf) -> Result<Vec<String>, String> {
 
 #[test]
 fn zoo_builds_and_matches_cpu_in_every_precision() {
-    let g = match CudaBackend.check() {
-        Ok(dev) => {
-            eprintln!("cuda: {dev}");
-            CudaBackend
-        }
-        Err(why) => {
-            eprintln!("skipped: {why}");
-            return;
-        }
-    };
+    let Some(g) = gpu() else { return };
     let Some(dir) = std::env::var_os("QUANTSCOPE_ZOO") else {
         eprintln!("skipped: set QUANTSCOPE_ZOO to a folder of ONNX models (tools/zoo.py)");
         return;

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod cuda;
+
 use std::path::{Path, PathBuf};
 
 use image::{Rgb, RgbImage};

@@ -78,18 +78,9 @@ pub(super) fn pair(n: &pb::NodeProto, name: &str) -> PlanResult<[usize; 2]> {
     Ok([v[0] as usize, v[1] as usize])
 }
 
-fn transpose_km(d: &[f32], k: usize, m: usize) -> Vec<f32> {
-    let mut t = vec![0.0; d.len()];
-    for r in 0..k {
-        for c in 0..m {
-            t[c * k + r] = d[r * m + c];
-        }
-    }
-    t
-}
-
-fn transpose_km_i8(d: &[i8], k: usize, m: usize) -> Vec<i8> {
-    let mut t = vec![0i8; d.len()];
+/// A row-major `[k, m]` matrix as `[m, k]` (B of a linear layer into output-channel rows).
+fn transpose_km<T: Copy + Default>(d: &[T], k: usize, m: usize) -> Vec<T> {
+    let mut t = vec![T::default(); d.len()];
     for r in 0..k {
         for c in 0..m {
             t[c * k + r] = d[r * m + c];
@@ -282,7 +273,7 @@ pub(super) fn conv(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
             if trans_b {
                 d.clone()
             } else {
-                transpose_km_i8(d, k, m)
+                transpose_km(d, k, m)
             }
         });
         w_scales = w_i8

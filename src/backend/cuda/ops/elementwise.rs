@@ -71,7 +71,8 @@ fn lower(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
     let op = n.op_type.as_str();
     match op {
         "Identity" | "Dropout" | "Cast" => pass_through(b, n),
-        "Sum" | "Mean" | "Max" | "Min" if n.input.len() != 2 => variadic(b, n),
+        "Mean" => variadic(b, n),
+        "Sum" | "Max" | "Min" if n.input.len() != 2 => variadic(b, n),
         _ => {
             if let Some(ew) = binary_op(n)? {
                 return nary(b, n, ew);
@@ -122,7 +123,6 @@ fn binary_op(n: &pb::NodeProto) -> PlanResult<Option<EwOp>> {
         }
         "Where" => EwOp::Where,
         "PRelu" => EwOp::PRelu,
-        "Mean" if n.input.len() == 2 => return Err(err(n, "two-input Mean is lowered as Sum")),
         _ => return Ok(None),
     }))
 }
@@ -334,7 +334,7 @@ pub(super) fn nary_of(
     let mut operands = vec![];
     let mut nhwc = false;
     for s in ins {
-        if b.is_const(s) && !matches!(b.values.get(s), Some(Value::Tensor(_))) {
+        if b.is_const(s) {
             let c = b
                 .const_f32(s)
                 .ok_or_else(|| err(n, format!("constant `{s}` has no float value")))?;

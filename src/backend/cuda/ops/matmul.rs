@@ -36,8 +36,8 @@ fn lower(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
 
 /// A device operand of a matmul: the tensor (plain, int8 kept as int8) or a constant.
 fn operand(b: &mut Builder<'_>, name: &str) -> PlanResult<(Operand, Vec<usize>, DType)> {
-    if let Some(c) = b.const_f32(name)
-        && !matches!(b.values.get(name), Some(Value::Tensor(_)))
+    if b.is_const(name)
+        && let Some(c) = b.const_f32(name)
     {
         let dims = c.dims.clone();
         return Ok((Operand::Const(c.data, c.dims), dims, DType::F32));
@@ -59,14 +59,10 @@ pub(super) fn matmul(
     out_name: &str,
     step_name: &str,
 ) -> PlanResult<usize> {
-    if b.is_const(a_name) && !matches!(b.values.get(a_name), Some(Value::Tensor(_))) {
-        // Constant A: materialized on the device (rare: position tables).
-        b.float_tensor_of(a_name, "matmul A")?;
-    }
-    let (ao, ashape, at) = operand(b, a_name)?;
-    let Operand::Tensor(mut a) = ao else {
-        return Err(err(n, "A could not be placed on the device"));
-    };
+    // A is always a device tensor: a constant A (rare: position tables) is materialized.
+    let mut a = b.any_tensor_of(a_name, "matmul A")?;
+    a = b.to_layout(a, Layout::Plain, "matmul")?;
+    let (ashape, at) = (b.desc(a).shape.clone(), b.desc(a).dtype);
     let (bo, bshape, bt) = operand(b, b_name)?;
     if ashape.is_empty() || bshape.is_empty() {
         return Err(err(n, "scalar operands are not matrices"));

@@ -93,8 +93,9 @@ pub struct Builder<'a> {
     pub(crate) int8: bool,
     pub(crate) plan: Plan,
     pub(crate) values: HashMap<String, Value>,
-    /// Materialized float copies of `Dequant` values, by tensor name.
-    dequantized: HashMap<String, usize>,
+    /// Float device copies of values that are not float tensors (dequantized int8 values,
+    /// materialized constants), made on first use, by value name.
+    float_copies: HashMap<String, usize>,
     /// Layout-converted copies: (tensor id, to NHWC) -> tensor id.
     converted: HashMap<(usize, bool), usize>,
     /// Nodes lowered (or being lowered, or fused into another node's step).
@@ -184,7 +185,7 @@ impl<'a> Builder<'a> {
             int8: precision == Precision::Int8,
             plan: Plan::default(),
             values: HashMap::new(),
-            dequantized: HashMap::new(),
+            float_copies: HashMap::new(),
             converted: HashMap::new(),
             skip: HashSet::new(),
         };
@@ -360,10 +361,8 @@ impl<'a> Builder<'a> {
                 }
                 Ok(t)
             }
+            _ if self.float_copies.contains_key(name) => Ok(self.float_copies[name]),
             Some(Value::Dequant { src, scale: _ }) => {
-                if let Some(&t) = self.dequantized.get(name) {
-                    return Ok(t);
-                }
                 let d = self.desc(src).clone();
                 let o = self.tensor(name, d.shape.clone(), d.layout, self.float, 1.0);
                 self.plan.steps.push(Step::Unary {
@@ -372,7 +371,7 @@ impl<'a> Builder<'a> {
                     out: o,
                     act: Act::None,
                 });
-                self.dequantized.insert(name.into(), o);
+                self.float_copies.insert(name.into(), o);
                 Ok(o)
             }
             Some(Value::Const(_) | Value::Host(_) | Value::ConstI8 { .. }) => {
@@ -391,7 +390,8 @@ impl<'a> Builder<'a> {
                     out: o,
                     act: Act::None,
                 });
-                self.values.insert(name.into(), Value::Tensor(o));
+                // The constant stays a constant for readers that take one (a shared weight).
+                self.float_copies.insert(name.into(), o);
                 Ok(o)
             }
             Some(Value::Failed) => Err(format!("tensor `{name}` ({why}) could not be computed")),
@@ -627,7 +627,7 @@ pub(crate) fn row_major(s: &[usize]) -> Vec<i64> {
 }
 
 /// Storage order of `d`'s logical dims.
-fn stored_order(d: &TensorDesc) -> Vec<usize> {
+pub(crate) fn stored_order(d: &TensorDesc) -> Vec<usize> {
     if d.layout == Layout::Nhwc && d.shape.len() == 4 {
         vec![0, 2, 3, 1]
     } else {

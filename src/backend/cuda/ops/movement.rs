@@ -535,11 +535,7 @@ fn pad(b: &mut Builder<'_>, n: &pb::NodeProto) -> PlanResult<()> {
         return Err(err(n, "reflect pads must be smaller than the dim"));
     }
     let o = b.tensor(&n.output[0], shape, d.layout, b.float, 1.0);
-    let order: Vec<usize> = if d.layout == Layout::Nhwc && r == 4 {
-        vec![0, 2, 3, 1]
-    } else {
-        (0..r).collect()
-    };
+    let order = super::stored_order(&d);
     b.emit(
         n,
         o,
@@ -590,8 +586,6 @@ fn depth_space(b: &mut Builder<'_>, n: &pb::NodeProto) -> PlanResult<()> {
         if h % bs != 0 || w % bs != 0 {
             return Err(err(n, "H and W must be multiples of blocksize"));
         }
-        let ci = c as i64;
-        let _ = ci;
         // out[n, (i*b + j)*C + c, y, x] = in[n, c, y*b + i, x*b + j]
         (
             vec![nb, c * bs * bs, h / bs, w / bs],

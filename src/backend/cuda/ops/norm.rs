@@ -7,7 +7,7 @@
 use tract_onnx::pb;
 
 use super::{Builder, OpFamily, Value, err};
-use crate::backend::cuda::plan::{Layout, PlanResult, ReduceOp, Step, TensorDesc};
+use crate::backend::cuda::plan::{Layout, PlanResult, ReduceOp, Step};
 use crate::model::proto;
 
 pub const FAMILY: OpFamily = OpFamily {
@@ -117,7 +117,7 @@ pub(super) fn reduce_tensor(
         })
         .collect();
     // In storage order: which positions are reduced, and do they form one run?
-    let order = stored_order(&d);
+    let order = super::stored_order(&d);
     let pos: Vec<usize> = (0..order.len())
         .filter(|&p| axes.contains(&order[p]))
         .collect();
@@ -188,14 +188,6 @@ pub(super) fn reduce_tensor(
         op,
     });
     Ok(o)
-}
-
-fn stored_order(d: &TensorDesc) -> Vec<usize> {
-    if d.layout == Layout::Nhwc && d.shape.len() == 4 {
-        vec![0, 2, 3, 1]
-    } else {
-        (0..d.shape.len()).collect()
-    }
 }
 
 /// `Step::Norm` over the trailing `len` elements of plain tensor `x`.

@@ -1,0 +1,56 @@
+//! Helpers of the CUDA tests: the GPU (or why there is none), the error measure, random
+//! inputs, and a max-calibrated Q/DQ model for building CPU and CUDA INT8 engines from one plan.
+
+use quantscope::backend::Backend;
+use quantscope::backend::cpu::Probe;
+use quantscope::backend::cuda::CudaBackend;
+use quantscope::calib::{Method, Stats};
+use quantscope::model::Model;
+use quantscope::model::testing::values;
+use quantscope::quant;
+
+/// The CUDA backend when it can run here; else prints why the test skips.
+pub fn gpu() -> Option<CudaBackend> {
+    match CudaBackend.check() {
+        Ok(dev) => {
+            eprintln!("cuda: {dev}");
+            Some(CudaBackend)
+        }
+        Err(why) => {
+            eprintln!("skipped: {why}");
+            None
+        }
+    }
+}
+
+/// max |a - b| / max |b|.
+pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
+    assert_eq!(a.len(), b.len());
+    let m = b.iter().fold(0f64, |m, v| m.max(v.abs() as f64)).max(1e-12);
+    a.iter()
+        .zip(b)
+        .fold(0f64, |e, (x, y)| e.max((*x as f64 - *y as f64).abs()))
+        / m
+}
+
+/// A deterministic input of `m` at `batch` x `hw`, values in [-2, 2).
+pub fn input_for(m: &Model, batch: usize, hw: [usize; 2], seed: u64) -> Vec<f32> {
+    let n: usize = m.input_shape(batch, hw).iter().product();
+    values(n, seed).iter().map(|v| v * 2.0).collect()
+}
+
+/// The Q/DQ model of `m`, calibrated (max) on `images` random inputs (seeds 100, 101, ...).
+pub fn max_qdq(m: &Model, hw: [usize; 2], images: usize) -> Result<quant::QdqModel, String> {
+    let plan = quant::plan(m, &[]);
+    let tensors = plan.tensors();
+    let probe = Probe::new(m, hw, &tensors).map_err(|e| format!("probe: {e:#}"))?;
+    let mut stats = Stats::new("test".into(), &tensors);
+    for k in 0..images {
+        let (_, acts) = probe
+            .run(&input_for(m, 1, hw, 100 + k as u64))
+            .map_err(|e| format!("probe run: {e:#}"))?;
+        stats.add(&tensors, &acts);
+    }
+    let ranges = stats.ranges(Method::Max, 99.99);
+    quant::build_qdq(m, &plan, Some(&ranges)).map_err(|e| format!("qdq: {e:#}"))
+}
