@@ -218,7 +218,9 @@ pub struct EvalArgs {
     /// Input height,width when the model's is dynamic.
     #[arg(long, value_parser = parse_hw)]
     pub size: Option<[usize; 2]>,
-    /// Per-channel mean for (x/255 - mean)/std.
+    /// Per-channel mean for (x/255 - mean)/std. Without --mean/--std, --scale or --preset,
+    /// the normalisation comes from the model's metadata (mean/std, image_mean/image_std),
+    /// else ImageNet mean/std is assumed; the run says which.
     #[arg(long, value_parser = parse_triplet, requires = "std", allow_hyphen_values = true)]
     pub mean: Option<[f32; 3]>,
     #[arg(long, value_parser = parse_triplet, requires = "mean")]
@@ -475,12 +477,14 @@ impl EvalArgs {
         }
         if let (Some(mean), Some(std)) = (self.mean, self.std) {
             e.preprocess.normalize = Normalize::MeanStd { mean, std };
+            e.preprocess.auto_normalize = false;
         }
         if let Some(scale) = self.scale {
             e.preprocess.normalize = Normalize::ScaleOffset {
                 scale,
                 offset: self.offset.unwrap_or(0.0),
             };
+            e.preprocess.auto_normalize = false;
         }
         e.bench.min_runs = self.min_runs;
         e.bench.min_time_ms = self.min_time_ms;
@@ -779,6 +783,15 @@ fn inspect(
         "nodes    {} ({} BatchNormalization folded into Conv)",
         info.nodes, info.batch_norms_folded
     );
+    match &info.normalization {
+        Some(n) => println!(
+            "input    normalised as (x/255 - mean) / std, mean {:?}, std {:?} (metadata {})",
+            n.mean, n.std, n.keys
+        ),
+        None => println!(
+            "input    no normalisation in the metadata: runs assume ImageNet mean/std unless --mean/--std, --scale or --preset says otherwise"
+        ),
+    }
     if info.prequantized {
         println!("note     the model already holds Q/DQ pairs: INT8 uses them as they are");
     }

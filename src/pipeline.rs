@@ -104,6 +104,36 @@ pub struct Prepared {
     pub calib_images: Vec<PathBuf>,
     /// The model's output channels (its class count), from the file or inferred once here.
     pub output_channels: Option<usize>,
+    /// The preprocessing every stage uses: the experiment's, with the normalisation resolved
+    /// (the model's metadata, or ImageNet mean/std assumed) where nobody set it.
+    pub preprocess: data::Preprocess,
+    pub normalize_source: data::NormalizeSource,
+}
+
+impl Prepared {
+    /// The preprocessed input for `img`.
+    pub fn input_of(&self, img: &image::RgbImage) -> Vec<f32> {
+        self.preprocess.apply(
+            img,
+            self.hw,
+            self.model.info.input_chw[0],
+            self.model.info.layout,
+        )
+    }
+
+    /// Where the evaluation's class order and the input normalisation came from: said in the
+    /// log and the report, because either, when wrong, gives a plausible wrong score.
+    pub fn assumptions(&self) -> Vec<String> {
+        let mut v = vec![self.normalize_source.describe(&self.preprocess.normalize)];
+        if let Some(e) = self
+            .eval
+            .as_ref()
+            .filter(|e| e.kind == Task::Classification)
+        {
+            v.push(e.classes_from.describe());
+        }
+        v
+    }
 }
 
 /// Load → validate → list the data: everything that can be refused before an engine exists.
@@ -152,27 +182,31 @@ pub fn prepare(exp: &Experiment) -> Result<Prepared, PipelineError> {
             } else {
                 HashSet::new()
             };
-            let mut set = EvalSet::open(d, &exclude)?;
+            let labels_file = exp.labels_file();
+            let labels = labels_file.as_deref().map(|path| data::LabelsFile {
+                path,
+                explicit: exp.evaluation.labels.is_some(),
+            });
+            let mut set = EvalSet::open_labelled(d, &exclude, labels)?;
             if let Some(n) = exp.evaluation.count {
                 set.items.truncate(n);
             }
             set.check_labels(channels.unwrap_or(0), IGNORE_LABEL)?;
-            // Names only, after the check: they rename the classes in output order.
-            if let Some(l) = exp.labels_file() {
-                let names = data::read_labels_checked(&l)?;
-                let want = match set.kind {
-                    Task::Classification => set.classes.len(),
-                    Task::Segmentation => channels.unwrap_or(names.len()),
-                };
-                if names.len() == want {
-                    set.classes = names;
-                } else if exp.evaluation.labels.is_some() {
+            // Masks hold output indices, so a segmentation class-name file only names them:
+            // it must name each of the model's classes.
+            if let (Task::Segmentation, data::ClassSource::File(l), Some(want)) =
+                (set.kind, &set.classes_from, channels)
+                && set.classes.len() != want
+            {
+                if exp.evaluation.labels.is_some() {
                     return Err(PipelineError::Config(format!(
                         "{}: lists {} class names but the model has {want} classes; list one name per class, in output order",
                         l.display(),
-                        names.len()
+                        set.classes.len()
                     )));
                 }
+                set.classes.clear();
+                set.classes_from = data::ClassSource::Folders;
             }
             Some(set)
         }
@@ -194,6 +228,7 @@ pub fn prepare(exp: &Experiment) -> Result<Prepared, PipelineError> {
             t
         )));
     }
+    let (preprocess, normalize_source) = exp.preprocess.resolved(model.info.normalization.as_ref());
     Ok(Prepared {
         model,
         hw,
@@ -201,19 +236,19 @@ pub fn prepare(exp: &Experiment) -> Result<Prepared, PipelineError> {
         eval,
         calib_images,
         output_channels: channels,
+        preprocess,
+        normalize_source,
     })
 }
 
 pub fn load_samples(
     p: &Prepared,
-    exp: &Experiment,
     sink: &dyn Sink,
     cancel: &CancelToken,
 ) -> Result<Vec<Sample>, PipelineError> {
     let Some(set) = &p.eval else {
         return Ok(vec![]);
     };
-    let channels = p.model.info.input_chw[0];
     let mut out = Vec::with_capacity(set.items.len());
     for (i, it) in set.items.iter().enumerate() {
         if cancel.is_cancelled() {
@@ -226,12 +261,10 @@ pub fn load_samples(
             Label::Class(_) => None,
         };
         out.push(Sample {
-            input: exp
-                .preprocess
-                .apply(&img, p.hw, channels, p.model.info.layout),
+            input: p.input_of(&img),
             label: it.label.clone(),
             gt,
-            geometry: exp
+            geometry: p
                 .preprocess
                 .geometry([img.height() as usize, img.width() as usize], p.hw),
         });
@@ -242,7 +275,6 @@ pub fn load_samples(
 /// Collects (or loads) calibration statistics for the plan's tensors.
 pub fn calibrate(
     p: &Prepared,
-    exp: &Experiment,
     plan: &QuantPlan,
     cache: &StatsCache,
     sink: &dyn Sink,
@@ -251,7 +283,7 @@ pub fn calibrate(
     let tensors = plan.tensors();
     let prep = format!(
         "{}|{:?}",
-        ron::to_string(&exp.preprocess).unwrap_or_default(),
+        ron::to_string(&p.preprocess).unwrap_or_default(),
         p.hw
     );
     let key = calib::cache_key(&p.model.fingerprint(), &tensors, &p.calib_images, &prep);
@@ -280,7 +312,6 @@ pub fn calibrate(
         ))
     })?;
     let mut stats = Stats::new(key, &tensors);
-    let channels = p.model.info.input_chw[0];
     let n = p.calib_images.len();
     // Histograms are filled on a second thread while the next image runs.
     let (tx, rx) = crossbeam_channel::bounded::<Vec<backend::cpu::Activation>>(2);
@@ -301,9 +332,7 @@ pub fn calibrate(
             }
             sink.progress("calibrating (FP32 pass)", i, n);
             let img = data::open_rgb(path)?;
-            let input = exp
-                .preprocess
-                .apply(&img, p.hw, channels, p.model.info.layout);
+            let input = p.input_of(&img);
             let (_, acts) = probe
                 .run(&input)
                 .map_err(|e| PipelineError::Config(format!("{}: {e}", path.display())))?;
@@ -336,13 +365,29 @@ pub fn calibrate(
 /// The result of evaluating one engine.
 pub struct Evaluated {
     pub row: Row,
+    /// Segmentation: the argmax mask of each image at mask resolution (empty for classifiers).
     pub predictions: Vec<Vec<u8>>,
+    /// Classification: the predicted class index of each image, in full (1000-class models
+    /// too), for agreement with FP32.
+    pub classes: Vec<usize>,
+}
+
+impl Evaluated {
+    /// A row with no predictions (the engine failed before or while evaluating).
+    fn failed(row: Row) -> Evaluated {
+        Evaluated {
+            row,
+            predictions: vec![],
+            classes: vec![],
+        }
+    }
 }
 
 /// FP32 reference kept while the other engines run.
 #[derive(Default)]
 pub struct Reference {
     pub predictions: Vec<Vec<u8>>,
+    pub classes: Vec<usize>,
     pub outputs: Vec<Vec<f32>>,
 }
 
@@ -365,6 +410,7 @@ pub fn evaluate(
     let mut sqnr_images = 0;
     let mut agree = (0u64, 0u64);
     let mut predictions = vec![];
+    let mut classes_pred = vec![];
     let mut kept_bytes = 0usize;
     for (i, s) in samples.iter().enumerate() {
         if cancel.is_cancelled() {
@@ -379,7 +425,12 @@ pub fn evaluate(
                 };
                 let p = class.add(&out.data, label);
                 row.per_image.push((p == label) as u8 as f64);
-                vec![p.min(255) as u8]
+                if let Some(&rp) = reference.and_then(|r| r.classes.get(i)) {
+                    agree.0 += (rp == p) as u64;
+                    agree.1 += 1;
+                }
+                classes_pred.push(p);
+                vec![]
             }
             Task::Segmentation => {
                 if out.shape.len() != 4 {
@@ -408,7 +459,8 @@ pub fn evaluate(
             }
         };
         if let Some(r) = reference {
-            if let Some(rp) = r.predictions.get(i) {
+            // Classifiers counted their agreement above; masks count pixels, ignoring 255.
+            if let Some(rp) = r.predictions.get(i).filter(|_| task == Task::Segmentation) {
                 agree.0 += pred
                     .iter()
                     .zip(rp)
@@ -449,7 +501,11 @@ pub fn evaluate(
             .filter(|v| v.is_finite());
         row.sqnr_images = Some(sqnr_images);
     }
-    Ok(Evaluated { row, predictions })
+    Ok(Evaluated {
+        row,
+        predictions,
+        classes: classes_pred,
+    })
 }
 
 /// What every engine row of a run shares: the backend, the prepared model and data, the input
@@ -528,15 +584,12 @@ impl RowCtx<'_> {
             Ok(e) => e,
             Err(e) => {
                 row.error = Some(e.message);
-                return Evaluated {
-                    row,
-                    predictions: vec![],
-                };
+                return Evaluated::failed(row);
             }
         };
         row.build_ms = Some(t.elapsed().as_secs_f64() * 1e3);
         let built_growth = bench::rss_bytes().0.saturating_sub(rss_before);
-        let mut predictions = vec![];
+        let (mut predictions, mut classes) = (vec![], vec![]);
         if let Some(task) = self.p.task.filter(|_| !self.samples.is_empty()) {
             let evaluated = crate::guard::catch(&format!("evaluating {label}"), || {
                 evaluate(
@@ -560,10 +613,11 @@ impl RowCtx<'_> {
                     row.threads = threads;
                     row.backend = backend_name;
                     predictions = ev.predictions;
+                    classes = ev.classes;
                 }
                 Err(e) => {
                     row.error = Some(e);
-                    return Evaluated { row, predictions };
+                    return Evaluated::failed(row);
                 }
             }
         }
@@ -617,7 +671,11 @@ impl RowCtx<'_> {
             row.float_nodes = info.float_nodes;
         }
         row.layer_times = info.layer_times;
-        Evaluated { row, predictions }
+        Evaluated {
+            row,
+            predictions,
+            classes,
+        }
     }
 
     /// Throughput at the experiment's batch size, on an engine built for it. A failure here is
@@ -728,7 +786,7 @@ impl<'a> Rows<'a> {
                 param_bytes: p.model.info.param_bytes,
                 op_census: p.model.info.op_census.clone(),
             },
-            preprocess: exp.preprocess.clone(),
+            preprocess: p.preprocess.clone(),
             input_hw: p.hw,
             calibration: None,
             evaluation: EvalSummary {
@@ -797,11 +855,7 @@ impl<'a> Rows<'a> {
             error: Some(error),
             ..Default::default()
         };
-        let ev = Evaluated {
-            row,
-            predictions: vec![],
-        };
-        self.push(ev, precision, method, &[]);
+        self.push(Evaluated::failed(row), precision, method, &[]);
     }
 
     /// FP32 first (the reference for agreement and SQNR), then FP16.
@@ -819,6 +873,7 @@ impl<'a> Rows<'a> {
             let ev = self.ctx.row(input, None, &mut keep, "FP32");
             reference = Reference {
                 predictions: ev.predictions.clone(),
+                classes: ev.classes.clone(),
                 outputs: keep.unwrap_or_default(),
             };
             self.push(ev, Precision::Fp32, None, &[]);
@@ -877,7 +932,7 @@ impl<'a> Rows<'a> {
         if exp.methods.is_empty() {
             return Ok(vec![]);
         }
-        let (stats, hit, pass_ms) = calibrate(p, exp, plan, cache, sink, self.ctx.cancel)?;
+        let (stats, hit, pass_ms) = calibrate(p, plan, cache, sink, self.ctx.cancel)?;
         let t = Instant::now();
         let mut all: Vec<Ranges> = Method::ALL
             .iter()
@@ -895,7 +950,7 @@ impl<'a> Rows<'a> {
                 .copied()
                 .chain(exp.mixed_precision.as_ref().and_then(|m| m.method))
                 .collect();
-            correct_biases(p, exp, plan, &mut all, &used, sink)?;
+            correct_biases(p, plan, &mut all, &used, sink)?;
         }
         let mut variants: Vec<Int8Variant> = exp
             .methods
@@ -914,7 +969,7 @@ impl<'a> Rows<'a> {
             let mut r = mixed_ranges(&all, m, &mp.per_tensor);
             if exp.bias_correction && !mp.per_tensor.is_empty() {
                 // The per-tensor ranges differ from the base method's: correct for them.
-                let inputs = probe_inputs(p, exp, 32)?;
+                let inputs = probe_inputs(p, 32)?;
                 r.bias_correction =
                     crate::layerwise::bias_corrections(&p.model, p.hw, plan, &r, &inputs)
                         .map_err(PipelineError::Config)?;
@@ -1044,6 +1099,7 @@ impl<'a> Rows<'a> {
         self.report
             .notes
             .extend(self.ctx.batch_refused.borrow_mut().take());
+        self.report.notes.extend(self.ctx.p.assumptions());
         let errors = write_outputs(self.exp, &self.report, &self.artifacts, self.ctx.sink);
         self.output_errors.extend(errors);
         RunOutput {
@@ -1083,14 +1139,14 @@ pub fn run_with_cache(
     if exp.backend == backend::BackendKind::Cpu {
         sink.log(&format!("CPU engines run on {threads} threads"));
     }
-    let samples = load_samples(&p, exp, sink, cancel)?;
+    let samples = load_samples(&p, sink, cancel)?;
     let ctx = RowCtx {
         backend: backend.as_ref(),
         p: &p,
         samples: &samples,
         classes: classes_of(&p),
         bench_spec: &exp.bench,
-        bench_input: bench_input(&p, exp, &samples)?,
+        bench_input: bench_input(&p, &samples)?,
         sink,
         cancel,
         batch_refused: Default::default(),
@@ -1100,6 +1156,10 @@ pub fn run_with_cache(
     // Declared before `rows`, which borrows it for the INT8 rows.
     let int8_prepared: Prepared;
     let mut rows = Rows::new(exp, ctx);
+    // Said at once; the report lists them after the run's own notes (see `finish`).
+    for line in p.assumptions() {
+        sink.log(&line);
+    }
     let reference = rows.float_rows();
     if !cancel.is_cancelled() {
         rows.export_fp16();
@@ -1135,13 +1195,10 @@ fn cle_activation_ranges(
     }
     let names: Vec<String> = between.iter().map(|b| b.0.clone()).collect();
     let probe = backend::cpu::Probe::new(&p.model, p.hw, &names).map_err(|e| e.to_string())?;
-    let channels = p.model.info.input_chw[0];
     let mut ranges: HashMap<String, Vec<f32>> = HashMap::new();
     for path in &p.calib_images {
         let img = data::open_rgb(path).map_err(|e| e.to_string())?;
-        let input = exp
-            .preprocess
-            .apply(&img, p.hw, channels, p.model.info.layout);
+        let input = p.input_of(&img);
         let (_, acts) = probe
             .run(&input)
             .map_err(|e| format!("{}: {e}", path.display()))?;
@@ -1196,6 +1253,8 @@ pub fn equalize_for_int8(
         eval: p.eval.clone(),
         calib_images: p.calib_images.clone(),
         output_channels: p.output_channels,
+        preprocess: p.preprocess.clone(),
+        normalize_source: p.normalize_source.clone(),
     };
     ((prepared, summary), note)
 }
@@ -1284,18 +1343,10 @@ pub fn classes_of(p: &Prepared) -> usize {
 
 /// The input every engine is timed on: the first evaluation image, else the first calibration
 /// image, else a constant tensor.
-fn bench_input(
-    p: &Prepared,
-    exp: &Experiment,
-    samples: &[Sample],
-) -> Result<Vec<f32>, PipelineError> {
-    let channels = p.model.info.input_chw[0];
+fn bench_input(p: &Prepared, samples: &[Sample]) -> Result<Vec<f32>, PipelineError> {
     Ok(match (samples.first(), p.calib_images.first()) {
         (Some(s), _) => s.input.clone(),
-        (None, Some(path)) => {
-            exp.preprocess
-                .apply(&data::open_rgb(path)?, p.hw, channels, p.model.info.layout)
-        }
+        (None, Some(path)) => p.input_of(&data::open_rgb(path)?),
         (None, None) => vec![0.5; p.model.input_shape(1, p.hw).iter().product()],
     })
 }
@@ -1412,20 +1463,11 @@ pub fn export_qdq(
 }
 
 /// Probe inputs for passes that need activations: the first 32 calibration images.
-pub fn probe_inputs(
-    p: &Prepared,
-    exp: &Experiment,
-    n: usize,
-) -> Result<Vec<Vec<f32>>, PipelineError> {
+pub fn probe_inputs(p: &Prepared, n: usize) -> Result<Vec<Vec<f32>>, PipelineError> {
     p.calib_images
         .iter()
         .take(n.max(1))
-        .map(|f| {
-            data::open_rgb(f).map(|img| {
-                exp.preprocess
-                    .apply(&img, p.hw, p.model.info.input_chw[0], p.model.info.layout)
-            })
-        })
+        .map(|f| data::open_rgb(f).map(|img| p.input_of(&img)))
         .collect::<Result<_, _>>()
         .map_err(PipelineError::from)
 }
@@ -1433,13 +1475,12 @@ pub fn probe_inputs(
 /// Fills each used method's empirical bias correction (one pass over 32 calibration images).
 fn correct_biases(
     p: &Prepared,
-    exp: &Experiment,
     plan: &QuantPlan,
     all: &mut [Ranges],
     used: &[Method],
     sink: &dyn Sink,
 ) -> Result<(), PipelineError> {
-    let inputs = probe_inputs(p, exp, 32)?;
+    let inputs = probe_inputs(p, 32)?;
     let t = Instant::now();
     let todo: Vec<&mut Ranges> = all
         .iter_mut()
@@ -1551,4 +1592,96 @@ pub fn save_masks(
         n += 1;
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{BackendError, EngineInfo, Output};
+
+    /// Answers image k with a one-hot logit at `classes[k]`.
+    struct OneHot {
+        info: EngineInfo,
+        classes: Vec<usize>,
+        width: usize,
+        next: usize,
+    }
+
+    impl Engine for OneHot {
+        fn info(&self) -> &EngineInfo {
+            &self.info
+        }
+        fn batch(&self) -> usize {
+            1
+        }
+        fn run(&mut self, _input: &[f32]) -> Result<Output, BackendError> {
+            let mut data = vec![0.0; self.width];
+            data[self.classes[self.next]] = 1.0;
+            self.next += 1;
+            Ok(Output {
+                shape: vec![1, self.width],
+                data,
+            })
+        }
+    }
+
+    struct Quiet;
+    impl Sink for Quiet {
+        fn progress(&self, _: &str, _: usize, _: usize) {}
+        fn log(&self, _: &str) {}
+    }
+
+    fn sample(label: usize) -> Sample {
+        Sample {
+            input: vec![0.0],
+            label: Label::Class(label),
+            gt: None,
+            geometry: Geometry {
+                orig_hw: [1, 1],
+                input_hw: [1, 1],
+                resized_hw: [1, 1],
+                origin: [0, 0],
+            },
+        }
+    }
+
+    fn run(classes: &[usize], reference: Option<&Reference>) -> Evaluated {
+        let mut e = OneHot {
+            info: EngineInfo::default(),
+            classes: classes.to_vec(),
+            width: 1000,
+            next: 0,
+        };
+        let samples: Vec<Sample> = classes.iter().map(|&c| sample(c)).collect();
+        evaluate(
+            &mut e,
+            &samples,
+            Task::Classification,
+            1000,
+            reference,
+            &Quiet,
+            "test",
+            &CancelToken::default(),
+            &mut None,
+        )
+        .expect("evaluate")
+    }
+
+    /// Agreement of a 1000-class model counts every image, with the full class index (it used
+    /// to keep `min(class, 255)` in a byte and skip 255, so most ImageNet classes fell out).
+    #[test]
+    fn classifier_agreement_counts_every_class_index() {
+        let fp32 = run(&[700, 300, 999, 12], None);
+        assert_eq!(fp32.classes, [700, 300, 999, 12]);
+        let reference = Reference {
+            predictions: fp32.predictions,
+            classes: fp32.classes,
+            outputs: vec![],
+        };
+        // 300 → 301 and 999 → 998 both sit above 255 and differ; 700 and 12 agree.
+        let int8 = run(&[700, 301, 998, 12], Some(&reference));
+        assert_eq!(int8.row.agreement, Some(0.5));
+        let same = run(&[700, 300, 999, 12], Some(&reference));
+        assert_eq!(same.row.agreement, Some(1.0));
+    }
 }

@@ -344,7 +344,7 @@ pub fn run_with_cache(
             exp.backend.name()
         ))
     })?;
-    let samples = pipeline::load_samples(&p, exp, sink, cancel)?;
+    let samples = pipeline::load_samples(&p, sink, cancel)?;
     if samples.is_empty() {
         return Err(err("sensitivity needs an evaluation set (--data DIR)"));
     }
@@ -359,8 +359,8 @@ pub fn run_with_cache(
     };
     let probe_eval = &samples[..opts.probe_eval_images.min(samples.len())];
     let plan = quant::plan(&p.model, &exp.exclude);
-    let (stats, _, _) = pipeline::calibrate(&p, exp, &plan, cache, sink, cancel)?;
-    let probe_inputs = pipeline::probe_inputs(&p, exp, opts.probe_images)?;
+    let (stats, _, _) = pipeline::calibrate(&p, &plan, cache, sink, cancel)?;
+    let probe_inputs = pipeline::probe_inputs(&p, opts.probe_images)?;
 
     let fp32 = cx.metric(
         BuildInput::Float {

@@ -143,6 +143,104 @@ fn eval_writes_a_complete_report() {
     );
 }
 
+/// A short FP32-only run of `model` on the setup's data; (success, stderr, report notes).
+fn short_run(dir: &Path, model: &str, extra: &[&str]) -> (bool, String, String) {
+    let p = |s: &str| dir.join(s).to_string_lossy().into_owned();
+    let out = bin()
+        .args([
+            "eval",
+            "--model",
+            &p(model),
+            "--data",
+            &p("eval"),
+            "--size",
+            "16,16",
+        ])
+        .args([
+            "--precisions",
+            "fp32",
+            "--min-runs",
+            "1",
+            "--min-time-ms",
+            "1",
+        ])
+        .args(["--report", &p("short.json")])
+        .args(extra)
+        .env("QUANTSCOPE_CACHE", dir.join("cache"))
+        .output()
+        .expect("runs");
+    let notes = std::fs::read_to_string(dir.join("short.json"))
+        .ok()
+        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+        .map(|r| r["notes"].to_string())
+        .unwrap_or_default();
+    let _ = std::fs::remove_file(dir.join("short.json"));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+        notes,
+    )
+}
+
+/// A run says which normalisation it used and where the class order came from, in its output
+/// and its report: an assumed normalisation or a wrong class order gives a plausible, wrong score.
+#[test]
+fn the_run_says_where_its_normalisation_and_class_order_came_from() {
+    let dir = setup("assumptions");
+    let (ok, err, notes) = short_run(&dir, "model.onnx", &[]);
+    assert!(ok, "{err}");
+    for text in [&err, &notes] {
+        assert!(
+            text.contains("input normalisation ASSUMED: ImageNet"),
+            "{text}"
+        );
+        assert!(text.contains("class order: sorted folder names"), "{text}");
+    }
+    // Flags are taken as given.
+    let (ok, err, _) = short_run(&dir, "model.onnx", &["--scale", "1", "--offset", "0"]);
+    assert!(
+        ok && err.contains("input normalisation: x * 1 + 0"),
+        "{err}"
+    );
+
+    // The exporter's metadata is read when nothing is given.
+    let mut g = residual_classifier(4);
+    g.metadata = vec![
+        ("image_mean".into(), "0.5, 0.5, 0.5".into()),
+        ("image_std".into(), "0.25".into()),
+    ];
+    std::fs::write(dir.join("meta.onnx"), g.to_bytes(13)).expect("model");
+    let (ok, err, notes) = short_run(&dir, "meta.onnx", &[]);
+    assert!(ok, "{err}");
+    let line = "input normalisation from the model's metadata (image_mean/image_std): (x/255 - mean) / std, mean [0.5, 0.5, 0.5], std [0.25, 0.25, 0.25]";
+    assert!(err.contains(line) && notes.contains(line), "{err}");
+    let out = bin()
+        .arg("inspect")
+        .arg(dir.join("meta.onnx"))
+        .output()
+        .expect("runs");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("metadata image_mean/image_std"));
+
+    // --labels defines the order: it is said, and a folder it leaves out is refused.
+    std::fs::write(
+        dir.join("order.txt"),
+        "class_3\nclass_2\nclass_1\nclass_0\n",
+    )
+    .expect("labels");
+    let labels = dir.join("order.txt").to_string_lossy().into_owned();
+    let (ok, err, _) = short_run(&dir, "model.onnx", &["--labels", &labels]);
+    assert!(
+        ok && err.contains("order.txt (folders matched by name"),
+        "{err}"
+    );
+    std::fs::write(dir.join("order.txt"), "class_3\nclass_2\nclass_1\nbird\n").expect("labels");
+    let (ok, err, _) = short_run(&dir, "model.onnx", &["--labels", &labels]);
+    assert!(
+        !ok && err.contains("folder `class_0`") && err.contains("order.txt"),
+        "{err}"
+    );
+}
+
 #[test]
 fn inspect_prints_the_model() {
     let dir = setup("inspect");

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 pub use preprocess::{
     CAFFE_MEAN_BGR_255, ChannelOrder, DEFAULT_PAD_VALUE, Geometry, IMAGENET_MEAN, IMAGENET_STD,
-    Interpolation, Normalize, Preprocess, Preset, ResizeMode, resize,
+    Interpolation, Normalize, NormalizeSource, Preprocess, Preset, ResizeMode, resize,
 };
 use walk::check_regular_file;
 pub use walk::{MAX_IMAGE_FILE_BYTES, list_images};
@@ -117,7 +117,62 @@ pub fn open_rgb(path: &Path) -> Result<RgbImage, DataError> {
 /// output buffer is ours and bounded by [`MAX_IMAGE_SIDE_PX`] before it is allocated.
 const MASK_DECODER_BYTES: usize = 64 * 1024 * 1024;
 
-/// Decodes a palette or grey PNG holding class indices (255 = ignore).
+/// The PASCAL VOC colour of class `index` (its devkit's `labelcolormap`): bits 0, 1, 2 of the
+/// index go to the top bits of red, green, blue, then bits 3-5 to the next, and so on.
+/// Index 255 is (224, 224, 192), VOC's "void" border colour.
+pub fn voc_color(index: u8) -> [u8; 3] {
+    let mut rgb = [0u8; 3];
+    let mut c = index;
+    for shift in (0..8).rev() {
+        for (ch, v) in rgb.iter_mut().enumerate() {
+            *v |= ((c >> ch) & 1) << shift;
+        }
+        c >>= 3;
+    }
+    rgb
+}
+
+/// RGB(A) mask pixels mapped to class indices through the VOC palette; a colour outside it is
+/// an error that names the colour, where it first appears and how often.
+fn voc_indices(pixels: &[u8], stride: usize, w: usize) -> Result<Vec<u8>, String> {
+    let palette: std::collections::HashMap<[u8; 3], u8> =
+        (0..=255u8).map(|i| (voc_color(i), i)).collect();
+    let mut out = Vec::with_capacity(pixels.len() / stride);
+    let mut unknown: Option<([u8; 3], usize, usize)> = None;
+    // Masks are large runs of one colour: remember the last lookup.
+    let mut last: Option<([u8; 3], Option<u8>)> = None;
+    for (i, px) in pixels.chunks_exact(stride).enumerate() {
+        let rgb = [px[0], px[1], px[2]];
+        let id = match last {
+            Some((c, id)) if c == rgb => id,
+            _ => {
+                let id = palette.get(&rgb).copied();
+                last = Some((rgb, id));
+                id
+            }
+        };
+        match id {
+            Some(id) => out.push(id),
+            None => match &mut unknown {
+                Some((c, _, n)) if *c == rgb => *n += 1,
+                Some(_) => {}
+                None => unknown = Some((rgb, i, 1)),
+            },
+        }
+    }
+    if let Some(([r, g, b], first, n)) = unknown {
+        return Err(format!(
+            "RGB mask with colour ({r}, {g}, {b}) at pixel (row {}, column {}) ({n}+ pixels), which is not in the PASCAL VOC palette; \
+             save masks as palette or grey PNGs holding class indices (255 = ignore), or as RGB in VOC colours",
+            first / w.max(1),
+            first % w.max(1)
+        ));
+    }
+    Ok(out)
+}
+
+/// Decodes a palette or grey PNG holding class indices (255 = ignore), or an RGB(A) PNG in
+/// PASCAL VOC colours (the VOC devkit's `SegmentationClass` files as many tools save them).
 pub fn read_mask(path: &Path) -> Result<(Vec<u8>, [usize; 2]), DataError> {
     let err = |reason: String| DataError::Mask {
         path: path.into(),
@@ -144,18 +199,20 @@ pub fn read_mask(path: &Path) -> Result<(Vec<u8>, [usize; 2]), DataError> {
         )));
     }
     let (color, depth) = reader.output_color_type();
-    match color {
-        png::ColorType::Indexed | png::ColorType::Grayscale => {}
+    let bits = depth as usize;
+    let stride = match color {
+        png::ColorType::Indexed | png::ColorType::Grayscale => 1,
+        png::ColorType::Rgb => 3,
+        png::ColorType::Rgba => 4,
         other => {
             return Err(err(format!(
-                "mask is {other:?}; expected a palette or grey PNG holding class indices"
+                "mask is {other:?}; expected a palette or grey PNG holding class indices, or RGB in VOC colours"
             )));
         }
-    }
-    let bits = depth as usize;
+    };
     if bits > 8 {
         return Err(err(format!(
-            "{bits}-bit mask; expected 8-bit class indices"
+            "{bits}-bit mask; expected 8-bit class indices or 8-bit RGB"
         )));
     }
     let mut buf = vec![
@@ -169,6 +226,19 @@ pub fn read_mask(path: &Path) -> Result<(Vec<u8>, [usize; 2]), DataError> {
         .map_err(|e| err(format!("not a readable PNG: {e}")))?;
     let (w, h) = (frame.width as usize, frame.height as usize);
     let line = frame.line_size;
+    if stride > 1 {
+        // 8-bit colour: rows are exactly w * stride bytes.
+        let n = w * h * stride;
+        if line != w * stride || buf.len() < n {
+            return Err(err(format!(
+                "malformed PNG: {w}x{h} RGB rows of {line} bytes in a {} byte frame",
+                buf.len()
+            )));
+        }
+        return voc_indices(&buf[..n], stride, w)
+            .map(|m| (m, [h, w]))
+            .map_err(err);
+    }
     // The decoder promises these, but a malformed file must give an error, never a panic.
     let fits = bits.is_power_of_two()
         && line.checked_mul(8).is_some_and(|l| l >= w * bits)
@@ -244,9 +314,50 @@ pub struct EvalItem {
 pub struct EvalSet {
     pub root: PathBuf,
     pub items: Vec<EvalItem>,
-    /// Class names in model output order (from folder names or labels.txt).
+    /// Class names in model output order (from folder names or a class-name file).
     pub classes: Vec<String>,
     pub kind: crate::model::Task,
+    /// Where the class order came from, for messages.
+    pub classes_from: ClassSource,
+}
+
+/// Where an evaluation set's class order (classification) or class names (segmentation) came
+/// from.
+#[derive(Clone, Debug, PartialEq, Default)]
+pub enum ClassSource {
+    /// Sorted class-folder names (classification) or no names at all (segmentation).
+    #[default]
+    Folders,
+    /// A class-name file: folders are matched to its lines by name, and line k is output k.
+    File(PathBuf),
+    /// Sorted folder order, with display names from a file whose lines are not the folder
+    /// names (e.g. ImageNet's `n01440764` folders and a "tench, goldfish…" list).
+    NamesOnly(PathBuf),
+}
+
+impl ClassSource {
+    /// One line saying where the classes came from.
+    pub fn describe(&self) -> String {
+        match self {
+            ClassSource::Folders => "class order: sorted folder names".into(),
+            ClassSource::File(p) => format!(
+                "class order: {} (folders matched by name, line k = output k)",
+                p.display()
+            ),
+            ClassSource::NamesOnly(p) => format!(
+                "class order: sorted folder names; display names from {} (its lines are not the folder names)",
+                p.display()
+            ),
+        }
+    }
+}
+
+/// A class-name file to apply to an evaluation set, and whether the user named it
+/// (`--labels`, the app's labels field) or it was found beside the model.
+#[derive(Clone, Copy, Debug)]
+pub struct LabelsFile<'a> {
+    pub path: &'a Path,
+    pub explicit: bool,
 }
 
 /// Largest class-name file accepted; real ones hold at most a few thousand short lines.
@@ -313,11 +424,59 @@ fn first_five(names: &[String]) -> String {
 impl EvalSet {
     /// Opens `root` as a segmentation set if it has `images/` and `masks/`, else as ImageFolder.
     pub fn open(root: &Path, exclude: &HashSet<PathBuf>) -> Result<EvalSet, DataError> {
+        Self::open_labelled(root, exclude, None)
+    }
+
+    /// [`EvalSet::open`] with a class-name file in force.
+    ///
+    /// Classification: a file the user named defines the class order (line k is output k;
+    /// every class folder must be one of its lines), over a `labels.txt` inside the folder.
+    /// A file found beside the model defines it too when the folder has no `labels.txt` and
+    /// every folder is one of its lines. A file none of whose lines is a folder name, with one
+    /// line per folder, only names the classes in sorted folder order (ImageNet's wnid
+    /// folders), and the set says so; a file found beside the model that fits neither way is
+    /// not used. Segmentation: masks hold output indices, so the file only names them.
+    pub fn open_labelled(
+        root: &Path,
+        exclude: &HashSet<PathBuf>,
+        labels: Option<LabelsFile<'_>>,
+    ) -> Result<EvalSet, DataError> {
+        let names = labels
+            .map(|l| read_labels_checked(l.path).map(|n| (l, n)))
+            .transpose()?;
         if root.join("images").is_dir() && root.join("masks").is_dir() {
-            Self::open_segmentation(root, exclude)
-        } else {
-            Self::open_image_folder(root, exclude)
+            let mut set = Self::open_segmentation(root, exclude)?;
+            // The folder's own labels.txt wins over a file found beside the model.
+            if let Some((l, n)) = names.filter(|(l, _)| l.explicit || set.classes.is_empty()) {
+                set.classes = n;
+                set.classes_from = ClassSource::File(l.path.into());
+            }
+            return Ok(set);
         }
+        let Some((l, n)) = names else {
+            return Self::open_image_folder(root, exclude, None);
+        };
+        let dirs = class_folders(root)?;
+        let matching = dirs.iter().filter(|d| n.contains(d)).count();
+        let has_labels_txt = std::fs::symlink_metadata(root.join("labels.txt")).is_ok();
+        // No folder is one of its lines but there is one line per folder: the lines name the
+        // sorted folders (ImageNet's `n01440764` folders and a "tench, goldfish…" list).
+        if matching == 0 && n.len() == dirs.len() {
+            let mut set = Self::open_image_folder(root, exclude, None)?;
+            if l.explicit || !has_labels_txt {
+                set.classes = n;
+                set.classes_from = ClassSource::NamesOnly(l.path.into());
+            }
+            return Ok(set);
+        }
+        let defines_order = if l.explicit {
+            // Every folder must then be listed; the open says which one is not.
+            true
+        } else {
+            !has_labels_txt && matching == dirs.len()
+        };
+        let order = defines_order.then(|| (l.path.to_path_buf(), n));
+        Self::open_image_folder(root, exclude, order)
     }
 
     fn open_segmentation(root: &Path, exclude: &HashSet<PathBuf>) -> Result<EvalSet, DataError> {
@@ -365,28 +524,51 @@ impl EvalSet {
                 ),
             });
         }
-        let classes = root_labels(root)?.unwrap_or_default();
+        let labels_txt = root.join("labels.txt");
+        let (classes, classes_from) = match root_labels(root)? {
+            Some(names) => (names, ClassSource::File(labels_txt)),
+            None => (vec![], ClassSource::Folders),
+        };
         Ok(EvalSet {
             root: root.into(),
             items,
             classes,
             kind: crate::model::Task::Segmentation,
+            classes_from,
         })
     }
 
-    fn open_image_folder(root: &Path, exclude: &HashSet<PathBuf>) -> Result<EvalSet, DataError> {
+    /// `order`: a class-name file that defines the output order; `None` takes `labels.txt` in
+    /// `root`, else the sorted folder names.
+    fn open_image_folder(
+        root: &Path,
+        exclude: &HashSet<PathBuf>,
+        order: Option<(PathBuf, Vec<String>)>,
+    ) -> Result<EvalSet, DataError> {
         let dirs = class_folders(root)?;
-        let classes = match root_labels(root)? {
-            Some(order) => {
+        let order = match order {
+            Some(o) => Some(o),
+            None => root_labels(root)?.map(|n| (root.join("labels.txt"), n)),
+        };
+        let (classes, classes_from) = match order {
+            Some((path, order)) => {
                 if let Some(d) = dirs.iter().find(|d| !order.contains(d)) {
+                    let file = path
+                        .file_name()
+                        .unwrap_or_default()
+                        .to_string_lossy()
+                        .into_owned();
                     return Err(DataError::Layout {
-                        path: root.join("labels.txt"),
-                        reason: format!("folder `{d}` is not listed in labels.txt"),
+                        path,
+                        reason: format!(
+                            "folder `{d}` of {} is not listed in {file}; class folders are matched to its lines by name (line k is output k): list every folder, or drop the file to use sorted folder order",
+                            root.display()
+                        ),
                     });
                 }
-                order
+                (order, ClassSource::File(path))
             }
-            None => dirs.clone(),
+            None => (dirs.clone(), ClassSource::Folders),
         };
         if classes.is_empty() {
             return Err(DataError::Layout {
@@ -433,6 +615,7 @@ impl EvalSet {
             items,
             classes,
             kind: crate::model::Task::Classification,
+            classes_from,
         })
     }
 }
@@ -458,29 +641,20 @@ impl EvalSet {
             return Ok(());
         }
         // Say where the class list came from, so the fix points at the right thing.
-        let labels_txt = self.root.join("labels.txt");
-        if read_labels(&labels_txt).as_ref() == Some(&self.classes) {
-            return Err(DataError::Layout {
-                path: labels_txt,
+        Err(match &self.classes_from {
+            ClassSource::File(path) => DataError::Layout {
+                path: path.clone(),
                 reason: format!(
-                    "labels.txt lists {n} classes but the model outputs {classes} classes; list exactly the model's classes in output order (folders are matched by name)"
+                    "{} lists {n} classes but the model outputs {classes} classes; list exactly the model's classes in output order (folders are matched by name)",
+                    path.file_name().unwrap_or_default().to_string_lossy()
                 ),
-            });
-        }
-        // Unreadable now means it cannot have been the source; fall through to the generic message.
-        if class_folders(&self.root).is_ok_and(|d| d == self.classes) {
-            return Err(DataError::Layout {
+            },
+            ClassSource::Folders | ClassSource::NamesOnly(_) => DataError::Layout {
                 path: self.root.clone(),
                 reason: format!(
-                    "the folder has {n} class folders but the model outputs {classes} classes; add a labels.txt that lists the model's classes in output order (folders are matched by name)"
+                    "the folder has {n} class folders but the model outputs {classes} classes; add a labels.txt (or pass --labels FILE) that lists the model's classes in output order (folders are matched by name)"
                 ),
-            });
-        }
-        Err(DataError::Layout {
-            path: self.root.clone(),
-            reason: format!(
-                "the class-name file lists {n} classes but the model outputs {classes} classes; list exactly the model's classes in output order"
-            ),
+            },
         })
     }
 
@@ -688,6 +862,145 @@ mod tests {
             .expect_err("3 labels, 2 outputs")
             .to_string();
         assert!(msg.contains("labels.txt lists 3"), "{msg}");
+    }
+
+    #[test]
+    fn voc_palette_matches_the_devkit() {
+        assert_eq!(voc_color(0), [0, 0, 0]);
+        assert_eq!(voc_color(1), [128, 0, 0]);
+        assert_eq!(voc_color(2), [0, 128, 0]);
+        assert_eq!(voc_color(15), [192, 128, 128]); // person
+        assert_eq!(voc_color(20), [0, 64, 128]); // tv/monitor
+        assert_eq!(voc_color(255), [224, 224, 192]); // void
+    }
+
+    fn write_rgb_mask(path: &Path, hw: [u32; 2], colors: &[[u8; 3]]) {
+        let img = RgbImage::from_fn(hw[1], hw[0], |x, y| {
+            image::Rgb(colors[(y * hw[1] + x) as usize % colors.len()])
+        });
+        img.save(path).expect("write rgb mask");
+    }
+
+    #[test]
+    fn rgb_masks_in_voc_colours_decode_to_class_indices() {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        let path = tmp.path().join("m.png");
+        let ids = [0u8, 15, 255, 1, 20, 15];
+        let colors: Vec<[u8; 3]> = ids.iter().map(|&i| voc_color(i)).collect();
+        write_rgb_mask(&path, [2, 3], &colors);
+        let (mask, hw) = read_mask(&path).expect("VOC colours");
+        assert_eq!(hw, [2, 3]);
+        assert_eq!(mask, ids);
+
+        // A colour outside the palette is named, with where it first appears.
+        write_rgb_mask(
+            &path,
+            [2, 3],
+            &[[0, 0, 0], [0, 0, 0], [0, 0, 0], [10, 20, 30]],
+        );
+        let msg = read_mask(&path).expect_err("not VOC").to_string();
+        assert!(
+            msg.contains("m.png")
+                && msg.contains("(10, 20, 30)")
+                && msg.contains("row 1, column 0"),
+            "{msg}"
+        );
+    }
+
+    /// cat/ and dog/ with one image each.
+    fn cat_dog() -> tempfile::TempDir {
+        let tmp = tempfile::tempdir().expect("tempdir");
+        for c in ["cat", "dog"] {
+            std::fs::create_dir(tmp.path().join(c)).expect("mkdir");
+            write_png(&tmp.path().join(c).join("1.png"), [2, 2]);
+        }
+        tmp
+    }
+
+    fn class_of(set: &EvalSet, folder: &str) -> usize {
+        let it = set
+            .items
+            .iter()
+            .find(|i| i.image.parent().and_then(|p| p.file_name()) == Some(folder.as_ref()))
+            .expect("item");
+        match it.label {
+            Label::Class(c) => c,
+            Label::Mask(_) => panic!("not a class"),
+        }
+    }
+
+    #[test]
+    fn a_labels_file_the_user_names_defines_the_class_order() {
+        let tmp = cat_dog();
+        let root = tmp.path();
+        let labels = root.join("my_labels.txt");
+        std::fs::write(&labels, "dog\nbird\ncat\n").expect("write");
+        // Sorted folders would make cat 0 and dog 1.
+        let plain = EvalSet::open(root, &HashSet::new()).expect("open");
+        assert_eq!((class_of(&plain, "cat"), class_of(&plain, "dog")), (0, 1));
+        let given = LabelsFile {
+            path: &labels,
+            explicit: true,
+        };
+        let set = EvalSet::open_labelled(root, &HashSet::new(), Some(given)).expect("open");
+        assert_eq!(set.classes, ["dog", "bird", "cat"]);
+        assert_eq!((class_of(&set, "cat"), class_of(&set, "dog")), (2, 0));
+        assert_eq!(set.classes_from, ClassSource::File(labels.clone()));
+        // It wins over the folder's own labels.txt.
+        std::fs::write(root.join("labels.txt"), "cat\ndog\n").expect("write");
+        let set = EvalSet::open_labelled(root, &HashSet::new(), Some(given)).expect("open");
+        assert_eq!(class_of(&set, "dog"), 0);
+        // Its length is what the model's class count is checked against.
+        set.check_labels(3, 255).expect("3 names, 3 outputs");
+        let msg = set
+            .check_labels(1000, 255)
+            .expect_err("3 vs 1000")
+            .to_string();
+        assert!(
+            msg.contains("my_labels.txt lists 3 classes") && msg.contains("outputs 1000"),
+            "{msg}"
+        );
+        // Lines that are no folder's name, one per folder, name the sorted folders, and the
+        // set says so.
+        std::fs::write(&labels, "Cat\nDog\n").expect("write");
+        let set = EvalSet::open_labelled(root, &HashSet::new(), Some(given)).expect("open");
+        assert_eq!((class_of(&set, "cat"), class_of(&set, "dog")), (0, 1));
+        assert_eq!(set.classes_from, ClassSource::NamesOnly(labels.clone()));
+        // A folder it does not list is refused, naming the folder and the file.
+        std::fs::write(&labels, "dog\nbird\n").expect("write");
+        let msg = EvalSet::open_labelled(root, &HashSet::new(), Some(given))
+            .expect_err("cat missing")
+            .to_string();
+        assert!(
+            msg.contains("`cat`") && msg.contains("my_labels.txt"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn a_labels_file_beside_the_model_orders_matching_folders_and_only_names_others() {
+        let tmp = cat_dog();
+        let root = tmp.path();
+        let beside = tmp.path().join("model.labels.txt");
+        let found = LabelsFile {
+            path: &beside,
+            explicit: false,
+        };
+        // Its lines are the folder names: it defines the order.
+        std::fs::write(&beside, "dog\ncat\n").expect("write");
+        let set = EvalSet::open_labelled(root, &HashSet::new(), Some(found)).expect("open");
+        assert_eq!(class_of(&set, "dog"), 0);
+        // ImageNet-style: folders are ids, the file holds readable names; sorted folder
+        // order stands and the names label it.
+        std::fs::write(&beside, "Cat\nDog\n").expect("write");
+        let set = EvalSet::open_labelled(root, &HashSet::new(), Some(found)).expect("open");
+        assert_eq!((class_of(&set, "cat"), class_of(&set, "dog")), (0, 1));
+        assert_eq!(set.classes, ["Cat", "Dog"]);
+        assert_eq!(set.classes_from, ClassSource::NamesOnly(beside.clone()));
+        // The folder's own labels.txt wins over a file found beside the model.
+        std::fs::write(root.join("labels.txt"), "dog\ncat\n").expect("write");
+        let set = EvalSet::open_labelled(root, &HashSet::new(), Some(found)).expect("open");
+        assert_eq!(set.classes, ["dog", "cat"]);
     }
 
     #[test]

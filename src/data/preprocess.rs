@@ -7,7 +7,7 @@ use image::{RgbImage, imageops::FilterType};
 use serde::{Deserialize, Serialize};
 
 use super::MAX_IMAGE_SIDE_PX;
-use crate::model::Layout;
+use crate::model::{Layout, MetaNormalization};
 
 /// How the image is brought to the model's input size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -108,6 +108,12 @@ pub struct Preprocess {
     pub size: Option<[usize; 2]>,
     pub channel_order: ChannelOrder,
     pub normalize: Normalize,
+    /// Nobody chose `normalize`: a run takes the normalisation from the model's metadata when
+    /// the exporter wrote one, else ImageNet mean/std, and says which ([`Preprocess::resolved`]).
+    /// New experiments start so; a flag, a preset or an edit in the app turns it off. Missing
+    /// from an older file, it is off: that file's `normalize` is what it ran with.
+    #[serde(default)]
+    pub auto_normalize: bool,
     /// Crop mode: the share of the resized image the centre crop keeps (timm's `crop_pct`):
     /// each side is resized to `floor(input / crop_pct)` before the crop, so 0.875 at 224 is
     /// 256 → 224. 1 resizes the short side straight to the input size.
@@ -127,6 +133,7 @@ impl Default for Preprocess {
             size: None,
             channel_order: ChannelOrder::default(),
             normalize: Normalize::default(),
+            auto_normalize: true,
             crop_pct: 1.0,
             resize_short_px: None,
             interpolation: Interpolation::default(),
@@ -238,6 +245,7 @@ impl Preset {
         p.interpolation = interpolation;
         p.channel_order = channel_order;
         p.normalize = normalize;
+        p.auto_normalize = false;
     }
 
     /// The preset whose fields `p` has (ignoring `size` and the unused letterbox padding), if any.
@@ -253,6 +261,78 @@ impl Preset {
                 && q.channel_order == p.channel_order
                 && q.normalize == p.normalize
         })
+    }
+}
+
+/// Where the normalisation a run uses came from.
+#[derive(Clone, Debug, PartialEq)]
+pub enum NormalizeSource {
+    /// Set by the user (flags, preset, the app, a saved experiment).
+    Given,
+    /// Read from the model's metadata (the keys it was under).
+    Metadata(String),
+    /// Nobody said: ImageNet mean/std, the torchvision/timm default.
+    Assumed,
+}
+
+impl Normalize {
+    /// The formula with its numbers, e.g. `(x/255 - mean) / std, mean [0.485, 0.456, 0.406],
+    /// std [0.229, 0.224, 0.225]`.
+    pub fn describe(&self) -> String {
+        let v = |a: &[f32; 3]| format!("[{}, {}, {}]", a[0], a[1], a[2]);
+        match self {
+            Normalize::MeanStd { mean, std } => {
+                format!("(x/255 - mean) / std, mean {}, std {}", v(mean), v(std))
+            }
+            Normalize::ScaleOffset { scale, offset } => {
+                format!("x * {scale} + {offset} on 0..255 values")
+            }
+        }
+    }
+}
+
+impl NormalizeSource {
+    /// One line for the log, the report and the app: what the input normalisation is and
+    /// where it came from; an assumption says how to change it.
+    pub fn describe(&self, n: &Normalize) -> String {
+        match self {
+            NormalizeSource::Given => format!("input normalisation: {}", n.describe()),
+            NormalizeSource::Metadata(keys) => format!(
+                "input normalisation from the model's metadata ({keys}): {}",
+                n.describe()
+            ),
+            NormalizeSource::Assumed => format!(
+                "input normalisation ASSUMED: ImageNet {} (nothing was given and the model's metadata names none); \
+                 if the model was trained otherwise its accuracy reads low: set it with --mean/--std, --scale/--offset or --preset \
+                 (timm-inception for (x - 127.5) / 127.5, raw for 0..255)",
+                n.describe()
+            ),
+        }
+    }
+}
+
+impl Preprocess {
+    /// The preprocessing a run uses. With [`Preprocess::auto_normalize`] on, the normalisation
+    /// is the model's metadata's, else ImageNet mean/std; otherwise `self` as it is.
+    pub fn resolved(&self, meta: Option<&MetaNormalization>) -> (Preprocess, NormalizeSource) {
+        if !self.auto_normalize {
+            return (self.clone(), NormalizeSource::Given);
+        }
+        let mut p = self.clone();
+        let source = match meta {
+            Some(m) => {
+                p.normalize = Normalize::MeanStd {
+                    mean: m.mean,
+                    std: m.std,
+                };
+                NormalizeSource::Metadata(m.keys.clone())
+            }
+            None => {
+                p.normalize = Normalize::default();
+                NormalizeSource::Assumed
+            }
+        };
+        (p, source)
     }
 }
 
@@ -550,6 +630,61 @@ impl Preprocess {
 mod tests {
     use super::*;
     use std::collections::BTreeSet;
+
+    #[test]
+    fn auto_normalization_takes_the_metadata_else_assumes_imagenet_and_says_so() {
+        let meta = MetaNormalization {
+            mean: [0.5; 3],
+            std: [0.25; 3],
+            keys: "mean/std".into(),
+        };
+        let auto = Preprocess::default();
+        assert!(auto.auto_normalize);
+        let (p, src) = auto.resolved(Some(&meta));
+        assert_eq!(
+            p.normalize,
+            Normalize::MeanStd {
+                mean: [0.5; 3],
+                std: [0.25; 3]
+            }
+        );
+        assert!(
+            src.describe(&p.normalize)
+                .contains("from the model's metadata (mean/std)")
+        );
+        let (p, src) = auto.resolved(None);
+        assert_eq!(p.normalize, Normalize::default());
+        assert_eq!(src, NormalizeSource::Assumed);
+        let line = src.describe(&p.normalize);
+        assert!(
+            line.contains("ASSUMED") && line.contains("0.485") && line.contains("--mean"),
+            "{line}"
+        );
+        // What the user set stands, metadata or not; a preset counts as set.
+        let mut given = Preprocess {
+            normalize: Normalize::ScaleOffset {
+                scale: 1.0,
+                offset: 0.0,
+            },
+            auto_normalize: false,
+            ..Default::default()
+        };
+        assert_eq!(given.resolved(Some(&meta)).0, given);
+        given.auto_normalize = true;
+        Preset::Raw.apply(&mut given);
+        assert_eq!(given.resolved(Some(&meta)).1, NormalizeSource::Given);
+    }
+
+    /// An experiment saved before `auto_normalize` existed ran with its `normalize`: it keeps it.
+    #[test]
+    fn older_files_keep_their_normalization() {
+        let p: Preprocess =
+            ron::from_str("(normalize: MeanStd(mean: (0.5, 0.5, 0.5), std: (0.5, 0.5, 0.5)))")
+                .expect("parse");
+        assert!(!p.auto_normalize);
+        let p: Preprocess = ron::from_str("()").expect("parse");
+        assert!(!p.auto_normalize);
+    }
 
     #[test]
     fn stretch_pixel_map_is_nearest() {

@@ -107,6 +107,67 @@ pub struct ModelInfo {
     /// exported in FP16. 0 for an FP32 model.
     #[serde(default)]
     pub fp16_initializers: usize,
+    /// Input normalisation the exporter wrote into the file's metadata, if any.
+    #[serde(default)]
+    pub normalization: Option<MetaNormalization>,
+}
+
+/// Input normalisation read from an ONNX file's `metadata_props`: `(x / 255 - mean) / std`
+/// per channel, 0..1 scale, in the model's channel order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MetaNormalization {
+    pub mean: [f32; 3],
+    pub std: [f32; 3],
+    /// The metadata keys it came from (`mean`/`std`, `image_mean`/`image_std`, ...).
+    pub keys: String,
+}
+
+/// Metadata key pairs that exporters use for the input normalisation (plain, Hugging Face's
+/// `image_mean`/`image_std`, and two common spellings). quantscope writes `mean`/`std`.
+const NORMALIZATION_KEYS: [(&str, &str); 4] = [
+    ("mean", "std"),
+    ("image_mean", "image_std"),
+    ("norm_mean", "norm_std"),
+    ("pixel_mean", "pixel_std"),
+];
+
+/// One or three numbers, separated by commas or spaces, optionally in brackets; values over
+/// 1.5 are taken as 0..255 units (Caffe- and detectron-style metadata) and divided by 255.
+fn parse_triple(text: &str, scale_255: bool) -> Option<[f32; 3]> {
+    let v: Vec<f32> = text
+        .split(|c: char| c == ',' || c.is_whitespace() || "[]()".contains(c))
+        .filter(|t| !t.is_empty())
+        .map(|t| t.parse::<f32>().ok().filter(|x| x.is_finite()))
+        .collect::<Option<_>>()?;
+    let v: [f32; 3] = match v.as_slice() {
+        [x] => [*x; 3],
+        [a, b, c] => [*a, *b, *c],
+        _ => return None,
+    };
+    Some(if scale_255 { v.map(|x| x / 255.0) } else { v })
+}
+
+/// The input normalisation in a model's metadata: the first key pair whose values both
+/// parse (1 or 3 numbers each, std > 0). Mean and std are scaled to 0..1 together when
+/// either holds a value over 1.5.
+pub fn metadata_normalization(p: &pb::ModelProto) -> Option<MetaNormalization> {
+    let get = |key: &str| {
+        p.metadata_props
+            .iter()
+            .find(|e| e.key.eq_ignore_ascii_case(key))
+            .map(|e| e.value.as_str())
+    };
+    NORMALIZATION_KEYS.iter().find_map(|(mk, sk)| {
+        let (m, s) = (get(mk)?, get(sk)?);
+        let raw = |t| parse_triple(t, false);
+        let big = raw(m)?.iter().chain(&raw(s)?).any(|x| x.abs() > 1.5);
+        let (mean, std) = (parse_triple(m, big)?, parse_triple(s, big)?);
+        std.iter().all(|&x| x > 0.0).then(|| MetaNormalization {
+            mean,
+            std,
+            keys: format!("{mk}/{sk}"),
+        })
+    })
 }
 
 /// A loaded, prepared model: the graph every later stage reads.
@@ -652,6 +713,7 @@ fn describe(
         batch_norms_folded: folded,
         prequantized,
         fp16_initializers: 0,
+        normalization: metadata_normalization(p),
         unsupported,
     })
 }
@@ -685,4 +747,62 @@ pub fn infer_shapes(model: &Model, hw: [usize; 2]) -> anyhow::Result<HashMap<Str
 
 pub(crate) fn dtype_is_float(t: i32) -> bool {
     t == DataType::Float as i32 || t == DataType::Float16 as i32 || t == DataType::Double as i32
+}
+
+#[cfg(test)]
+mod normalization_tests {
+    use super::*;
+
+    fn with_props(props: &[(&str, &str)]) -> pb::ModelProto {
+        pb::ModelProto {
+            metadata_props: props
+                .iter()
+                .map(|(k, v)| pb::StringStringEntryProto {
+                    key: k.to_string(),
+                    value: v.to_string(),
+                })
+                .collect(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn metadata_normalization_reads_the_usual_keys_and_scales() {
+        let n = metadata_normalization(&with_props(&[
+            ("mean", "0.485, 0.456, 0.406"),
+            ("std", "[0.229 0.224 0.225]"),
+        ]))
+        .expect("mean/std");
+        assert_eq!(n.mean, [0.485, 0.456, 0.406]);
+        assert_eq!(n.std, [0.229, 0.224, 0.225]);
+        assert_eq!(n.keys, "mean/std");
+        // Hugging Face's keys, one number for every channel.
+        let n = metadata_normalization(&with_props(&[("Image_Mean", "0.5"), ("image_std", "0.5")]))
+            .expect("image_mean/image_std");
+        assert_eq!((n.mean, n.std), ([0.5; 3], [0.5; 3]));
+        // 0..255 units (detectron-style) are scaled together.
+        let n = metadata_normalization(&with_props(&[
+            ("pixel_mean", "127.5,127.5,127.5"),
+            ("pixel_std", "127.5,127.5,127.5"),
+        ]))
+        .expect("0..255");
+        assert_eq!((n.mean, n.std), ([0.5; 3], [0.5; 3]));
+    }
+
+    #[test]
+    fn unusable_metadata_is_no_normalization() {
+        for props in [
+            vec![("mean", "0.5")],                     // no std
+            vec![("mean", "a,b,c"), ("std", "1,1,1")], // not numbers
+            vec![("mean", "0.5,0.5"), ("std", "1")],   // two values
+            vec![("mean", "0.5"), ("std", "0")],       // std 0
+            vec![("mean", "NaN"), ("std", "1")],       // not finite
+        ] {
+            assert_eq!(
+                metadata_normalization(&with_props(&props)),
+                None,
+                "{props:?}"
+            );
+        }
+    }
 }

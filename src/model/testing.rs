@@ -22,6 +22,8 @@ pub fn values(n: usize, seed: u64) -> Vec<f32> {
 /// A graph under construction: NCHW float input `x`.
 pub struct GraphBuilder {
     pub graph: pb::GraphProto,
+    /// The model's `metadata_props`.
+    pub metadata: Vec<(String, String)>,
     seed: u64,
 }
 
@@ -32,7 +34,11 @@ impl GraphBuilder {
             input: vec![proto::float_value_info("x", Some(input_shape))],
             ..Default::default()
         };
-        GraphBuilder { graph, seed: 1 }
+        GraphBuilder {
+            graph,
+            metadata: vec![],
+            seed: 1,
+        }
     }
 
     fn init(&mut self, name: &str, dims: &[usize], scale: f32) -> String {
@@ -180,6 +186,14 @@ impl GraphBuilder {
             }],
             producer_name: "quantscope-tests".into(),
             graph: Some(self.graph.clone()),
+            metadata_props: self
+                .metadata
+                .iter()
+                .map(|(key, value)| pb::StringStringEntryProto {
+                    key: key.clone(),
+                    value: value.clone(),
+                })
+                .collect(),
             ..Default::default()
         }
         .encode_to_vec()

@@ -481,7 +481,10 @@ impl Workbench {
         self.data.eval = match w.request(IoRequest::ScanEval {
             dir,
             task: self.exp.evaluation.task.fixed(),
-            labels: self.exp.labels_file(),
+            labels: self
+                .exp
+                .labels_file()
+                .map(|l| (l, self.exp.evaluation.labels.is_some())),
         }) {
             Ok(job) => Scan::Loading(job),
             Err(e) => Scan::Failed(format!("{e:#}")),
@@ -514,10 +517,17 @@ impl Workbench {
             .as_ref()
             .map(|i| (i.input_chw[0].max(1), i.layout))
             .unwrap_or((3, Default::default()));
+        // The preview shows what a run feeds: auto normalisation resolved as the run will.
+        let meta = self
+            .model
+            .info
+            .as_ref()
+            .and_then(|i| i.normalization.as_ref());
+        let preprocess = self.exp.preprocess.resolved(meta).0;
         let Some(w) = &mut self.worker else { return };
         self.data.preview = match w.request(IoRequest::Preview {
             image,
-            preprocess: self.exp.preprocess.clone(),
+            preprocess,
             hw,
             channels,
             layout,

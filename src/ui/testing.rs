@@ -186,6 +186,7 @@ pub fn sample_model_info() -> ModelInfo {
         batch_norms_folded: 4,
         prequantized: false,
         fp16_initializers: 0,
+        normalization: None,
         unsupported: vec![UnsupportedOp {
             node: "warp/grid".into(),
             op: "GridSample".into(),

@@ -186,7 +186,7 @@ pub(super) fn answer(job: JobId, req: IoRequest) -> Event {
         },
         IoRequest::ScanEval { dir, task, labels } => Event::EvalScanned {
             job,
-            result: scan_eval(&dir, task, labels.as_deref()),
+            result: scan_eval(&dir, task, labels.as_ref()),
         },
         IoRequest::Preview {
             image,
@@ -280,12 +280,16 @@ fn scan_calib(
     })
 }
 
-fn scan_eval(dir: &Path, task: Option<Task>, labels: Option<&Path>) -> Result<EvalScan, String> {
-    let mut set = EvalSet::open(dir, &HashSet::new()).map_err(|e| format!("{e:#}"))?;
-    if let Some(l) = labels {
-        set.classes = crate::data::read_labels(l)
-            .ok_or_else(|| format!("{}: cannot read class names", l.display()))?;
-    }
+fn scan_eval(
+    dir: &Path,
+    task: Option<Task>,
+    labels: Option<&(PathBuf, bool)>,
+) -> Result<EvalScan, String> {
+    let labels = labels.map(|(path, explicit)| crate::data::LabelsFile {
+        path,
+        explicit: *explicit,
+    });
+    let set = EvalSet::open_labelled(dir, &HashSet::new(), labels).map_err(|e| format!("{e:#}"))?;
     Ok(EvalScan {
         dir: dir.into(),
         kind: task.unwrap_or(set.kind),

@@ -157,8 +157,9 @@ pub enum IoRequest {
     ScanEval {
         dir: PathBuf,
         task: Option<Task>,
-        /// The experiment's class-name file, which takes precedence over the folder's.
-        labels: Option<PathBuf>,
+        /// The experiment's class-name file, and whether the user named it (it then defines
+        /// the class order over the folder's `labels.txt`) or it was found beside the model.
+        labels: Option<(PathBuf, bool)>,
     },
     Preview {
         image: PathBuf,

@@ -3,7 +3,9 @@
 //! on the I/O thread).
 
 use super::{PathKind, path_field_ui};
-use crate::data::{ChannelOrder, Interpolation, Normalize, Preprocess, Preset, ResizeMode};
+use crate::data::{
+    ChannelOrder, Interpolation, Normalize, NormalizeSource, Preprocess, Preset, ResizeMode,
+};
 use crate::experiment::{Experiment, TaskChoice};
 use crate::model::Task;
 use crate::ui::{Command, Scan, Workbench, theme};
@@ -322,29 +324,73 @@ fn preprocess_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
         });
         ui.end_row();
         ui.label("Normalise");
+        // Auto resolves as a run would: the model's metadata, else ImageNet (assumed).
+        let meta = wb
+            .model
+            .info
+            .as_ref()
+            .and_then(|i| i.normalization.as_ref());
+        let (resolved, source) = pre.resolved(meta);
         ui.horizontal(|ui| {
+            if ui
+                .radio(pre.auto_normalize, "auto")
+                .on_hover_text(
+                    "The normalisation in the model's metadata if the exporter wrote one, \
+                     else ImageNet mean/std (assumed, and said so in the results)",
+                )
+                .clicked()
+            {
+                pre.auto_normalize = true;
+            }
             let mean_std = matches!(pre.normalize, Normalize::MeanStd { .. });
             if ui
-                .radio(mean_std, "mean/std")
+                .radio(!pre.auto_normalize && mean_std, "mean/std")
                 .on_hover_text("(x / 255 - mean) / std per channel")
                 .clicked()
-                && !mean_std
             {
-                pre.normalize = Normalize::default();
+                // From auto, start from the values auto would use.
+                if pre.auto_normalize {
+                    pre.normalize = resolved.normalize;
+                }
+                if !matches!(pre.normalize, Normalize::MeanStd { .. }) {
+                    pre.normalize = Normalize::default();
+                }
+                pre.auto_normalize = false;
             }
             if ui
-                .radio(!mean_std, "scale/offset")
+                .radio(!pre.auto_normalize && !mean_std, "scale/offset")
                 .on_hover_text("x * scale + offset on raw 0..255 values")
                 .clicked()
-                && mean_std
             {
-                pre.normalize = Normalize::ScaleOffset {
-                    scale: 1.0 / 255.0,
-                    offset: 0.0,
-                };
+                if mean_std {
+                    pre.normalize = Normalize::ScaleOffset {
+                        scale: 1.0 / 255.0,
+                        offset: 0.0,
+                    };
+                }
+                pre.auto_normalize = false;
             }
         });
         ui.end_row();
+        if pre.auto_normalize {
+            ui.label("");
+            let line = source.describe(&resolved.normalize);
+            let text = match source {
+                NormalizeSource::Assumed => egui::RichText::new(format!(
+                    "assumed: ImageNet {}",
+                    resolved.normalize.describe()
+                ))
+                .color(theme::WARN),
+                _ => egui::RichText::new(format!(
+                    "from the model: {}",
+                    resolved.normalize.describe()
+                )),
+            };
+            ui.add(egui::Label::new(text.small()).wrap())
+                .on_hover_text(line);
+            ui.end_row();
+            return;
+        }
         match &mut pre.normalize {
             Normalize::MeanStd { mean, std } => {
                 ui.label("Mean");
