@@ -12,7 +12,13 @@ use quantscope::quant;
 const SHAPE: [usize; 4] = [1, 3, 16, 16];
 
 fn calibrated(method: Method) -> (quantscope::model::Model, quant::QdqModel) {
-    let model = residual_classifier(10).model();
+    calibrated_model(residual_classifier(10).model(), method)
+}
+
+fn calibrated_model(
+    model: quantscope::model::Model,
+    method: Method,
+) -> (quantscope::model::Model, quant::QdqModel) {
     let plan = quant::plan(&model, &[]);
     let probe = Probe::new(&model, [16, 16], &plan.tensors()).expect("probe");
     let mut stats = Stats::new("test".into(), &plan.tensors());
@@ -84,39 +90,85 @@ fn qdq_model_runs_in_onnx_runtime_and_matches_the_int8_engine() {
     let dir = common::temp_dir("ort");
     for method in Method::ALL {
         let (model, qdq) = calibrated(method);
-        let path = dir.join(format!("qdq_{method}.onnx"));
-        qdq.save(&path).expect("save qdq");
-        let mut engine = int8_engine(&model, &qdq);
-        for i in 0..4 {
-            let x = values(3 * 16 * 16, 700 + i);
-            let (inp, out) = (dir.join("in.f32"), dir.join("out.f32"));
-            common::write_f32(&inp, &x);
-            let status = std::process::Command::new("python3")
-                .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tools/ort_run.py"))
-                .args([
-                    path.to_str().unwrap_or_default(),
-                    inp.to_str().unwrap_or_default(),
-                    "1,3,16,16",
-                    out.to_str().unwrap_or_default(),
-                ])
-                .output()
-                .expect("python3 runs");
-            assert!(
-                status.status.success(),
-                "ONNX Runtime failed on {}: {}",
-                path.display(),
-                String::from_utf8_lossy(&status.stderr)
-            );
-            let ort = common::read_f32(&out);
-            let ours = engine.run(&x).expect("run").data;
-            assert_eq!(ort.len(), ours.len());
-            let (err, max_ref) = common::max_err(&ours, &ort);
-            assert!(
-                err <= 1e-4 * max_ref.max(1.0),
-                "{method} input {i}: INT8 engine vs ONNX Runtime max error {err}"
-            );
+        assert_ort_matches(&model, &qdq, &dir, &method.to_string());
+    }
+}
+
+/// Runs `qdq` in ONNX Runtime (tools/ort_run.py) on four inputs and checks its outputs against
+/// quantscope's INT8 engine.
+fn assert_ort_matches(
+    model: &quantscope::model::Model,
+    qdq: &quant::QdqModel,
+    dir: &std::path::Path,
+    tag: &str,
+) {
+    let path = dir.join(format!("qdq_{tag}.onnx"));
+    qdq.save(&path).expect("save qdq");
+    let mut engine = int8_engine(model, qdq);
+    for i in 0..4 {
+        let x = values(3 * 16 * 16, 700 + i);
+        let (inp, out) = (dir.join("in.f32"), dir.join("out.f32"));
+        common::write_f32(&inp, &x);
+        let status = std::process::Command::new("python3")
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/tools/ort_run.py"))
+            .args([
+                path.to_str().unwrap_or_default(),
+                inp.to_str().unwrap_or_default(),
+                "1,3,16,16",
+                out.to_str().unwrap_or_default(),
+            ])
+            .output()
+            .expect("python3 runs");
+        assert!(
+            status.status.success(),
+            "ONNX Runtime failed on {}: {}",
+            path.display(),
+            String::from_utf8_lossy(&status.stderr)
+        );
+        let ort = common::read_f32(&out);
+        let ours = engine.run(&x).expect("run").data;
+        assert_eq!(ort.len(), ours.len());
+        let (err, max_ref) = common::max_err(&ours, &ort);
+        assert!(
+            err <= 1e-4 * max_ref.max(1.0),
+            "{tag} input {i}: INT8 engine vs ONNX Runtime max error {err}"
+        );
+    }
+}
+
+/// A near-dead output channel (weights around 1e-14, as trained models have) with a real
+/// bias: its weight scale is floored so that ONNX Runtime's int32 bias (made even at basic
+/// graph optimisation) holds the bias. Without the floor the bias saturated int32 and that
+/// channel's output was off by the whole bias (seen on DeepLabV3-MobileNetV2's first conv).
+#[test]
+fn a_near_dead_channel_keeps_its_bias_in_onnx_runtime() {
+    if !common::onnxruntime_available() {
+        return;
+    }
+    let mut b = residual_classifier(10);
+    // Initializers are raw little-endian f32; output channel 0 comes first.
+    let edit = |raw: &mut Vec<u8>, f: &dyn Fn(&mut [f32])| {
+        let mut v: Vec<f32> = raw
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+        f(&mut v);
+        *raw = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+    };
+    for t in b.graph.initializer.iter_mut() {
+        if t.name == "block.conv1.w" {
+            edit(&mut t.raw_data, &|v| {
+                let per = v.len() / 8;
+                v[..per].iter_mut().for_each(|x| *x *= 1e-14);
+            });
+        }
+        if t.name == "block.conv1.b" {
+            edit(&mut t.raw_data, &|v| v[0] = 0.6);
         }
     }
+    let (model, qdq) = calibrated_model(b.model(), Method::Max);
+    let dir = common::temp_dir("ort-dead");
+    assert_ort_matches(&model, &qdq, &dir, "dead");
 }
 
 #[test]

@@ -1,5 +1,8 @@
 #!/usr/bin/env python3
-"""Runs an ONNX model in ONNX Runtime with basic graph optimisation (exact Q/DQ arithmetic).
+"""Runs an ONNX model in ONNX Runtime with basic graph optimisation (the Q/DQ arithmetic as
+written, except that ONNX Runtime 1.2x+ quantizes a conv's float bias to int32 at input scale x
+weight scale even at this level; quantscope floors weight scales so that every bias fits, so the
+difference is at most half of that step).
 
 Usage: ort_run.py MODEL.onnx INPUT.f32 D0,D1,D2,D3 OUTPUT.f32 [THREADS]
 Reads a raw little-endian float32 input of the given shape, writes the first output as raw

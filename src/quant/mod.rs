@@ -208,6 +208,16 @@ fn weight_axis(n: &pb::NodeProto, rank: usize) -> usize {
 /// Symmetric int8 per-channel quantization of a weight: scale = amax / 127, round half to
 /// even, clamp to [-127, 127]. Returns (values, scales).
 pub fn quantize_weight(w: &proto::F32Tensor, axis: usize) -> (Vec<i8>, Vec<f32>) {
+    quantize_weight_floored(w, axis, &[])
+}
+
+/// [`quantize_weight`] with a smallest scale per channel (`floor[c]`; missing entries are no
+/// floor).
+pub fn quantize_weight_floored(
+    w: &proto::F32Tensor,
+    axis: usize,
+    floor: &[f32],
+) -> (Vec<i8>, Vec<f32>) {
     let channels = w.dims.get(axis).copied().unwrap_or(1).max(1);
     let inner: usize = w.dims.iter().skip(axis + 1).product();
     let channel_of = |i: usize| (i / inner.max(1)) % channels;
@@ -218,7 +228,11 @@ pub fn quantize_weight(w: &proto::F32Tensor, axis: usize) -> (Vec<i8>, Vec<f32>)
     }
     let scales: Vec<f32> = amax
         .iter()
-        .map(|&a| if a > 0.0 { a / 127.0 } else { 1.0 })
+        .enumerate()
+        .map(|(c, &a)| {
+            let s = if a > 0.0 { a / 127.0 } else { 1.0 };
+            s.max(floor.get(c).copied().unwrap_or(0.0))
+        })
         .collect();
     let q = w
         .data
@@ -343,7 +357,8 @@ pub fn build_qdq(
         else {
             continue;
         };
-        let (q, s) = quantize_weight(&w, wq.axis);
+        let floor = bias_scale_floor(&nodes, g, wq, &scales, ranges);
+        let (q, s) = quantize_weight_floored(&w, wq.axis, &floor);
         let (q_name, s_name, z_name, dq) = (
             format!("{}_int8", wq.tensor),
             format!("{}_wscale", wq.tensor),
@@ -393,6 +408,50 @@ pub fn build_qdq(
         method: ranges.map(|r| r.method),
         plan: plan.clone(),
     })
+}
+
+/// Largest |bias / (input scale × weight scale)| a weight scale may give: runtimes that add the
+/// bias in int32 (ONNX Runtime's QLinearConv, and its QDQ bias quantization, which runs even at
+/// basic graph optimisation) must hold it, with room to spare.
+const MAX_INT32_BIAS: f32 = (1u32 << 30) as f32;
+
+/// Per output channel, the smallest weight scale that keeps the node's bias (bias correction
+/// included) within [`MAX_INT32_BIAS`] steps of input scale × weight scale. Without it a
+/// near-dead channel (weights around 1e-14, as trained models have) gets a scale so small that
+/// an int32 bias saturates and that channel's output is wrong in such runtimes; the floor only
+/// rounds such weights to 0, which they nearly are. Empty when no use has a float bias.
+fn bias_scale_floor(
+    nodes: &[pb::NodeProto],
+    g: &pb::GraphProto,
+    wq: &WeightQuant,
+    act_scales: &BTreeMap<String, f32>,
+    ranges: Option<&Ranges>,
+) -> Vec<f32> {
+    let mut floor: Vec<f32> = vec![];
+    for &(i, _) in &wq.uses {
+        let Some(n) = nodes.get(i) else { continue };
+        let (Some(x), Some(b)) = (n.input.first(), n.input.get(2)) else {
+            continue;
+        };
+        let Some(&sx) = act_scales.get(x) else {
+            continue;
+        };
+        let Some(bias) = g
+            .initializer
+            .iter()
+            .find(|t| &t.name == b)
+            .and_then(proto::tensor_f32)
+        else {
+            continue;
+        };
+        let shift = ranges.and_then(|r| r.bias_correction.get(&n.name));
+        floor.resize(floor.len().max(bias.data.len()), 0.0);
+        for (c, v) in bias.data.iter().enumerate() {
+            let shifted = v.abs() + shift.and_then(|s| s.get(c)).map_or(0.0, |d| d.abs());
+            floor[c] = floor[c].max(shifted / (sx * MAX_INT32_BIAS));
+        }
+    }
+    floor
 }
 
 /// Adds `shift` (one value per output channel) to the node's float bias, as a new initializer
