@@ -248,6 +248,11 @@ pub struct EvalArgs {
     /// per-channel Max/Min, exact) or skip (leave such pairs alone).
     #[arg(long, value_enum, default_value_t = CleClipArg::PerChannel)]
     pub cle_clip: CleClipArg,
+    /// How the INT8 engines' weights are rounded: nearest (each weight to its nearest int8
+    /// step), or gptq (GPTQ: rounded together so each layer's output on the calibration images
+    /// stays closest to FP32; same scales, same Q/DQ format; best with --bias-correction).
+    #[arg(long, value_enum, default_value_t = WeightRoundingArg::Nearest)]
+    pub weight_rounding: WeightRoundingArg,
     /// Node names or op types to keep in float in the INT8 engines.
     #[arg(long, value_delimiter = ',')]
     pub exclude: Vec<String>,
@@ -329,6 +334,13 @@ pub enum TaskArg {
     Auto,
     Classification,
     Segmentation,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default)]
+pub enum WeightRoundingArg {
+    #[default]
+    Nearest,
+    Gptq,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default)]
@@ -437,6 +449,10 @@ impl EvalArgs {
         e.cle_scales = match self.cle_scales {
             CleScalesArg::Activations => crate::quant::cle::ScaleRule::Activations,
             CleScalesArg::Weights => crate::quant::cle::ScaleRule::Weights,
+        };
+        e.weight_rounding = match self.weight_rounding {
+            WeightRoundingArg::Nearest => crate::quant::gptq::WeightRounding::Nearest,
+            WeightRoundingArg::Gptq => crate::quant::gptq::WeightRounding::Gptq,
         };
         e.cle_clip = match self.cle_clip {
             CleClipArg::PerChannel => crate::quant::cle::ClipPolicy::PerChannel,

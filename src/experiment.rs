@@ -130,6 +130,8 @@ pub struct Experiment {
     /// How CLE picks each channel's scale: from the calibration images' activation ranges
     /// (default) or from weight ranges only (the paper's data-free rule).
     pub cle_scales: crate::quant::cle::ScaleRule,
+    /// How the INT8 engines' weights are rounded: nearest, or GPTQ (`--weight-rounding`).
+    pub weight_rounding: crate::quant::gptq::WeightRounding,
     /// A mixed-precision plan (from `quantscope sensitivity` or `--budget-*`): built as one
     /// more INT8 engine next to the plain ones.
     pub mixed_precision: Option<MixedPrecision>,
@@ -167,6 +169,7 @@ impl Default for Experiment {
             cle: Default::default(),
             cle_clip: Default::default(),
             cle_scales: Default::default(),
+            weight_rounding: Default::default(),
             mixed_precision: None,
             output: OutputSpec::default(),
         }

@@ -111,6 +111,20 @@ pub struct Prepared {
 }
 
 impl Prepared {
+    /// The same preparation around another model (the INT8 engines' equalized or rounded one).
+    fn with_model(&self, model: Model) -> Prepared {
+        Prepared {
+            model,
+            hw: self.hw,
+            task: self.task,
+            eval: self.eval.clone(),
+            calib_images: self.calib_images.clone(),
+            output_channels: self.output_channels,
+            preprocess: self.preprocess.clone(),
+            normalize_source: self.normalize_source.clone(),
+        }
+    }
+
     /// The preprocessed input for `img`.
     pub fn input_of(&self, img: &image::RgbImage) -> Vec<f32> {
         self.preprocess.apply(
@@ -1176,11 +1190,134 @@ pub fn run_with_cache(
             rows.report.notes.push(summary);
         }
         rows.report.equalization = equalized.1;
-        int8_prepared = equalized.0;
+        int8_prepared = match exp.weight_rounding {
+            quant::gptq::WeightRounding::Nearest => equalized.0,
+            quant::gptq::WeightRounding::Gptq => {
+                let (rounded, note) = round_weights_for_int8(&equalized.0, exp, sink);
+                sink.log(&note);
+                rows.report.notes.push(note);
+                rounded
+            }
+        };
         rows.ctx.p = &int8_prepared;
         rows.int8_rows(cache, &reference);
     }
     Ok(rows.finish())
+}
+
+/// Calibration images whose FP32 activations feed GPTQ's input moments.
+const GPTQ_IMAGES: usize = 32;
+/// Input moments held at once; layers past it wait for another FP32 pass.
+const GPTQ_PASS_BYTES: usize = 512 << 20;
+
+/// GPTQ weight rounding of the model the INT8 engines are built from (the FP32 rows keep the
+/// original): FP32 passes over up to 32 calibration images collect each layer's input moments,
+/// as many layers per pass as fit in 512 MiB, then each layer is rounded. On failure the
+/// model is returned as it was, and the note says why.
+pub fn round_weights_for_int8(
+    p: &Prepared,
+    exp: &Experiment,
+    sink: &dyn Sink,
+) -> (Prepared, String) {
+    let t = Instant::now();
+    match gptq_model(p, exp, sink) {
+        Ok((model, rounded, kept)) => {
+            let mut note = format!(
+                "GPTQ weight rounding: {rounded} layers rounded in {:.0} ms",
+                t.elapsed().as_secs_f64() * 1e3
+            );
+            if !kept.is_empty() {
+                let shown: Vec<String> = kept
+                    .iter()
+                    .take(3)
+                    .map(|(n, why)| format!("{n}: {why}"))
+                    .collect();
+                note.push_str(&format!(
+                    "; {} kept round-to-nearest ({}{})",
+                    kept.len(),
+                    shown.join("; "),
+                    if kept.len() > 3 { "; …" } else { "" }
+                ));
+            }
+            (p.with_model(model), note)
+        }
+        Err(e) => (
+            p.with_model(p.model.clone()),
+            format!("GPTQ weight rounding failed ({e}); the INT8 engines round to nearest"),
+        ),
+    }
+}
+
+/// The rounded model, the number of layers rounded and those kept round-to-nearest (why).
+fn gptq_model(
+    p: &Prepared,
+    exp: &Experiment,
+    sink: &dyn Sink,
+) -> Result<(Model, usize, Vec<(String, String)>), String> {
+    use quant::gptq;
+    let plan = quant::plan(&p.model, &exp.exclude);
+    let shapes = crate::model::infer_shapes(&p.model, p.hw).map_err(|e| format!("{e:#}"))?;
+    let (layers, mut kept) = gptq::layers(&p.model, &plan, &shapes);
+    let inputs = probe_inputs(p, GPTQ_IMAGES).map_err(|e| format!("{e:#}"))?;
+    let graph_input = p
+        .model
+        .graph()
+        .input
+        .first()
+        .map(|i| i.name.clone())
+        .unwrap_or_default();
+    let mut proto = p.model.proto.clone();
+    let mut rounded = 0;
+    let mut rest = &layers[..];
+    while !rest.is_empty() {
+        // As many layers as fit in the budget (at least one).
+        let mut bytes = 0;
+        let take = rest
+            .iter()
+            .take_while(|l| {
+                bytes += l.h_bytes();
+                bytes <= GPTQ_PASS_BYTES
+            })
+            .count()
+            .max(1);
+        let (pass, next) = rest.split_at(take);
+        rest = next;
+        let mut names: Vec<String> = pass
+            .iter()
+            .map(|l| l.input.clone())
+            .filter(|n| *n != graph_input)
+            .collect();
+        names.sort();
+        names.dedup();
+        let probe = backend::cpu::Probe::new(&p.model, p.hw, &names).map_err(|e| e.to_string())?;
+        let mut moments: Vec<gptq::Moments> = pass.iter().map(gptq::Moments::new).collect();
+        for (i, x) in inputs.iter().enumerate() {
+            sink.progress("GPTQ: input moments", i, inputs.len());
+            let (_, acts) = probe.run(x).map_err(|e| e.to_string())?;
+            for (l, m) in pass.iter().zip(&mut moments) {
+                let act = match names.binary_search(&l.input) {
+                    Ok(k) => acts.get(k).map(|a| a.as_ref()).unwrap_or(&[]),
+                    Err(_) => x.as_slice(),
+                };
+                m.add(l, act, inputs.len());
+            }
+        }
+        for (i, (l, m)) in pass.iter().zip(moments).enumerate() {
+            sink.progress("GPTQ: rounding", i, pass.len());
+            match gptq::round_layer(&mut proto, l, m) {
+                Ok(()) => rounded += 1,
+                Err(e) => kept.push((l.node.clone(), e)),
+            }
+        }
+    }
+    Ok((
+        Model {
+            proto,
+            ..p.model.clone()
+        },
+        rounded,
+        kept,
+    ))
 }
 
 /// Per-channel max |x| over the calibration images of the tensors between CLE's conv pairs
@@ -1246,17 +1383,7 @@ pub fn equalize_for_int8(
             format!("{e:#}; the INT8 engines use the model without equalization"),
         ),
     };
-    let prepared = Prepared {
-        model,
-        hw: p.hw,
-        task: p.task,
-        eval: p.eval.clone(),
-        calib_images: p.calib_images.clone(),
-        output_channels: p.output_channels,
-        preprocess: p.preprocess.clone(),
-        normalize_source: p.normalize_source.clone(),
-    };
-    ((prepared, summary), note)
+    ((p.with_model(model), summary), note)
 }
 
 /// Refuses, before the run, an output that would destroy an input (the model, the labels, the

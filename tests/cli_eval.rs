@@ -241,6 +241,45 @@ fn the_run_says_where_its_normalisation_and_class_order_came_from() {
     );
 }
 
+/// `--weight-rounding gptq` rounds every layer of the model for the INT8 engines (with bias
+/// correction on top) and says so; the INT8 row is built from it.
+#[test]
+fn gptq_weight_rounding_runs_end_to_end() {
+    let dir = setup("gptq");
+    let mut args = eval_args(&dir, "gptq.json");
+    args.extend(
+        [
+            "--weight-rounding",
+            "gptq",
+            "--bias-correction",
+            "--methods",
+            "max",
+        ]
+        .map(String::from),
+    );
+    let out = bin()
+        .args(&args)
+        .env("QUANTSCOPE_CACHE", dir.join("cache"))
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        err.contains("GPTQ weight rounding: 4 layers rounded"),
+        "{err}"
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("gptq.json")).expect("report"))
+            .expect("json");
+    let rows = report["rows"].as_array().expect("rows");
+    let int8 = rows
+        .iter()
+        .find(|r| r["precision"] == "int8")
+        .expect("an int8 row");
+    assert!(int8["error"].is_null(), "{int8}");
+    assert!(int8["top1"].as_f64().is_some(), "{int8}");
+}
+
 #[test]
 fn inspect_prints_the_model() {
     let dir = setup("inspect");

@@ -2,6 +2,7 @@
 //! the TensorRT calibration cache. Depends on no backend: backends read the Q/DQ model.
 
 pub mod cle;
+pub mod gptq;
 mod opset;
 pub mod ort_check;
 pub mod trtexec;

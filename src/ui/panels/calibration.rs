@@ -1,10 +1,12 @@
 //! The Calibration panel: method (max, percentile with its p, MSE, entropy), how many
-//! calibration images, "compare all methods" and cross-layer equalization (auto/on/off).
+//! calibration images, "compare all methods", cross-layer equalization (auto/on/off), weight
+//! rounding (nearest/GPTQ) and bias correction.
 
 use crate::calib::Method;
 use crate::data::Selection;
 use crate::experiment::Experiment;
 use crate::quant::cle::CleSetting;
+use crate::quant::gptq::WeightRounding;
 use crate::ui::Workbench;
 use eframe::egui;
 
@@ -63,6 +65,27 @@ pub fn calibration_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::U
                 "Cross-layer equalization before calibration: rescales the channels between two \
                  convs so their weight ranges match (the FP32 rows keep the original model). \
                  auto: on where a depthwise conv is in a pair with no Clip (ReLU6) between",
+            );
+    });
+    ui.horizontal(|ui| {
+        ui.label("Weights:");
+        egui::ComboBox::from_id_salt("calib.weight_rounding")
+            .selected_text(exp.weight_rounding.name())
+            .show_ui(ui, |ui| {
+                for r in WeightRounding::ALL {
+                    ui.selectable_value(&mut exp.weight_rounding, r, r.name());
+                }
+            })
+            .response
+            .on_hover_text(
+                "How the INT8 weights are rounded. nearest: each weight to its nearest int8 step. \
+                 gptq: rounded together so each layer's output on the calibration images stays \
+                 closest to FP32 (same scales, same Q/DQ format; a few seconds more)",
+            );
+        ui.checkbox(&mut exp.bias_correction, "bias correction")
+            .on_hover_text(
+                "Shift each INT8 layer's float bias so its output keeps the FP32 mean per \
+                 channel (measured on the calibration images)",
             );
     });
     if primary != wb.primary_method {

@@ -1,0 +1,147 @@
+use super::*;
+use crate::model::testing::{residual_classifier, values};
+use crate::quant;
+
+/// `n` rows of `d` correlated inputs (a random mix of a few sources), row-major.
+fn correlated_inputs(n: usize, d: usize, seed: u64) -> Vec<f32> {
+    let sources = 4;
+    let mix = values(sources * d, seed);
+    let z = values(n * sources, seed + 1);
+    (0..n * d)
+        .map(|i| {
+            let (r, c) = (i / d, i % d);
+            (0..sources)
+                .map(|s| z[r * sources + s] * mix[s * d + c])
+                .sum::<f32>()
+                + 0.05 * values(1, seed + 2 + i as u64)[0]
+        })
+        .collect()
+}
+
+/// Σ over samples of |(W - Q) x|².
+fn output_error(w: &[f32], q: &[f32], x: &[f32], d: usize) -> f64 {
+    let rows = w.len() / d;
+    x.chunks(d)
+        .map(|xs| {
+            (0..rows)
+                .map(|r| {
+                    let e: f64 = (0..d)
+                        .map(|c| (w[r * d + c] - q[r * d + c]) as f64 * xs[c] as f64)
+                        .sum();
+                    e * e
+                })
+                .sum::<f64>()
+        })
+        .sum()
+}
+
+#[test]
+fn gptq_rounds_to_the_grid_keeps_scales_and_beats_nearest_on_the_output() {
+    let (rows, d, n) = (6, 24, 400);
+    let w = values(rows * d, 11);
+    let x = correlated_inputs(n, d, 21);
+    let mut h = vec![0.0f64; d * d];
+    for xs in x.chunks(d) {
+        for i in 0..d {
+            for j in 0..d {
+                h[i * d + j] += xs[i] as f64 * xs[j] as f64;
+            }
+        }
+    }
+    let scales: Vec<f32> = w
+        .chunks(d)
+        .map(|r| r.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0)
+        .collect();
+    let u = inverse_factor(&mut h, d).expect("positive definite");
+    let mut q = w.clone();
+    round_rows(&mut q, d, &scales, &u);
+    let nearest: Vec<f32> = w
+        .iter()
+        .enumerate()
+        .map(|(i, v)| (v / scales[i / d]).round_ties_even().clamp(-127.0, 127.0) * scales[i / d])
+        .collect();
+    for (r, row) in q.chunks(d).enumerate() {
+        let s = scales[r];
+        for v in row {
+            let k = v / s;
+            assert!(
+                (k - k.round()).abs() < 1e-4 && k.abs() <= 127.0 + 1e-4,
+                "{v} is not on the grid of {s}"
+            );
+        }
+        // The row's largest weight keeps ±127, so the per-channel scale is unchanged.
+        let top = row.iter().fold(0f32, |m, v| m.max(v.abs()));
+        assert!(
+            (top / s - 127.0).abs() < 1e-3,
+            "row {r}: max {top} vs scale {s}"
+        );
+    }
+    let (e_gptq, e_near) = (
+        output_error(&w, &q, &x, d),
+        output_error(&w, &nearest, &x, d),
+    );
+    assert!(
+        e_gptq < 0.7 * e_near,
+        "GPTQ output error {e_gptq} should be well under nearest's {e_near}"
+    );
+}
+
+#[test]
+fn the_rounded_model_quantizes_to_the_same_scales_and_integers() {
+    let model = residual_classifier(10).model();
+    let plan = quant::plan(&model, &[]);
+    let shapes = crate::model::infer_shapes(&model, [16, 16]).expect("shapes");
+    let (layers, skipped) = layers(&model, &plan, &shapes);
+    // Three convs and the Gemm head.
+    assert_eq!(layers.len(), 4, "{skipped:?}");
+    let mut proto = model.proto.clone();
+    for l in &layers {
+        let mut m = Moments::new(l);
+        // Any positive definite moments will do for the grid property.
+        let d = l.row();
+        for h in &mut m.h {
+            for i in 0..d {
+                h[i * d + i] = 1.0 + i as f64;
+                if i + 1 < d {
+                    h[i * d + i + 1] = 0.3;
+                    h[(i + 1) * d + i] = 0.3;
+                }
+            }
+        }
+        round_layer(&mut proto, l, m).expect("rounds");
+    }
+    let rounded = Model {
+        proto,
+        ..model.clone()
+    };
+    for wq in &plan.weights {
+        let (before, after) = (
+            model.initializer(&wq.tensor).expect("weight"),
+            rounded.initializer(&wq.tensor).expect("weight"),
+        );
+        let (_, s0) = quant::quantize_weight(&before, wq.axis);
+        let (k1, s1) = quant::quantize_weight(&after, wq.axis);
+        for (a, b) in s0.iter().zip(&s1) {
+            assert!(
+                (a - b).abs() <= 1e-6 * a.abs(),
+                "{}: scale {a} became {b}",
+                wq.tensor
+            );
+        }
+        // The rounded values are exactly the int8 steps the Q/DQ model stores.
+        let channels = s1.len();
+        let inner = after.data.len() / channels;
+        let per_channel = |i: usize| match wq.axis {
+            0 => i / inner,
+            _ => i % channels,
+        };
+        for (i, v) in after.data.iter().enumerate() {
+            let back = k1[i] as f32 * s1[per_channel(i)];
+            assert!(
+                (v - back).abs() <= 1e-5 * v.abs().max(1e-3),
+                "{}[{i}]: {v} vs {back}",
+                wq.tensor
+            );
+        }
+    }
+}
