@@ -143,6 +143,19 @@ fn eval_writes_a_complete_report() {
     );
 }
 
+/// Runs the binary with `args` and the folder's statistics cache; asserts exit code 0 and
+/// returns what it wrote to stderr.
+fn eval_ok(dir: &Path, args: &[String]) -> String {
+    let out = bin()
+        .args(args)
+        .env("QUANTSCOPE_CACHE", dir.join("cache"))
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    err
+}
+
 /// A short FP32-only run of `model` on the setup's data; (success, stderr, report notes).
 fn short_run(dir: &Path, model: &str, extra: &[&str]) -> (bool, String, String) {
     let p = |s: &str| dir.join(s).to_string_lossy().into_owned();
@@ -257,13 +270,7 @@ fn gptq_weight_rounding_runs_end_to_end() {
         ]
         .map(String::from),
     );
-    let out = bin()
-        .args(&args)
-        .env("QUANTSCOPE_CACHE", dir.join("cache"))
-        .output()
-        .expect("runs");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{err}");
+    let err = eval_ok(&dir, &args);
     assert!(
         err.contains("GPTQ weight rounding: 4 layers rounded"),
         "{err}"
@@ -361,13 +368,7 @@ fn a_batch_the_model_cannot_run_is_explained_once() {
     args[2] = dir.join("pinned.onnx").to_string_lossy().into_owned();
     let i = args.iter().position(|a| a == "--batch").expect("batch");
     args[i + 1] = "8".into();
-    let out = bin()
-        .args(&args)
-        .env("QUANTSCOPE_CACHE", dir.join("cache"))
-        .output()
-        .expect("runs");
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(0), "{err}");
+    let err = eval_ok(&dir, &args);
     assert_eq!(
         err.matches("does not run at batch 8").count(),
         1,
