@@ -233,7 +233,10 @@ pub struct EvalArgs {
     /// Feed channels as BGR.
     #[arg(long)]
     pub bgr: bool,
-    /// Empirical bias correction of the INT8 engines (float biases absorb the mean shift).
+    /// Empirical bias correction of the INT8 engines: float biases absorb each layer's mean
+    /// shift, measured per layer or in the whole quantized model (full, as NNCF), whichever
+    /// brings the output closer to FP32 on the calibration images; none if neither does. The
+    /// log says which and the SQNR of each.
     #[arg(long)]
     pub bias_correction: bool,
     /// Cross-layer equalization of the model the INT8 engines are built from (FP32 rows keep

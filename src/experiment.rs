@@ -119,7 +119,8 @@ pub struct Experiment {
     /// Node names or op types kept in float in the INT8 engines.
     pub exclude: Vec<String>,
     /// Empirical bias correction: shift each quantized layer's float bias so its output keeps
-    /// the FP32 mean per channel (the Q/DQ model stays TensorRT-ready: biases are float).
+    /// the FP32 mean per channel, measured per layer or in the whole quantized model, whichever
+    /// brings the output closer to FP32 (the Q/DQ model stays TensorRT-ready: biases are float).
     pub bias_correction: bool,
     /// Cross-layer equalization of the model the INT8 engines are built from (the FP32 rows
     /// keep the original): auto, on or off (`--cle`).

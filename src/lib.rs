@@ -16,7 +16,7 @@
 //! | [`eval`], [`bench`], [`report`] | metrics, timing and memory, output formats |
 //! | [`experiment`], [`pipeline`], [`worker`] | what to run, running it, running it off the UI thread |
 //! | [`timing`] | latency statistics (median, p90, p99) from timed samples |
-//! | [`layerwise`] | per-layer isolation of quantization error; empirical bias correction |
+//! | [`layerwise`] | per-layer isolation of quantization error; empirical bias correction (per-layer or full, chosen by output SQNR) |
 //! | [`guard`] | the panic boundary around engines and worker jobs |
 //! | [`export`] | strongly typed FP16 / mixed / INT8 exports, trtexec lines, ONNX Runtime checks |
 //! | [`files`] | atomic output writes; refusing an output that is an input |

@@ -964,7 +964,8 @@ impl<'a> Rows<'a> {
                 .copied()
                 .chain(exp.mixed_precision.as_ref().and_then(|m| m.method))
                 .collect();
-            correct_biases(p, plan, &mut all, &used, sink)?;
+            let notes = correct_biases(p, plan, &mut all, &used, sink)?;
+            self.report.notes.extend(notes);
         }
         let mut variants: Vec<Int8Variant> = exp
             .methods
@@ -984,9 +985,12 @@ impl<'a> Rows<'a> {
             if exp.bias_correction && !mp.per_tensor.is_empty() {
                 // The per-tensor ranges differ from the base method's: correct for them.
                 let inputs = probe_inputs(p, 32)?;
-                r.bias_correction =
-                    crate::layerwise::bias_corrections(&p.model, p.hw, plan, &r, &inputs)
-                        .map_err(PipelineError::Config)?;
+                let bc = crate::layerwise::bias_correction(&p.model, p.hw, plan, &r, &inputs)
+                    .map_err(PipelineError::Config)?;
+                let note = bc.summary("mixed precision", inputs.len());
+                sink.log(&note);
+                self.report.notes.push(note);
+                r.bias_correction = bc.shifts;
             }
             variants.push(Int8Variant {
                 method: Some(m),
@@ -1599,14 +1603,15 @@ pub fn probe_inputs(p: &Prepared, n: usize) -> Result<Vec<Vec<f32>>, PipelineErr
         .map_err(PipelineError::from)
 }
 
-/// Fills each used method's empirical bias correction (one pass over 32 calibration images).
+/// Fills each used method's bias correction (passes over 32 calibration images); returns, per
+/// method, the line saying which correction was kept.
 fn correct_biases(
     p: &Prepared,
     plan: &QuantPlan,
     all: &mut [Ranges],
     used: &[Method],
     sink: &dyn Sink,
-) -> Result<(), PipelineError> {
+) -> Result<Vec<String>, PipelineError> {
     let inputs = probe_inputs(p, 32)?;
     let t = Instant::now();
     let todo: Vec<&mut Ranges> = all
@@ -1614,16 +1619,21 @@ fn correct_biases(
         .filter(|r| used.contains(&r.method))
         .collect();
     let n = todo.len();
+    let mut notes = vec![];
     for (i, r) in todo.into_iter().enumerate() {
         sink.progress("bias correction", i, n);
-        r.bias_correction = crate::layerwise::bias_corrections(&p.model, p.hw, plan, r, &inputs)
+        let bc = crate::layerwise::bias_correction(&p.model, p.hw, plan, r, &inputs)
             .map_err(PipelineError::Config)?;
+        let note = bc.summary(r.method.name(), inputs.len());
+        sink.log(&note);
+        notes.push(note);
+        r.bias_correction = bc.shifts;
     }
     sink.log(&format!(
         "bias correction for {n} method(s) in {:.0} ms",
         t.elapsed().as_secs_f64() * 1e3
     ));
-    Ok(())
+    Ok(notes)
 }
 
 /// Ranges of `method`, with per-tensor overrides from a mixed-precision plan.

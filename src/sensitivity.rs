@@ -17,7 +17,7 @@ use crate::backend::{self, Backend, BuildInput, BuildSpec, Precision};
 use crate::calib::{Method, Ranges, StatsCache};
 use crate::eval::Sqnr;
 use crate::experiment::Experiment;
-use crate::layerwise::{bias_corrections, isolated_model, outputs_of};
+use crate::layerwise::{bias_correction, isolated_model, outputs_of};
 use crate::model::{Graph, Model, Task};
 use crate::pipeline::{self, CancelToken, PipelineError, Prepared, Sample, Sink};
 use crate::quant::{self, QdqModel, QuantPlan};
@@ -377,8 +377,9 @@ pub fn run_with_cache(
     if exp.bias_correction {
         for r in all.iter_mut() {
             sink.progress("bias correction", 0, 1);
-            r.bias_correction =
-                bias_corrections(&p.model, p.hw, &plan, r, &probe_inputs).map_err(err)?;
+            let bc = bias_correction(&p.model, p.hw, &plan, r, &probe_inputs).map_err(err)?;
+            sink.log(&bc.summary(r.method.name(), probe_inputs.len()));
+            r.bias_correction = bc.shifts;
         }
     }
 
@@ -407,8 +408,9 @@ pub fn run_with_cache(
     if opts.method.is_none() {
         let (mut combo, chosen) = per_tensor_choice(&plan, &all, &sqnr_by_method, &p.model);
         if exp.bias_correction {
-            combo.bias_correction =
-                bias_corrections(&p.model, p.hw, &plan, &combo, &probe_inputs).map_err(err)?;
+            let bc = bias_correction(&p.model, p.hw, &plan, &combo, &probe_inputs).map_err(err)?;
+            sink.log(&bc.summary("per-tensor methods", probe_inputs.len()));
+            combo.bias_correction = bc.shifts;
         }
         let (m, _) = cx.int8(&combo, &[], &samples, "evaluating INT8 per-tensor methods")?;
         sink.log(&format!(

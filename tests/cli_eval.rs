@@ -255,7 +255,8 @@ fn the_run_says_where_its_normalisation_and_class_order_came_from() {
 }
 
 /// `--weight-rounding gptq` rounds every layer of the model for the INT8 engines (with bias
-/// correction on top) and says so; the INT8 row is built from it.
+/// correction on top) and says so, as bias correction says which it kept; the INT8 row is
+/// built from it.
 #[test]
 fn gptq_weight_rounding_runs_end_to_end() {
     let dir = setup("gptq");
@@ -273,6 +274,14 @@ fn gptq_weight_rounding_runs_end_to_end() {
     let err = eval_ok(&dir, &args);
     assert!(
         err.contains("GPTQ weight rounding: 4 layers rounded"),
+        "{err}"
+    );
+    // Bias correction says which correction it kept and what each would give.
+    assert!(
+        err.contains("bias correction max: ")
+            && err.contains("int8 output SQNR on the")
+            && err.contains("per-layer")
+            && err.contains("full"),
         "{err}"
     );
     let report: serde_json::Value =

@@ -154,6 +154,32 @@ impl TractModel {
         self.plan.run(tvec!(t.into()))
     }
 
+    /// Runs `input` (the model's whole input shape, batch included) and hands each extra output
+    /// (index k after the graph's own, as named in [`TractModel::new`]) to `adjust` as soon as
+    /// it is computed, before any node downstream reads it: what `adjust` leaves in the tensor
+    /// is what the rest of the graph sees. Returns the outputs. Sequential bias correction uses
+    /// it to correct each layer while the batch flows through.
+    pub fn run_adjusting(
+        &self,
+        input: &[f32],
+        mut adjust: impl FnMut(usize, &mut Tensor) -> TractResult<()>,
+    ) -> TractResult<TVec<TValue>> {
+        let outlets: Vec<OutletId> = self.plan.model().output_outlets()?.to_vec();
+        let t = Tensor::from_shape(&self.input_shape, input)?;
+        let mut state = self.plan.spawn()?;
+        state.run_plan_with_eval(tvec!(t.into()), |ctx, op_state, node, inputs| {
+            let mut out = tract_onnx::tract_core::plan::eval(ctx, op_state, node, inputs)?;
+            for (k, o) in outlets.iter().enumerate().skip(1) {
+                if o.node == node.id {
+                    let mut t = out[o.slot].clone().into_tensor();
+                    adjust(k - 1, &mut t)?;
+                    out[o.slot] = t.into_tvalue();
+                }
+            }
+            TractResult::Ok(out)
+        })
+    }
+
     /// Time of each tract node over `runs` runs (median per node), slowest first.
     pub fn profile(&self, input: &[f32], runs: usize) -> TractResult<Vec<LayerTime>> {
         let mut samples: HashMap<usize, Vec<f64>> = HashMap::new();

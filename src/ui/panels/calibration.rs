@@ -85,7 +85,9 @@ pub fn calibration_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::U
         ui.checkbox(&mut exp.bias_correction, "bias correction")
             .on_hover_text(
                 "Shift each INT8 layer's float bias so its output keeps the FP32 mean per \
-                 channel (measured on the calibration images)",
+                 channel (measured on the calibration images, per layer or in the whole \
+                 quantized model: whichever brings the output closer to FP32; the log says \
+                 which)",
             );
     });
     if primary != wb.primary_method {
