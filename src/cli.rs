@@ -124,6 +124,11 @@ pub struct OutputArgs {
     /// Backend: cpu (tract, everywhere) or cuda (NVIDIA GPU).
     #[arg(long)]
     pub backend: Option<BackendKind>,
+    /// How the GPU's FP32 engines compute: tf32 (TF32 tensor cores on compute capability 8.0+,
+    /// as PyTorch's cuDNN convolutions and TensorRT do; the row reads `fp32 (tf32)`) or strict
+    /// (IEEE FP32, what the CPU computes) [default: tf32]. The CPU backend is always strict.
+    #[arg(long, value_enum)]
+    pub fp32_math: Option<crate::backend::Fp32Math>,
     /// Threads for the CPU engines and the calibration passes [default: every core].
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
@@ -545,6 +550,9 @@ impl OutputArgs {
         }
         if let Some(b) = self.backend {
             e.backend = b;
+        }
+        if let Some(m) = self.fp32_math {
+            e.fp32_math = m;
         }
         if let Some(t) = self.threads {
             e.threads = t;

@@ -113,6 +113,9 @@ pub struct Experiment {
     pub percentile: f64,
     pub precisions: Vec<Precision>,
     pub backend: BackendKind,
+    /// How the GPU's FP32 engines compute: TF32 tensor cores (default, as PyTorch and
+    /// TensorRT) or strict FP32 (`--fp32-math`). The CPU's FP32 is always strict.
+    pub fp32_math: crate::backend::Fp32Math,
     pub bench: BenchSpec,
     /// Threads the CPU engines (and the calibration and layer passes) use; 0 = every core.
     pub threads: usize,
@@ -163,6 +166,7 @@ impl Default for Experiment {
             // FP16 on the CPU is a simulation that costs many times FP32: opt in.
             precisions: vec![Precision::Fp32, Precision::Int8],
             backend: BackendKind::Cpu,
+            fp32_math: Default::default(),
             bench: BenchSpec::default(),
             threads: 0,
             exclude: vec![],

@@ -680,6 +680,7 @@ impl RowCtx<'_> {
             peak_rss,
         });
         row.simulated = info.simulated;
+        row.tf32 = info.tf32;
         if precision == Precision::Int8 {
             row.int8_nodes = Some(info.int8_nodes);
             row.float_nodes = info.float_nodes;
@@ -1453,7 +1454,7 @@ pub fn check_outputs(
 
 /// The experiment's backend, if it can run on this machine.
 fn usable_backend(exp: &Experiment) -> Result<Box<dyn backend::Backend>, PipelineError> {
-    let backend = backend::backend(exp.backend);
+    let backend = backend::backend(exp.backend, exp.fp32_math);
     match backend.check() {
         Ok(_) => Ok(backend),
         Err(why) => Err(PipelineError::Config(format!(

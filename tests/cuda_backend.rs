@@ -193,6 +193,53 @@ fn residual_classifier_fp32_fp16_int8_match_cpu() {
     check_int8("residual_classifier", int8_scores(&g, &m, [16, 16], 8, 8));
 }
 
+/// FP32 on TF32 tensor cores (the default): the engine says so on compute capability 8.0+,
+/// and its output stays within TF32's rounding of the CPU's strict FP32 (inputs rounded to a
+/// 10-bit mantissa: about 1e-3 relative per product).
+#[test]
+fn fp32_tf32_is_said_and_stays_close_to_strict_fp32() {
+    let Some(strict) = gpu() else { return };
+    let dev = strict.check().unwrap_or_default();
+    // "... sm_90 ..." -> 90.
+    let sm: u32 = dev
+        .split("sm_")
+        .nth(1)
+        .and_then(|s| s.get(..2))
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0);
+    let m = residual_classifier(10).model();
+    let tf32 = CudaBackend::default();
+    let err = float_err(&tf32, &m, Precision::Fp32, 2, [16, 16]);
+    eprintln!("residual_classifier fp32 (tf32) max rel err {err:.3e}");
+    assert!(err <= 1e-2, "tf32 rel err {err}");
+    let e = tf32
+        .build(
+            BuildInput::Float {
+                model: &m,
+                precision: Precision::Fp32,
+            },
+            BuildSpec {
+                batch: 1,
+                hw: [16, 16],
+            },
+        )
+        .expect("tf32 engine");
+    assert_eq!(e.info().tf32, sm >= 80, "{dev}: {}", e.info().device);
+    let s = strict
+        .build(
+            BuildInput::Float {
+                model: &m,
+                precision: Precision::Fp32,
+            },
+            BuildSpec {
+                batch: 1,
+                hw: [16, 16],
+            },
+        )
+        .expect("strict engine");
+    assert!(!s.info().tf32, "{}", s.info().device);
+}
+
 /// Each way the builder can run an int8 conv, forced on every conv it applies to (a cached
 /// choice naming only the family), against the CPU INT8 engine on the bundled classifier:
 /// the cuDNN graph int8 conv, the fused int8-out cuBLASLt GEMM, the raw int32 GEMM + epilogue, the FP16 way through
@@ -232,8 +279,9 @@ fn every_int8_conv_implementation_matches_cpu() {
             ..Default::default()
         };
         let dev = Device::new().expect("device");
-        let (mut eng, got) = CudaEngine::build(dev, pl.clone(), Precision::Int8, batch, &forced)
-            .unwrap_or_else(|e| panic!("{family}: {e}"));
+        let (mut eng, got) =
+            CudaEngine::build(dev, pl.clone(), Precision::Int8, false, batch, &forced)
+                .unwrap_or_else(|e| panic!("{family}: {e}"));
         let applied = convs
             .iter()
             .filter(|c| {
@@ -511,7 +559,7 @@ fn samples_int8_metric_matches_cpu() {
 
 #[test]
 fn check_says_why_or_what() {
-    match CudaBackend.check() {
+    match CudaBackend::default().check() {
         Ok(d) => assert!(d.contains("sm_"), "{d}"),
         Err(why) => {
             eprintln!("skipped: {why}");

@@ -7,7 +7,9 @@ use egui_kittest::kittest::{NodeT, Queryable};
 use quantscope::backend::Precision;
 use quantscope::calib::Method;
 use quantscope::data::{Normalize, ResizeMode};
-use quantscope::ui::testing::{sample_sensitivity, sample_workbench};
+use quantscope::ui::testing::{
+    sample_artifacts, sample_report, sample_sensitivity, sample_workbench,
+};
 use quantscope::ui::{Command, LayerSort, Tab, Workbench};
 
 fn harness(wb: Workbench) -> Harness<'static, Workbench> {
@@ -129,6 +131,25 @@ fn build_panel_precisions_backend_and_run() {
     assert!(applied(&h, |c| *c == Command::Run));
     // No worker in this test: the run is refused with a logged error, not a panic.
     assert!(h.state().log.iter().any(|l| l.error));
+}
+
+/// A GPU FP32 row on TF32 tensor cores says so in the table and the report's label.
+#[test]
+fn compare_tab_labels_tf32_rows() {
+    let mut wb = sample_workbench();
+    let mut report = sample_report();
+    let fp32 = report
+        .rows
+        .iter_mut()
+        .find(|r| r.precision == Some(Precision::Fp32))
+        .expect("an FP32 row");
+    fp32.tf32 = true;
+    fp32.backend = "cuda".into();
+    assert_eq!(fp32.label(), "fp32 (tf32)");
+    wb.set_results(report, Some(sample_artifacts()));
+    let mut h = harness(wb);
+    h.run();
+    h.get_by_label("FP32 (TF32)");
 }
 
 #[test]

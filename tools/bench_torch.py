@@ -49,7 +49,10 @@ def main():
     ap.add_argument("--compile-models", default="resnet50", help="comma-separated")
     a = ap.parse_args()
     torch.backends.cudnn.benchmark = True
-    res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__, "results": []}
+    # PyTorch's defaults, recorded: cuDNN convolutions in FP32 use TF32, matmuls do not.
+    res = {"gpu": torch.cuda.get_device_name(0), "torch": torch.__version__,
+           "cudnn_allow_tf32": torch.backends.cudnn.allow_tf32,
+           "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32, "results": []}
     t_start = time.time()
     for name, (m, hw, batches) in models().items():
         if a.export:

@@ -45,6 +45,20 @@ impl std::str::FromStr for Precision {
     }
 }
 
+/// How FP32 engines on a GPU do their convolutions and GEMMs.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, Default, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum Fp32Math {
+    /// TF32 tensor cores (inputs rounded to a 10-bit mantissa, FP32 accumulation) on compute
+    /// capability 8.0 and newer, as PyTorch's cuDNN convolutions and TensorRT do by default.
+    #[default]
+    Tf32,
+    /// IEEE FP32 multiply-adds only: slower, and what the CPU engine computes.
+    Strict,
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
@@ -145,6 +159,9 @@ pub struct EngineInfo {
     /// True where a precision is emulated (FP16 on the CPU backend: FP16 numerics in f32
     /// memory, so the accuracy is real and the latency is not an FP16 device's).
     pub simulated: bool,
+    /// An FP32 engine whose convolutions and GEMMs may use TF32 tensor cores.
+    #[serde(default)]
+    pub tf32: bool,
     pub int8_nodes: usize,
     pub float_nodes: Vec<FloatNode>,
     pub weights_bytes: u64,
@@ -191,9 +208,11 @@ pub trait Backend {
     ) -> Result<Box<dyn Engine>, BackendError>;
 }
 
-pub fn backend(kind: BackendKind) -> Box<dyn Backend> {
+/// The backend of `kind`; `fp32_math` says how a GPU's FP32 engines compute (the CPU's are
+/// always strict FP32).
+pub fn backend(kind: BackendKind, fp32_math: Fp32Math) -> Box<dyn Backend> {
     match kind {
         BackendKind::Cpu => Box::new(cpu::CpuBackend),
-        BackendKind::Cuda => Box::new(cuda::CudaBackend::default()),
+        BackendKind::Cuda => Box::new(cuda::CudaBackend { fp32_math }),
     }
 }

@@ -38,6 +38,9 @@ pub struct Row {
     pub threads: Option<usize>,
     /// True where the precision is emulated (FP16 on the CPU backend).
     pub simulated: bool,
+    /// An FP32 engine on TF32 tensor cores (GPU, `--fp32-math tf32`).
+    #[serde(default)]
+    pub tf32: bool,
     pub top1: Option<f64>,
     pub top5: Option<f64>,
     pub per_class_accuracy: Option<Vec<Option<f64>>>,
@@ -75,6 +78,7 @@ impl Row {
                 format!("{p} {m} + {} float", self.kept_float.len())
             }
             (Some(p), Some(m)) => format!("{p} {m}"),
+            (Some(p), None) if self.tf32 => format!("{p} (tf32)"),
             (Some(p), None) => p.to_string(),
             _ => "?".into(),
         }

@@ -9,12 +9,13 @@ use quantscope::model::Model;
 use quantscope::model::testing::values;
 use quantscope::quant;
 
-/// The CUDA backend when it can run here; else prints why the test skips.
+/// The CUDA backend when it can run here (FP32 engines in strict FP32, for parity with the
+/// CPU); else prints why the test skips.
 pub fn gpu() -> Option<CudaBackend> {
-    match CudaBackend.check() {
+    match CudaBackend::strict().check() {
         Ok(dev) => {
             eprintln!("cuda: {dev}");
-            Some(CudaBackend)
+            Some(CudaBackend::strict())
         }
         Err(why) => {
             eprintln!("skipped: {why}");

@@ -19,8 +19,19 @@ use prost::Message;
 
 use super::{Backend, BackendError, BackendKind, BuildInput, BuildSpec, Engine, Precision};
 
-#[derive(Default)]
-pub struct CudaBackend;
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CudaBackend {
+    pub fp32_math: super::Fp32Math,
+}
+
+impl CudaBackend {
+    /// FP32 engines in strict IEEE FP32 (no TF32): what parity with the CPU needs.
+    pub fn strict() -> CudaBackend {
+        CudaBackend {
+            fp32_math: super::Fp32Math::Strict,
+        }
+    }
+}
 
 /// Oldest compute capability the engine supports (int8 tensor-core GEMMs, NHWC cuDNN).
 pub const MIN_COMPUTE: (i32, i32) = (7, 5);
@@ -179,17 +190,22 @@ impl Backend for CudaBackend {
             }
         })?;
         let dev = engine::Device::new().map_err(build_err)?;
+        // TF32 needs Ampere's tensor cores (compute capability 8.0).
+        let tf32 = precision == Precision::Fp32
+            && self.fp32_math == super::Fp32Math::Tf32
+            && dev.compute >= (8, 0);
         let fingerprint = blake3::hash(&p.encode_to_vec()).to_hex()[..16].to_string();
         let name = cache::file_name(
             &fingerprint,
             &dev.name,
-            precision.name(),
+            if tf32 { "fp32-tf32" } else { precision.name() },
             spec.batch,
             spec.hw,
         );
         let cached = cache::load(&name);
-        let (eng, choices) = engine::CudaEngine::build(dev, plan, precision, spec.batch, &cached)
-            .map_err(build_err)?;
+        let (eng, choices) =
+            engine::CudaEngine::build(dev, plan, precision, tf32, spec.batch, &cached)
+                .map_err(build_err)?;
         if choices != cached {
             cache::store(&name, &choices);
         }

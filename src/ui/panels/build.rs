@@ -1,7 +1,8 @@
 //! The Build panel: backend (CUDA disabled with the reason when it cannot run here),
-//! precisions, batch size, timed iterations; Run and Cancel with the progress bar.
+//! precisions, TF32 or strict FP32 on the GPU, batch size, timed iterations; Run and Cancel
+//! with the progress bar.
 
-use crate::backend::{BackendKind, Precision};
+use crate::backend::{BackendKind, Fp32Math, Precision};
 use crate::experiment::Experiment;
 use crate::ui::{Command, Workbench, app::progress_ui};
 use eframe::egui;
@@ -63,6 +64,24 @@ pub fn build_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
         }
     });
     egui::Grid::new("build.grid").num_columns(2).show(ui, |ui| {
+        ui.label("FP32 on the GPU");
+        let mut tf32 = exp.fp32_math == Fp32Math::Tf32;
+        ui.add_enabled(
+            exp.backend == BackendKind::Cuda,
+            egui::Checkbox::new(&mut tf32, "TF32 tensor cores"),
+        )
+        .on_hover_text(
+            "FP32 convolutions and GEMMs on TF32 tensor cores (10-bit mantissa inputs, FP32 \
+             sums; compute capability 8.0+), as PyTorch and TensorRT do by default; the row \
+             reads `fp32 (tf32)`. Off: strict FP32, slower, what the CPU computes",
+        )
+        .on_disabled_hover_text("The CPU backend's FP32 is always strict FP32");
+        exp.fp32_math = if tf32 {
+            Fp32Math::Tf32
+        } else {
+            Fp32Math::Strict
+        };
+        ui.end_row();
         ui.label("Batch size");
         ui.add(egui::DragValue::new(&mut exp.bench.batch).range(1..=256))
             .on_hover_text(

@@ -46,6 +46,8 @@ pub fn engine_name(r: &Row) -> String {
     };
     if r.simulated {
         format!("{base} (simulated on CPU)")
+    } else if r.tf32 {
+        format!("{base} (TF32)")
     } else {
         base
     }
@@ -303,6 +305,7 @@ fn axis_name(r: &Row) -> String {
         }
         Some(m) => format!("{p}\n{}", m.name()),
         None if r.simulated => format!("{p}\n(sim.)"),
+        None if r.tf32 => format!("{p}\n(tf32)"),
         None => p,
     }
 }
