@@ -212,8 +212,8 @@ fn fp32_tf32_is_said_and_stays_close_to_strict_fp32() {
     let err = float_err(&tf32, &m, Precision::Fp32, 2, [16, 16]);
     eprintln!("residual_classifier fp32 (tf32) max rel err {err:.3e}");
     assert!(err <= 1e-2, "tf32 rel err {err}");
-    let e = tf32
-        .build(
+    let fp32_engine = |b: &CudaBackend| {
+        b.build(
             BuildInput::Float {
                 model: &m,
                 precision: Precision::Fp32,
@@ -223,20 +223,11 @@ fn fp32_tf32_is_said_and_stays_close_to_strict_fp32() {
                 hw: [16, 16],
             },
         )
-        .expect("tf32 engine");
+        .expect("fp32 engine")
+    };
+    let e = fp32_engine(&tf32);
     assert_eq!(e.info().tf32, sm >= 80, "{dev}: {}", e.info().device);
-    let s = strict
-        .build(
-            BuildInput::Float {
-                model: &m,
-                precision: Precision::Fp32,
-            },
-            BuildSpec {
-                batch: 1,
-                hw: [16, 16],
-            },
-        )
-        .expect("strict engine");
+    let s = fp32_engine(&strict);
     assert!(!s.info().tf32, "{}", s.info().device);
 }
 
