@@ -1454,7 +1454,7 @@ pub fn check_outputs(
 
 /// The experiment's backend, if it can run on this machine.
 fn usable_backend(exp: &Experiment) -> Result<Box<dyn backend::Backend>, PipelineError> {
-    let backend = backend::backend(exp.backend, exp.fp32_math);
+    let backend = backend::backend_with(exp.backend, exp.fp32_math);
     match backend.check() {
         Ok(_) => Ok(backend),
         Err(why) => Err(PipelineError::Config(format!(

@@ -337,7 +337,7 @@ pub fn run_with_cache(
     let t0 = Instant::now();
     let p = pipeline::prepare(exp)?;
     crate::backend::cpu::set_threads(exp.threads);
-    let backend = backend::backend(exp.backend, exp.fp32_math);
+    let backend = backend::backend_with(exp.backend, exp.fp32_math);
     backend.check().map_err(|why| {
         err(format!(
             "backend `{}` cannot run here: {why}",

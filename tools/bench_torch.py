@@ -1,8 +1,16 @@
 #!/usr/bin/env python3
-"""PyTorch side of tools/bench_gpu.sh: exports torchvision ResNet-50 (224) and
-DeepLabV3-ResNet50 (513) with random weights to ONNX, writes noise calibration images, and
-times PyTorch eager FP32/FP16 (channels_last, cudnn.benchmark) and, with --compile,
-torch.compile(mode="max-autotune") FP16. Median of CUDA-event timings."""
+"""PyTorch side of tools/bench_gpu.sh: exports torchvision ResNet-50, MobileNetV2,
+EfficientNet-B0 (224) and DeepLabV3-ResNet50 (513) with random weights to ONNX, and times
+PyTorch at every batch size the bench reports (channels_last, cudnn.benchmark):
+
+- eager FP32 and FP16, launched from Python as a user runs them;
+- the same eager models replayed from a CUDA graph captured by hand (the GPU's time without
+  Python's launch cost, which on a slow host dominates eager timings);
+- with --compile, torch.compile(mode="max-autotune-no-cudagraphs") FP16, replayed from a CUDA
+  graph captured by hand: max-autotune's own graphs plus its autotuning did not fit the
+  device's 10-minute calls at every batch size, and this times the same kernels.
+
+Median of CUDA-event timings."""
 import argparse, json, os, sys, time
 import torch, torchvision
 
@@ -20,7 +28,25 @@ def models():
         def forward(self, x):
             return self.m(x)["out"]
 
-    return {"resnet50": (r50, 224, [1, 32]), "deeplabv3_resnet50": (Seg(dl).eval(), 513, [1])}
+    mnv2 = torchvision.models.mobilenet_v2(weights=None).eval()
+    effb0 = torchvision.models.efficientnet_b0(weights=None).eval()
+    return {"resnet50": (r50, 224, [1, 32]), "mobilenet_v2": (mnv2, 224, [1, 32]),
+            "efficientnet_b0": (effb0, 224, [1, 32]),
+            "deeplabv3_resnet50": (Seg(dl).eval(), 513, [1])}
+
+
+def graphed(fn, x):
+    """`fn(x)` captured in a CUDA graph (after warm-up on a side stream); returns its replay."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn(x)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        fn(x)
+    return lambda _x: g.replay()
 
 
 def time_fn(fn, x, iters=50, warm=10):
@@ -46,7 +72,10 @@ def main():
     ap.add_argument("--compile", action="store_true")
     ap.add_argument("--compile-budget-s", type=float, default=240)
     ap.add_argument("--export-only", action="store_true")
-    ap.add_argument("--compile-models", default="resnet50", help="comma-separated")
+    ap.add_argument("--compile-models", default="resnet50,mobilenet_v2,efficientnet_b0",
+                    help="comma-separated")
+    ap.add_argument("--models", default="", help="comma-separated subset to time (default: all)")
+    ap.add_argument("--compile-batches", default="1,32", help="batch sizes to compile at")
     a = ap.parse_args()
     torch.backends.cudnn.benchmark = True
     # PyTorch's defaults, recorded: cuDNN convolutions in FP32 use TF32, matmuls do not.
@@ -55,6 +84,8 @@ def main():
            "matmul_allow_tf32": torch.backends.cuda.matmul.allow_tf32, "results": []}
     t_start = time.time()
     for name, (m, hw, batches) in models().items():
+        if a.models and name not in a.models.split(","):
+            continue
         if a.export:
             os.makedirs(a.export, exist_ok=True)
             path = os.path.join(a.export, f"{name}.onnx")
@@ -71,17 +102,21 @@ def main():
                 m32 = m.to(memory_format=torch.channels_last).float()
                 r = {"model": name, "batch": bs}
                 r["eager_fp32_ms"] = time_fn(m32, xf)
+                r["eager_fp32_graph_ms"] = time_fn(graphed(m32, xf), xf)
                 m16 = m32.half()
                 xh = xf.half()
                 r["eager_fp16_ms"] = time_fn(m16, xh)
-                want = name in a.compile_models.split(",")
+                r["eager_fp16_graph_ms"] = time_fn(graphed(m16, xh), xh)
+                want = (name in a.compile_models.split(",")
+                        and str(bs) in a.compile_batches.split(","))
                 if a.compile and want and time.time() - t_start < a.compile_budget_s:
                     try:
                         t0 = time.time()
-                        mc = torch.compile(m16, mode="max-autotune")
+                        torch._dynamo.reset()
+                        mc = torch.compile(m16, mode="max-autotune-no-cudagraphs")
                         mc(xh)
                         r["compile_s"] = time.time() - t0
-                        r["compile_fp16_ms"] = time_fn(mc, xh)
+                        r["compile_fp16_ms"] = time_fn(graphed(mc, xh), xh)
                     except Exception as e:  # noqa
                         r["compile_error"] = str(e)[:300]
                 elif a.compile and want:

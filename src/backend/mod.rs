@@ -208,9 +208,14 @@ pub trait Backend {
     ) -> Result<Box<dyn Engine>, BackendError>;
 }
 
+/// The backend of `kind`, a GPU's FP32 engines on TF32 (the default [`Fp32Math`]).
+pub fn backend(kind: BackendKind) -> Box<dyn Backend> {
+    backend_with(kind, Fp32Math::default())
+}
+
 /// The backend of `kind`; `fp32_math` says how a GPU's FP32 engines compute (the CPU's are
 /// always strict FP32).
-pub fn backend(kind: BackendKind, fp32_math: Fp32Math) -> Box<dyn Backend> {
+pub fn backend_with(kind: BackendKind, fp32_math: Fp32Math) -> Box<dyn Backend> {
     match kind {
         BackendKind::Cpu => Box::new(cpu::CpuBackend),
         BackendKind::Cuda => Box::new(cuda::CudaBackend { fp32_math }),

@@ -209,7 +209,7 @@ pub(super) fn answer(job: JobId, req: IoRequest) -> Event {
             job,
             status: [BackendKind::Cpu, BackendKind::Cuda]
                 .into_iter()
-                .map(|k| (k, backend::backend(k, Default::default()).check()))
+                .map(|k| (k, backend::backend(k).check()))
                 .collect(),
         },
         IoRequest::ExportQdq { dir, model, qdq } => Event::Exported {
