@@ -134,20 +134,25 @@ fn per_layer_shifts(
     )
     .map_err(|e| format!("{e:#}"))?;
     let n = pairs.len();
-    let mut sums: Vec<Vec<f64>> = vec![vec![]; n];
+    let mut layouts: Vec<ChannelLayout> = vec![];
+    let mut sums: Vec<Vec<f64>> = vec![];
     for x in inputs {
         let outs = outputs_of(&m, x)?;
-        for k in 0..n {
+        if layouts.is_empty() {
+            layouts = pairs
+                .iter()
+                .zip(&outs)
+                .map(|((node, _, _), o)| ChannelLayout::of(model, node, o.len()))
+                .collect();
+            sums = layouts.iter().map(|l| vec![0.0; l.channels]).collect();
+        }
+        for (k, l) in layouts.iter().enumerate() {
             let diff: Vec<f32> = outs[k]
                 .iter()
                 .zip(&outs[n + k])
                 .map(|(a, b)| a - b)
                 .collect();
-            let means = ChannelLayout::of(model, &pairs[k].0, diff.len()).means(&diff);
-            if sums[k].is_empty() {
-                sums[k] = vec![0.0; means.len()];
-            }
-            for (s, v) in sums[k].iter_mut().zip(means) {
+            for (s, v) in sums[k].iter_mut().zip(l.means(&diff)) {
                 *s += v / inputs.len() as f64;
             }
         }
@@ -286,9 +291,9 @@ impl BiasCorrection {
 
 /// Empirical bias correction: a shift per quantized Conv / ConvTranspose / Gemm and output
 /// channel, added to its float bias, so that the quantized layer's output keeps the FP32
-/// output's mean on `inputs`. Two ways to measure the shift, and no correction at all, are
-/// tried on the int8 graph, and the one whose output is closest to FP32 (SQNR on `inputs`) is
-/// kept:
+/// output's mean on the reference's inputs (`plan`'s layers, `ranges`' scales). Two ways to
+/// measure the shift, and no correction at all, are tried on the int8 graph, and the one whose
+/// output is closest to FP32 (SQNR on those inputs) is kept:
 ///
 /// - per-layer: each layer with only itself quantized (its inputs FP32);
 /// - full (sequential, as NNCF's "full" mode): each layer in the *whole* quantized model, every
@@ -304,71 +309,120 @@ impl BiasCorrection {
 /// further from FP32 (and with entropy ranges far further); on DeepLabV3-MobileNetV2 both help,
 /// per-layer the most.
 pub fn bias_correction(
-    model: &Model,
-    hw: [usize; 2],
+    reference: &Fp32Reference,
     plan: &QuantPlan,
     ranges: &Ranges,
-    inputs: &[Vec<f32>],
 ) -> Result<BiasCorrection, String> {
-    correct_in_batches(model, hw, plan, ranges, inputs, None)
+    correct_in_batches(reference, plan, ranges, None)
+}
+
+/// What bias correction compares with, for one model and one set of inputs: the FP32
+/// per-channel means of every layer it may correct and the FP32 graph output. The same for
+/// every set of ranges, so it is computed once for all calibration methods.
+pub struct Fp32Reference<'a> {
+    model: &'a Model,
+    hw: [usize; 2],
+    inputs: &'a [Vec<f32>],
+    /// (node name, output tensor) of each quantizable Conv / ConvTranspose / Gemm.
+    nodes: Vec<(String, String)>,
+    layouts: Vec<ChannelLayout>,
+    /// [image][node][channel] means.
+    target: Vec<Vec<Vec<f64>>>,
+    /// The graph's first output, every image in turn.
+    output: Vec<f32>,
+    /// Bytes of the corrected layers' outputs for one image.
+    image_bytes: usize,
+}
+
+impl<'a> Fp32Reference<'a> {
+    /// One FP32 pass over `inputs` for the layers `plan` quantizes.
+    pub fn new(
+        model: &'a Model,
+        hw: [usize; 2],
+        plan: &QuantPlan,
+        inputs: &'a [Vec<f32>],
+    ) -> Result<Fp32Reference<'a>, String> {
+        let nodes: Vec<(String, String)> = model
+            .graph()
+            .node
+            .iter()
+            .filter(|n| plan.quantized_nodes.contains(&n.name))
+            .filter(|n| matches!(n.op_type.as_str(), "Conv" | "ConvTranspose" | "Gemm"))
+            .map(|n| (n.name.clone(), n.output[0].clone()))
+            .collect();
+        let mut r = Fp32Reference {
+            model,
+            hw,
+            inputs,
+            nodes,
+            layouts: vec![],
+            target: vec![],
+            output: vec![],
+            image_bytes: 0,
+        };
+        if r.nodes.is_empty() {
+            return Ok(r);
+        }
+        let fp32 = TractModel::new(
+            &model.with_fixed_input(1, hw),
+            model.input_shape(1, hw),
+            &r.outputs(),
+        )
+        .map_err(|e| format!("{e:#}"))?;
+        for x in inputs {
+            let all = fp32.run_all(x).map_err(|e| format!("{e:#}"))?;
+            r.output.extend(values_of(&all[0])?);
+            let outs = all[1..]
+                .iter()
+                .map(values_of)
+                .collect::<Result<Vec<_>, _>>()?;
+            if r.layouts.is_empty() {
+                r.layouts = r
+                    .nodes
+                    .iter()
+                    .zip(&outs)
+                    .map(|((name, _), o)| ChannelLayout::of(model, name, o.len()))
+                    .collect();
+                r.image_bytes = outs.iter().map(|o| o.len() * 4).sum();
+            }
+            let means = outs.iter().zip(&r.layouts).map(|(o, l)| l.means(o));
+            r.target.push(means.collect());
+        }
+        Ok(r)
+    }
+
+    fn outputs(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.1.clone()).collect()
+    }
 }
 
 /// [`bias_correction`] with at most `max_batch` images per batch of the full correction (None:
 /// as many as fit [`SEQUENTIAL_BATCH_BYTES`]).
 fn correct_in_batches(
-    model: &Model,
-    hw: [usize; 2],
+    reference: &Fp32Reference,
     plan: &QuantPlan,
     ranges: &Ranges,
-    inputs: &[Vec<f32>],
     max_batch: Option<usize>,
 ) -> Result<BiasCorrection, String> {
-    let nodes: Vec<(String, String)> = model
-        .graph()
-        .node
-        .iter()
-        .filter(|n| plan.quantized_nodes.contains(&n.name))
-        .filter(|n| matches!(n.op_type.as_str(), "Conv" | "ConvTranspose" | "Gemm"))
-        .map(|n| (n.name.clone(), n.output[0].clone()))
-        .collect();
+    let Fp32Reference {
+        model,
+        hw,
+        inputs,
+        nodes,
+        layouts,
+        target,
+        output: fp32_out,
+        image_bytes,
+    } = reference;
+    let (model, hw, inputs) = (*model, *hw, *inputs);
     if nodes.is_empty() || inputs.is_empty() {
         return Ok(BiasCorrection {
             batch: 1,
             ..Default::default()
         });
     }
-    let outputs: Vec<String> = nodes.iter().map(|n| n.1.clone()).collect();
+    let outputs = reference.outputs();
     let err = |e: anyhow::Error| format!("{e:#}");
-
-    // FP32 per-image, per-channel means (the targets), and the graph's output.
-    let fp32 = TractModel::new(
-        &model.with_fixed_input(1, hw),
-        model.input_shape(1, hw),
-        &outputs,
-    )
-    .map_err(err)?;
-    let mut target: Vec<Vec<Vec<f64>>> = vec![]; // [image][node][channel]
-    let mut layouts: Vec<ChannelLayout> = vec![];
-    let mut image_bytes = 0usize;
-    let mut fp32_out: Vec<f32> = vec![];
-    for x in inputs {
-        let all = fp32.run_all(x).map_err(err)?;
-        fp32_out.extend(values_of(&all[0])?);
-        let outs = all[1..]
-            .iter()
-            .map(values_of)
-            .collect::<Result<Vec<_>, _>>()?;
-        if layouts.is_empty() {
-            layouts = nodes
-                .iter()
-                .zip(&outs)
-                .map(|((name, _), o)| ChannelLayout::of(model, name, o.len()))
-                .collect();
-            image_bytes = outs.iter().map(|o| o.len() * 4).sum();
-        }
-        target.push(outs.iter().zip(&layouts).map(|(o, l)| l.means(o)).collect());
-    }
-    drop(fp32);
 
     // The int8 graph the CPU engine runs, with no correction yet.
     let uncorrected = Ranges {
@@ -384,7 +438,7 @@ fn correct_in_batches(
         let lowered = lower_qdq(&qdq.with_fixed_input(batch, hw))?.proto;
         TractModel::new(&lowered, model.input_shape(batch, hw), &outputs).map_err(err)
     };
-    let fits = (SEQUENTIAL_BATCH_BYTES / image_bytes.max(1)).clamp(1, inputs.len());
+    let fits = (SEQUENTIAL_BATCH_BYTES / (*image_bytes).max(1)).clamp(1, inputs.len());
     let batches = inputs
         .len()
         .div_ceil(max_batch.unwrap_or(fits).clamp(1, fits));
@@ -443,19 +497,23 @@ fn correct_in_batches(
     };
     let sqnr = |q: &[f32]| {
         let mut s = crate::eval::Sqnr::default();
-        s.add(&fp32_out, q);
+        s.add(fp32_out, q);
         s.db()
     };
     let none = sqnr(&pass(&mut shift, false)?);
-    let full_sqnr = {
-        pass(&mut shift, true)?;
+    let learned = pass(&mut shift, true)?;
+    // In one batch every layer was shifted by its final correction as it ran: that output is
+    // the corrected one. Over several, the early batches ran with shifts since refined.
+    let full_sqnr = if per_batch >= inputs.len() {
+        sqnr(&learned)
+    } else {
         sqnr(&pass(&mut shift, false)?)
     };
     let full = shift;
     let per_layer = per_layer_shifts(model, hw, plan, &uncorrected, inputs)?;
     let mut shift: Vec<Vec<f64>> = nodes
         .iter()
-        .zip(&layouts)
+        .zip(layouts.iter())
         .map(|((name, _), l)| {
             per_layer
                 .get(name)

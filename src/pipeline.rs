@@ -986,7 +986,9 @@ impl<'a> Rows<'a> {
             if exp.bias_correction && !mp.per_tensor.is_empty() {
                 // The per-tensor ranges differ from the base method's: correct for them.
                 let inputs = probe_inputs(p, 32)?;
-                let bc = crate::layerwise::bias_correction(&p.model, p.hw, plan, &r, &inputs)
+                let reference = crate::layerwise::Fp32Reference::new(&p.model, p.hw, plan, &inputs)
+                    .map_err(PipelineError::Config)?;
+                let bc = crate::layerwise::bias_correction(&reference, plan, &r)
                     .map_err(PipelineError::Config)?;
                 let note = bc.summary("mixed precision", inputs.len());
                 sink.log(&note);
@@ -1621,9 +1623,11 @@ fn correct_biases(
         .collect();
     let n = todo.len();
     let mut notes = vec![];
+    let reference = crate::layerwise::Fp32Reference::new(&p.model, p.hw, plan, &inputs)
+        .map_err(PipelineError::Config)?;
     for (i, r) in todo.into_iter().enumerate() {
         sink.progress("bias correction", i, n);
-        let bc = crate::layerwise::bias_correction(&p.model, p.hw, plan, r, &inputs)
+        let bc = crate::layerwise::bias_correction(&reference, plan, r)
             .map_err(PipelineError::Config)?;
         let note = bc.summary(r.method.name(), inputs.len());
         sink.log(&note);

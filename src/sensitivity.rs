@@ -17,7 +17,7 @@ use crate::backend::{self, Backend, BuildInput, BuildSpec, Precision};
 use crate::calib::{Method, Ranges, StatsCache};
 use crate::eval::Sqnr;
 use crate::experiment::Experiment;
-use crate::layerwise::{bias_correction, isolated_model, outputs_of};
+use crate::layerwise::{Fp32Reference, bias_correction, isolated_model, outputs_of};
 use crate::model::{Graph, Model, Task};
 use crate::pipeline::{self, CancelToken, PipelineError, Prepared, Sample, Sink};
 use crate::quant::{self, QdqModel, QuantPlan};
@@ -374,10 +374,15 @@ pub fn run_with_cache(
         .iter()
         .map(|&m| stats.ranges(m, exp.percentile))
         .collect();
-    if exp.bias_correction {
+    let reference = if exp.bias_correction {
+        Some(Fp32Reference::new(&p.model, p.hw, &plan, &probe_inputs).map_err(err)?)
+    } else {
+        None
+    };
+    if let Some(reference) = &reference {
         for r in all.iter_mut() {
             sink.progress("bias correction", 0, 1);
-            let bc = bias_correction(&p.model, p.hw, &plan, r, &probe_inputs).map_err(err)?;
+            let bc = bias_correction(reference, &plan, r).map_err(err)?;
             sink.log(&bc.summary(r.method.name(), probe_inputs.len()));
             r.bias_correction = bc.shifts;
         }
@@ -407,8 +412,8 @@ pub fn run_with_cache(
     let mut per_tensor_methods = BTreeMap::new();
     if opts.method.is_none() {
         let (mut combo, chosen) = per_tensor_choice(&plan, &all, &sqnr_by_method, &p.model);
-        if exp.bias_correction {
-            let bc = bias_correction(&p.model, p.hw, &plan, &combo, &probe_inputs).map_err(err)?;
+        if let Some(reference) = &reference {
+            let bc = bias_correction(reference, &plan, &combo).map_err(err)?;
             sink.log(&bc.summary("per-tensor methods", probe_inputs.len()));
             combo.bias_correction = bc.shifts;
         }

@@ -116,7 +116,8 @@ fn sequential_correction_gives_the_whole_quantized_model_the_fp32_means() {
     let mut r = clipping_ranges(&m, &plan, &xs);
     let none = residual(&m, &plan, &r, &xs);
 
-    let bc = bias_correction(&m, HW, &plan, &r, &xs).expect("full");
+    let reference = Fp32Reference::new(&m, HW, &plan, &xs).expect("fp32 reference");
+    let bc = bias_correction(&reference, &plan, &r).expect("full");
     assert_eq!(
         bc.batch, 8,
         "the chain runs at any batch: one batch of all inputs"
@@ -145,7 +146,8 @@ fn in_smaller_batches_the_running_mean_still_removes_most_of_the_shift() {
     let xs = inputs(8);
     let mut r = clipping_ranges(&m, &plan, &xs);
     let none = residual(&m, &plan, &r, &xs);
-    let bc = correct_in_batches(&m, HW, &plan, &r, &xs, Some(1)).expect("full");
+    let reference = Fp32Reference::new(&m, HW, &plan, &xs).expect("fp32 reference");
+    let bc = correct_in_batches(&reference, &plan, &r, Some(1)).expect("full");
     assert_eq!(bc.batch, 1);
     assert_eq!(bc.kind, CorrectionKind::Full, "{bc:?}");
     r.bias_correction = bc.shifts;
@@ -170,7 +172,8 @@ fn a_model_fixed_at_batch_1_is_corrected_one_image_at_a_time() {
     let plan = quant::plan(&m, &[]);
     let xs = inputs(8);
     let r = clipping_ranges(&m, &plan, &xs);
-    let bc = bias_correction(&m, HW, &plan, &r, &xs).expect("full");
+    let reference = Fp32Reference::new(&m, HW, &plan, &xs).expect("fp32 reference");
+    let bc = bias_correction(&reference, &plan, &r).expect("full");
     assert_eq!(bc.batch, 1);
     assert_eq!(bc.shifts.len(), 2, "{bc:?}");
     assert!(bc.shifts.values().flatten().any(|s| s.abs() > 1e-4));
