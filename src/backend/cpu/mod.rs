@@ -134,6 +134,8 @@ impl TractModel {
         if numerics == Numerics::Fp16 {
             fast_ops::round_constants_to_f16(&mut typed)?;
         }
+        fast_ops::replace_depthwise(&mut typed)?;
+        fast_ops::fuse_requantize(&mut typed)?;
         typed.optimize()?;
         fast_ops::replace_i8_casts(&mut typed)?;
         if numerics == Numerics::Fp16 {
