@@ -19,13 +19,23 @@ use tract_onnx::tract_core::ops::cast::Cast;
 
 use super::{Bin, bin_by_constant, on_tract_pool, scalar, sole_consumer, tract_is_parallel};
 
-/// The arithmetic of one [`Requantize`] after the per-channel step, each in this order.
+/// The constants of one channel: `t = x * mul + add`, then (after the activation's clamp)
+/// `t * q` where `q` is 1/scale of the quantize (tract's declutter folds the rescale into it
+/// where no bias or activation sits between, making it per channel).
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Channel {
+    mul: f32,
+    add: f32,
+    q: f32,
+}
+
+/// The arithmetic of one [`Requantize`] around the per-channel constants, in this order:
+/// `x * mul + add`, the activation's clamp, `* q`, the int8 clamp, the rounding.
 #[derive(Clone, Copy, Debug, PartialEq)]
 struct Steps {
     /// The activation's clamp (ReLU, ReLU6): `min(max(t, lo), hi)`.
     act: [f32; 2],
-    /// `t * 1/scale`, then `min(max(t, lo), hi)` (the int8 range).
-    q_mul: f32,
+    /// `min(max(t, lo), hi)` after `* q` (the int8 range).
     q_clamp: [f32; 2],
     /// `(t + magic) - magic`: round half to even while `|t| < 2^22`.
     magic: f32,
@@ -34,12 +44,12 @@ struct Steps {
 }
 
 impl Steps {
-    /// One value: `x * mul + add`, then the steps.
+    /// One value of channel `c`.
     #[inline(always)]
-    fn scalar(&self, x: f32, mul: f32, add: f32) -> f32 {
-        let t = x * mul + add;
+    fn scalar(&self, x: f32, c: &Channel) -> f32 {
+        let t = x * c.mul + c.add;
         let t = t.max(self.act[0]).min(self.act[1]);
-        let t = (t * self.q_mul).max(self.q_clamp[0]).min(self.q_clamp[1]);
+        let t = (t * c.q).max(self.q_clamp[0]).min(self.q_clamp[1]);
         (t + self.magic) - self.magic
     }
 }
@@ -49,12 +59,10 @@ impl Steps {
 pub struct Requantize {
     /// The input is the i32 accumulator (converted to f32 first), else f32.
     from_i32: bool,
-    /// The axis `mul` and `add` run along (one value per index), if they are per channel.
+    /// The axis the constants run along (one [`Channel`] per index), if they vary.
     axis: Option<usize>,
-    /// `x * mul[c] + add[c]` first (1 and 0 where the graph has no such step); one value
-    /// each when `axis` is `None`.
-    mul: Arc<Vec<f32>>,
-    add: Arc<Vec<f32>>,
+    /// One per index of `axis`, or one (`mul` 1 and `add` 0 where the graph has no such step).
+    channels: Arc<Vec<Channel>>,
     steps: Steps,
 }
 
@@ -86,25 +94,26 @@ impl Requantize {
             Ok(sole_consumer(model, OutletId::new(n.id, 0))?.is_some())
         };
         // The required tail: Mul(1/scale) -> Max -> Min -> Add(magic) -> Sub(magic).
-        let mut tail = vec![];
+        let (mut tail, mut q) = (vec![], None);
         let mut node = sub;
         for want in [Bin::Sub, Bin::Add, Bin::Min, Bin::Max, Bin::Mul] {
             let Some((prev, bin, k)) = back(node)? else {
                 return Ok(None);
             };
-            let Some(v) = scalar(&k) else {
-                return Ok(None);
-            };
             if bin != want || (want != Bin::Mul && !single(prev)?) {
                 return Ok(None);
             }
-            tail.push(v);
             if want == Bin::Mul {
+                q = Some(k);
                 break;
             }
+            let Some(v) = scalar(&k) else {
+                return Ok(None);
+            };
+            tail.push(v);
             node = prev;
         }
-        let [magic, magic_add, q_hi, q_lo, q_mul] = tail[..] else {
+        let [magic, magic_add, q_hi, q_lo] = tail[..] else {
             return Ok(None);
         };
         if magic != magic_add {
@@ -179,17 +188,20 @@ impl Requantize {
             axis = Some(a);
             Some(v)
         };
-        let (Some(mul), Some(add)) = (per_axis(&mul, 1.0), per_axis(&add, 0.0)) else {
+        let (Some(mul), Some(add), Some(q)) =
+            (per_axis(&mul, 1.0), per_axis(&add, 0.0), per_axis(&q, 1.0))
+        else {
             return Ok(None);
         };
-        let channels = axis.map_or(1, |a| shape[a]);
-        let widen = |v: Vec<f32>| {
-            if v.len() == channels {
-                v
-            } else {
-                vec![v[0]; channels]
-            }
-        };
+        let n = axis.map_or(1, |a| shape[a]);
+        let at = |v: &[f32], c: usize| if v.len() == n { v[c] } else { v[0] };
+        let channels = (0..n)
+            .map(|c| Channel {
+                mul: at(&mul, c),
+                add: at(&add, c),
+                q: at(&q, c),
+            })
+            .collect();
         // What reads the rounded value: the cast to i8, a dequantize, or anything else.
         let mut last = sub.id;
         let mut out_scale = Some(1.0);
@@ -209,11 +221,9 @@ impl Requantize {
         let op = Requantize {
             from_i32,
             axis,
-            mul: Arc::new(widen(mul)),
-            add: Arc::new(widen(add)),
+            channels: Arc::new(channels),
             steps: Steps {
                 act,
-                q_mul,
                 q_clamp: [q_lo, q_hi],
                 magic,
                 out_scale,
@@ -280,19 +290,19 @@ enum OutBlock<'a> {
 }
 
 /// One block of values sharing `mul` and `add`.
-fn requantize_block<T: Acc>(src: &[T], mul: f32, add: f32, s: &Steps, out: OutBlock) {
+fn requantize_block<T: Acc>(src: &[T], c: &Channel, s: &Steps, out: OutBlock) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: the CPU has AVX2 (checked above).
-        unsafe { requantize_block_avx2(src, mul, add, s, out) };
+        unsafe { requantize_block_avx2(src, c, s, out) };
         return;
     }
-    requantize_tail(src, mul, add, s, out, 0);
+    requantize_tail(src, c, s, out, 0);
 }
 
 /// Values `from..` of the block, one at a time.
-fn requantize_tail<T: Acc>(src: &[T], mul: f32, add: f32, s: &Steps, out: OutBlock, from: usize) {
-    let values = src[from..].iter().map(|x| s.scalar(x.to_f32(), mul, add));
+fn requantize_tail<T: Acc>(src: &[T], c: &Channel, s: &Steps, out: OutBlock, from: usize) {
+    let values = src[from..].iter().map(|x| s.scalar(x.to_f32(), c));
     match (out, s.out_scale) {
         (OutBlock::I8(o), _) => o[from..]
             .iter_mut()
@@ -310,16 +320,11 @@ fn requantize_tail<T: Acc>(src: &[T], mul: f32, add: f32, s: &Steps, out: OutBlo
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn requantize_block_avx2<T: Acc>(src: &[T], mul: f32, add: f32, s: &Steps, out: OutBlock) {
+unsafe fn requantize_block_avx2<T: Acc>(src: &[T], c: &Channel, s: &Steps, out: OutBlock) {
     use std::arch::x86_64::*;
     let set = |v: f32| _mm256_set1_ps(v);
-    let (m, a, act_lo, act_hi) = (set(mul), set(add), set(s.act[0]), set(s.act[1]));
-    let (q, q_lo, q_hi, magic) = (
-        set(s.q_mul),
-        set(s.q_clamp[0]),
-        set(s.q_clamp[1]),
-        set(s.magic),
-    );
+    let (m, a, act_lo, act_hi) = (set(c.mul), set(c.add), set(s.act[0]), set(s.act[1]));
+    let (q, q_lo, q_hi, magic) = (set(c.q), set(s.q_clamp[0]), set(s.q_clamp[1]), set(s.magic));
     let k = set(s.out_scale.unwrap_or(1.0));
     // The same operations, in the same order, as `Steps::scalar`.
     let step = |x: __m256| {
@@ -359,7 +364,7 @@ unsafe fn requantize_block_avx2<T: Acc>(src: &[T], mul: f32, add: f32, s: &Steps
             }
         }
     }
-    requantize_tail(src, mul, add, s, out, whole);
+    requantize_tail(src, c, s, out, whole);
 }
 
 impl Op for Requantize {
@@ -396,9 +401,9 @@ impl Requantize {
     fn run<T: Acc>(&self, src: &[T], shape: &[usize]) -> TractResult<TVec<TValue>> {
         let (outer, channels, inner) = self.blocks(shape);
         ensure!(
-            channels == self.mul.len() && outer * channels * inner == src.len(),
+            channels == self.channels.len() && outer * channels * inner == src.len(),
             "Requantize built for {} channels, given shape {shape:?}",
-            self.mul.len()
+            self.channels.len()
         );
         // Blocks of at least this many values go to separate threads.
         const CHUNK: usize = 16 * 1024;
@@ -410,7 +415,7 @@ impl Requantize {
         let per = per.max(1);
         let block = |k: usize, src: &[T], out: OutBlock| {
             let c = if self.axis.is_some() { k % channels } else { 0 };
-            requantize_block(src, self.mul[c], self.add[c], &self.steps, out)
+            requantize_block(src, &self.channels[c], &self.steps, out)
         };
         let parallel = tract_is_parallel() && src.len() > 2 * CHUNK;
         let t = match self.steps.out_scale {
@@ -603,13 +608,14 @@ mod tests {
     use super::super::super::{Probe, TractModel, lower_qdq};
     use super::super::tests::tract_reference;
     use crate::calib::{Method, Stats};
-    use crate::model::Model;
     use crate::model::testing::{GraphBuilder, values};
+    use crate::model::{Model, proto};
     use crate::quant;
 
-    /// conv -> ReLU6 (Clip) -> conv -> ReLU -> 1x1 conv -> residual Add -> ReLU -> pooled
-    /// Gemm head: every quantize chain the lowering writes (after an integer conv with and
-    /// without an activation, after a float Add, before the head's dequantize).
+    /// conv -> ReLU6 (Clip) -> conv -> ReLU -> 1x1 conv -> residual Add -> ReLU -> 1x1 conv
+    /// without bias -> 1x1 conv -> pooled Gemm head: every quantize chain the lowering writes
+    /// (after an integer conv with and without an activation, without a bias, where tract
+    /// folds the rescale into the quantize's multiply, after a float Add, before the head).
     fn quantizable() -> Model {
         let mut b = GraphBuilder::new(&[1, 3, 20, 20]);
         let c1 = b.conv_bn("stem", "x", 3, 8);
@@ -621,7 +627,15 @@ mod tests {
         let c3 = b.conv("block.conv2", &r2, 16, 8, 1);
         let add = b.op("Add", "block.add", &[&c3, &r1]);
         let r3 = b.op("Relu", "block.relu2", &[&add]);
-        let y = b.head(&r3, 8, 10);
+        let w = b.random("tail.w", &[12, 8, 1, 1], 0.4);
+        let c4 = b.node(
+            "Conv",
+            "tail.conv1",
+            &[&r3, &w],
+            vec![proto::ints_attr("kernel_shape", &[1, 1])],
+        );
+        let c5 = b.conv("tail.conv2", &c4, 12, 8, 1);
+        let y = b.head(&c5, 8, 10);
         b.output(&y);
         b.model()
     }
@@ -674,8 +688,9 @@ mod tests {
                 .filter(|k| k.starts_with("Requantize"))
                 .count();
             // The input's; the stem's (read as i8 by the next conv and as f32 by the residual
-            // Add: its output stays f32); the next conv's; the pooled head input's.
-            assert_eq!(fused, 4, "batch {batch}: {fused} fused in {kernels:?}");
+            // Add: its output stays f32); the next conv's; the residual's; the bias-free
+            // conv's; the pooled head input's.
+            assert_eq!(fused, 6, "batch {batch}: {fused} fused in {kernels:?}");
             let got = ours.run_all(&x).expect("run");
             let got = got[0]
                 .try_as_plain_ram()
@@ -700,7 +715,6 @@ mod tests {
         // (ReLU6), values that round half to even and saturate.
         let steps = |out_scale| super::Steps {
             act: [0.0, 6.0],
-            q_mul: 127.0 / 6.0,
             q_clamp: [-128.0, 127.0],
             magic: 12_582_912.0,
             out_scale,
@@ -712,21 +726,16 @@ mod tests {
         for n in [1000, 999, 31, 33, 64] {
             for out_scale in [None, Some(0.047)] {
                 let s = steps(out_scale);
-                let (mul, add) = (0.0021, 0.37);
-                let want: Vec<f32> = acc[..n]
-                    .iter()
-                    .map(|&x| s.scalar(x as f32, mul, add))
-                    .collect();
+                let c = super::Channel {
+                    mul: 0.0021,
+                    add: 0.37,
+                    q: 127.0 / 6.0,
+                };
+                let want: Vec<f32> = acc[..n].iter().map(|&x| s.scalar(x as f32, &c)).collect();
                 match out_scale {
                     None => {
                         let mut out = vec![0i8; n];
-                        super::requantize_block(
-                            &acc[..n],
-                            mul,
-                            add,
-                            &s,
-                            super::OutBlock::I8(&mut out),
-                        );
+                        super::requantize_block(&acc[..n], &c, &s, super::OutBlock::I8(&mut out));
                         for (o, w) in out.iter().zip(&want) {
                             assert_eq!(*o, *w as i8);
                         }
@@ -734,13 +743,7 @@ mod tests {
                     }
                     Some(k) => {
                         let mut out = vec![0f32; n];
-                        super::requantize_block(
-                            &acc[..n],
-                            mul,
-                            add,
-                            &s,
-                            super::OutBlock::F32(&mut out),
-                        );
+                        super::requantize_block(&acc[..n], &c, &s, super::OutBlock::F32(&mut out));
                         for (o, w) in out.iter().zip(&want) {
                             assert_eq!(o.to_bits(), (w * k).to_bits());
                         }
