@@ -403,3 +403,48 @@ fn a_mixed_precision_plan_goes_into_the_experiment() {
     h.get_by_label_contains("press Run to compare it");
     assert_eq!(h.get_all_by_label("float").count(), 2);
 }
+
+#[test]
+fn layers_tab_shows_where_each_engines_time_goes() {
+    use quantscope::backend::LayerTime;
+    let t = |layer: &str, kernel: &str, time_ms| LayerTime {
+        layer: layer.into(),
+        kernel: kernel.into(),
+        time_ms,
+    };
+    let mut report = sample_report();
+    for r in report.rows.iter_mut() {
+        let int8 = r.precision == Some(Precision::Int8);
+        r.layer_times = vec![
+            t("stem/conv", "OptMatMul", 4.0),
+            t("block1/dw", "DepthwiseConv (quantscope)", 1.5),
+            t("head/resize", "Resize (quantscope 2-tap)", 0.5),
+        ];
+        if int8 {
+            r.layer_times
+                .push(t("block1/q", "Requantize (quantscope)", 0.25));
+        }
+    }
+    let mut wb = sample_workbench();
+    wb.set_results(report, Some(sample_artifacts()));
+    wb.tab = Tab::Layers;
+    let mut h = harness(wb);
+    h.run();
+    h.get_by_label("Where the time goes");
+    // The first engine (FP32): its ops by time, its layers slowest first, the sum.
+    h.get_by_label_contains("3 layers, 6.00 ms summed");
+    // In both lists: the op's total and its one layer.
+    assert_eq!(h.get_all_by_label("OptMatMul").count(), 2);
+    assert_eq!(h.get_all_by_label("4.00 ms · 67 %").count(), 2);
+    assert!(h.query_by_label("Requantize (quantscope)").is_none());
+    // Another engine, picked from the list.
+    h.get_by_label("engine").click();
+    h.run();
+    h.get_by_label("INT8 max").click();
+    h.run();
+    assert_eq!(h.state().layers.time_engine.as_deref(), Some("INT8 max"));
+    h.get_by_label_contains("4 layers, 6.25 ms summed");
+    assert!(h.get_all_by_label("Requantize (quantscope)").count() >= 1);
+    // The sensitivity analysis is still offered below.
+    h.get_by_label("Analyse sensitivity");
+}

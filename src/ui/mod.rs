@@ -170,6 +170,9 @@ pub struct LayersState {
     pub budget_miou_pct: f64,
     /// Search the fewest layers to keep in float to meet the budget.
     pub find_mixed: bool,
+    /// The engine "Where the time goes" shows (its name in Compare); the first with
+    /// per-layer times when unset.
+    pub time_engine: Option<String>,
 }
 
 impl Default for LayersState {
@@ -181,6 +184,7 @@ impl Default for LayersState {
             budget_top1_pt: 0.5,
             budget_miou_pct: 1.0,
             find_mixed: true,
+            time_engine: None,
         }
     }
 }

@@ -1,7 +1,8 @@
-//! The Layers tab: per-layer sensitivity (SQNR isolated and accumulated, task metric gained by
-//! keeping a layer in float) as a sortable table and a bar chart; "Analyse sensitivity" runs
-//! it on the worker, clicking a layer's precision moves it in or out of the experiment's
-//! mixed-precision engine, and "Re-run" builds that engine next to the others.
+//! The Layers tab: where each engine's time goes (per-layer times, [`super::times`]); then
+//! per-layer sensitivity (SQNR isolated and accumulated, task metric gained by keeping a layer
+//! in float) as a sortable table and a bar chart; "Analyse sensitivity" runs it on the worker,
+//! clicking a layer's precision moves it in or out of the experiment's mixed-precision engine,
+//! and "Re-run" builds that engine next to the others.
 
 use eframe::egui;
 use egui_plot::{Bar, BarChart, Legend};
@@ -20,6 +21,7 @@ fn num(v: Option<f64>, digits: usize) -> String {
 }
 
 pub fn layers_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
+    super::times::times_ui(wb, ui);
     controls_ui(wb, ui);
     ui.separator();
     let Some(report) = wb.layers.report.clone() else {

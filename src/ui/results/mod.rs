@@ -7,6 +7,7 @@ mod compare;
 mod layers;
 mod log;
 pub(crate) mod masks;
+mod times;
 
 use super::{Command, Workbench, theme};
 

@@ -1,0 +1,162 @@
+//! The Layers tab's "Where the time goes": one engine's per-layer times (measured by its
+//! backend after the latency runs, batch 1), summed by op kind and listed slowest first, so
+//! a latency in Compare comes with the ops that explain it.
+
+use eframe::egui;
+
+use super::compare::engine_name;
+use crate::backend::LayerTime;
+use crate::report::Row;
+use crate::ui::Workbench;
+
+/// Layers listed, slowest first.
+const SLOWEST: usize = 12;
+/// Op kinds listed, most time first.
+const KINDS: usize = 10;
+
+/// Time by op kind: `(kind, total ms, layers)`, most time first.
+pub fn by_kind(times: &[LayerTime]) -> Vec<(String, f64, usize)> {
+    let mut kinds: Vec<(String, f64, usize)> = vec![];
+    for t in times {
+        match kinds.iter_mut().find(|(k, ..)| *k == t.kernel) {
+            Some((_, ms, n)) => {
+                *ms += t.time_ms;
+                *n += 1;
+            }
+            None => kinds.push((t.kernel.clone(), t.time_ms, 1)),
+        }
+    }
+    kinds.sort_by(|a, b| b.1.total_cmp(&a.1));
+    kinds
+}
+
+/// The section, when some engine of the current results has per-layer times.
+pub fn times_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
+    let rows: Vec<&Row> = wb
+        .results
+        .rows()
+        .iter()
+        .filter(|r| !r.layer_times.is_empty())
+        .collect();
+    if rows.is_empty() {
+        return;
+    }
+    let names: Vec<String> = rows.iter().map(|r| engine_name(r)).collect();
+    let chosen = wb
+        .layers
+        .time_engine
+        .as_ref()
+        .and_then(|n| names.iter().position(|m| m == n))
+        .unwrap_or(0);
+    let mut pick = chosen;
+    egui::CollapsingHeader::new("Where the time goes")
+        .id_salt("layers.times")
+        .default_open(true)
+        .show(ui, |ui| {
+            let r = rows[chosen];
+            ui.horizontal_wrapped(|ui| {
+                egui::ComboBox::new("layers.times.engine", "engine")
+                    .selected_text(&names[chosen])
+                    .show_ui(ui, |ui| {
+                        for (k, n) in names.iter().enumerate() {
+                            ui.selectable_value(&mut pick, k, n);
+                        }
+                    });
+                let total: f64 = r.layer_times.iter().map(|t| t.time_ms).sum();
+                let mut text = format!(
+                    "{} layers, {total:.2} ms summed (each layer's median over its profiled runs)",
+                    r.layer_times.len()
+                );
+                if let Some(l) = &r.latency_ms {
+                    text.push_str(&format!("; the engine's median latency {:.2} ms", l.median));
+                }
+                text.push_str(&format!(", {}", r.backend));
+                if let Some(t) = r.threads {
+                    text.push_str(&format!(", {t} thread{}", if t == 1 { "" } else { "s" }));
+                }
+                ui.label(text).on_hover_text(
+                    "Measured by the backend after the latency runs, batch 1. The sum can differ from the latency: each layer is timed apart from the others",
+                );
+            });
+            let total: f64 = r.layer_times.iter().map(|t| t.time_ms).sum::<f64>().max(1e-9);
+            ui.columns(2, |cols| {
+                cols[0].strong("by op");
+                egui::Grid::new("layers.times.kinds")
+                    .striped(true)
+                    .show(&mut cols[0], |ui| {
+                        for (kind, ms, n) in by_kind(&r.layer_times).into_iter().take(KINDS) {
+                            ui.label(kind);
+                            ui.label(format!("{n}×"));
+                            share_ui(ui, ms, total);
+                            ui.end_row();
+                        }
+                    });
+                cols[1].strong(format!("slowest {SLOWEST} layers"));
+                let mut slowest: Vec<&LayerTime> = r.layer_times.iter().collect();
+                slowest.sort_by(|a, b| b.time_ms.total_cmp(&a.time_ms));
+                egui::Grid::new("layers.times.slowest")
+                    .striped(true)
+                    .show(&mut cols[1], |ui| {
+                        for t in slowest.into_iter().take(SLOWEST) {
+                            ui.label(short(&t.layer, 40)).on_hover_text(&t.layer);
+                            ui.weak(short(&t.kernel, 24));
+                            share_ui(ui, t.time_ms, total);
+                            ui.end_row();
+                        }
+                    });
+            });
+        });
+    if pick != chosen {
+        wb.layers.time_engine = Some(names[pick].clone());
+    }
+}
+
+/// `ms` and its share of `total` as a bar.
+fn share_ui(ui: &mut egui::Ui, ms: f64, total: f64) {
+    let share = (ms / total).clamp(0.0, 1.0) as f32;
+    ui.add(
+        egui::ProgressBar::new(share)
+            .desired_width(160.0)
+            .text(format!("{ms:.2} ms · {:.0} %", share * 100.0)),
+    );
+}
+
+/// The end of `s` when it is longer than `max` characters (layer names differ at the end).
+fn short(s: &str, max: usize) -> String {
+    let n = s.chars().count();
+    if n <= max {
+        return s.to_string();
+    }
+    let tail: String = s.chars().skip(n - (max - 1)).collect();
+    format!("…{tail}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn time_by_kind_sums_and_sorts() {
+        let t = |layer: &str, kernel: &str, time_ms| LayerTime {
+            layer: layer.into(),
+            kernel: kernel.into(),
+            time_ms,
+        };
+        let kinds = by_kind(&[
+            t("a", "Conv", 1.0),
+            t("b", "Requantize", 0.5),
+            t("c", "Conv", 2.0),
+            t("d", "Resize", 2.5),
+        ]);
+        assert_eq!(
+            kinds,
+            vec![
+                ("Conv".to_string(), 3.0, 2),
+                ("Resize".to_string(), 2.5, 1),
+                ("Requantize".to_string(), 0.5, 1)
+            ]
+        );
+        assert_eq!(short("abcdef", 4), "…def");
+        assert_eq!(short("abc", 4), "abc");
+    }
+}
