@@ -9,7 +9,10 @@
 //!   rounds half to even, as tract's `Round` does), in ops tract fuses into single passes,
 //!   where its own quantize/dequantize kernels are scalar loops several times slower.
 //! - Grouped (depthwise) convs stay float on the dequantized int8 input and weights: tract has
-//!   no int8 kernel for them and its im2col fallback is slower than float.
+//!   no int8 kernel for them and its im2col fallback is slower than float. They run on our
+//!   depthwise kernel (`fast_ops::depthwise`, 32 outputs per AVX2 step), and each quantize
+//!   chain (after an integer conv or a float op, through the cast to int8) runs as one fused
+//!   pass (`fast_ops::quant::Requantize`), bit for bit the ops written here.
 //!
 //! Everything that runs in float is listed, with the reason, in `float_nodes`.
 

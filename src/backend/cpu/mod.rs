@@ -568,6 +568,7 @@ mod tests {
     use tract_onnx::prelude::tract_linalg;
 
     use crate::backend::{Backend, BuildInput, BuildSpec, Precision};
+    use crate::model::proto;
     use crate::model::testing::{GraphBuilder, values};
 
     #[test]
@@ -575,7 +576,19 @@ mod tests {
         let mut b = GraphBuilder::new(&[1, 3, 96, 96]);
         let c1 = b.conv("c1", "x", 3, 32, 3);
         let r1 = b.op("Relu", "r1", &[&c1]);
-        let c2 = b.conv("c2", &r1, 32, 32, 3);
+        // A depthwise conv large enough for our kernel to split its planes over threads.
+        let w = b.random("dw.w", &[32, 1, 3, 3], 0.5);
+        let dw = b.node(
+            "Conv",
+            "dw",
+            &[&r1, &w],
+            vec![
+                proto::ints_attr("kernel_shape", &[3, 3]),
+                proto::ints_attr("pads", &[1, 1, 1, 1]),
+                proto::int_attr("group", 32),
+            ],
+        );
+        let c2 = b.conv("c2", &dw, 32, 32, 3);
         b.output(&c2);
         let m = b.model();
         let spec = BuildSpec {

@@ -3,7 +3,8 @@
 //! (the INT8 engines' quantize, fused with what precedes it), [`depthwise`] (depthwise
 //! convolution).
 //!
-//! Our kernels run on the threads of tract's matrix multiplies (its current executor).
+//! The depthwise conv, the Resize and the f16 rounding run on the threads of tract's matrix
+//! multiplies (its current executor) where the work is large enough; the requantize on one.
 
 mod depthwise;
 mod f16;

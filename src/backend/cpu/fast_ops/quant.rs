@@ -12,12 +12,11 @@
 //!   AVX2 step where tract casts one at a time (casts took 4-17 ms of an INT8 run of the
 //!   bench models on the 2-core EPYC, 0.9-2.1 ms with this op).
 
-use rayon::prelude::*;
 use tract_onnx::prelude::*;
 use tract_onnx::tract_core::internal::*;
 use tract_onnx::tract_core::ops::cast::Cast;
 
-use super::{Bin, bin_by_constant, on_tract_pool, scalar, sole_consumer, tract_is_parallel};
+use super::{Bin, bin_by_constant, scalar, sole_consumer};
 
 /// The constants of one channel: `t = x * mul + add`, then (after the activation's clamp)
 /// `t * q` where `q` is 1/scale of the quantize (tract's declutter folds the rescale into it
@@ -405,7 +404,9 @@ impl Requantize {
             "Requantize built for {} channels, given shape {shape:?}",
             self.channels.len()
         );
-        // Blocks of at least this many values go to separate threads.
+        // Blocks share one channel's constants: a channel's run, or chunks of everything.
+        // One thread: this pass over memory ran slower split over tract's pool (DeepLabV3-MNv2
+        // on the 16-core Xeon of the GPU machine: 11.8 ms summed at 16 threads, 6.3 ms on one).
         const CHUNK: usize = 16 * 1024;
         let per = if inner >= CHUNK || self.axis.is_some() {
             inner
@@ -413,41 +414,19 @@ impl Requantize {
             CHUNK
         };
         let per = per.max(1);
-        let block = |k: usize, src: &[T], out: OutBlock| {
-            let c = if self.axis.is_some() { k % channels } else { 0 };
-            requantize_block(src, &self.channels[c], &self.steps, out)
-        };
-        let parallel = tract_is_parallel() && src.len() > 2 * CHUNK;
+        let c = |k: usize| &self.channels[if self.axis.is_some() { k % channels } else { 0 }];
         let t = match self.steps.out_scale {
             None => {
                 let mut out = vec![0i8; src.len()];
-                if parallel {
-                    on_tract_pool(|| {
-                        out.par_chunks_mut(per)
-                            .zip(src.par_chunks(per))
-                            .enumerate()
-                            .for_each(|(k, (o, s))| block(k, s, OutBlock::I8(o)))
-                    });
-                } else {
-                    for (k, (o, s)) in out.chunks_mut(per).zip(src.chunks(per)).enumerate() {
-                        block(k, s, OutBlock::I8(o));
-                    }
+                for (k, (o, s)) in out.chunks_mut(per).zip(src.chunks(per)).enumerate() {
+                    requantize_block(s, c(k), &self.steps, OutBlock::I8(o));
                 }
                 tract_ndarray::ArrayD::from_shape_vec(shape, out)?.into_tensor()
             }
             Some(_) => {
                 let mut out = vec![0f32; src.len()];
-                if parallel {
-                    on_tract_pool(|| {
-                        out.par_chunks_mut(per)
-                            .zip(src.par_chunks(per))
-                            .enumerate()
-                            .for_each(|(k, (o, s))| block(k, s, OutBlock::F32(o)))
-                    });
-                } else {
-                    for (k, (o, s)) in out.chunks_mut(per).zip(src.chunks(per)).enumerate() {
-                        block(k, s, OutBlock::F32(o));
-                    }
+                for (k, (o, s)) in out.chunks_mut(per).zip(src.chunks(per)).enumerate() {
+                    requantize_block(s, c(k), &self.steps, OutBlock::F32(o));
                 }
                 tract_ndarray::ArrayD::from_shape_vec(shape, out)?.into_tensor()
             }
