@@ -126,7 +126,16 @@ impl FastDepthwise {
             .padding
             .compute(&in_hw, &spec.kernel_shape, &dilations, &strides);
         let out_hw = [geo[0].convoluted, geo[1].convoluted];
-        if out_hw.contains(&0) || in_hw.contains(&0) {
+        if [
+            out_hw,
+            in_hw,
+            [kh, kw],
+            [strides[0], strides[1]],
+            [dilations[0], dilations[1]],
+        ]
+        .iter()
+        .any(|pair| pair.contains(&0))
+        {
             return Ok(None);
         }
         Ok(Some(FastDepthwise {

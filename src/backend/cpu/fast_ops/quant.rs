@@ -206,8 +206,11 @@ impl Requantize {
         let mut out_scale = Some(1.0);
         if let Some(next) = sole_consumer(model, OutletId::new(sub.id, 0))? {
             let next = model.node(next);
+            // The vector cast truncates; it is `as i8` for the whole numbers of the int8 range.
             if let Some(cast) = next.op_as::<Cast>()
                 && cast.to == i8::datum_type()
+                && q_lo >= -128.0
+                && q_hi <= 127.0
             {
                 (last, out_scale) = (next.id, None);
             } else if let Some((Bin::Mul, k)) =
