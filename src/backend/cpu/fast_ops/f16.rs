@@ -185,7 +185,6 @@ pub fn round_outputs_to_f16(model: &mut TypedModel) -> TractResult<usize> {
 
 #[cfg(test)]
 mod tests {
-    use tract_onnx::prelude::*;
 
     use super::super::super::{Numerics, TractModel};
     use crate::backend::{Backend, BuildInput, BuildSpec, Precision};
