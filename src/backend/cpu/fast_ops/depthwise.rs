@@ -446,7 +446,7 @@ mod tests {
     use tract_onnx::pb;
 
     use super::super::super::TractModel;
-    use super::super::tests::tract_reference;
+    use super::super::tests::{kernels, output, tract_reference};
     use crate::model::proto;
     use crate::model::testing::{GraphBuilder, values};
 
@@ -505,13 +505,7 @@ mod tests {
                 .map(|v| v * 4.0)
                 .collect();
             let ours = TractModel::new(&p, shape, &[]).expect("build");
-            let kernels: Vec<String> = ours
-                .profile(&x, 1)
-                .expect("profile")
-                .into_iter()
-                .map(|l| l.kernel)
-                .filter(|k| k != "Source")
-                .collect();
+            let kernels = kernels(&ours, &x);
             let case = format!("{shape:?} k{k} s{s} d{d} pads {pads:?} relu6 {relu6}");
             assert!(
                 kernels.iter().any(|k| k.contains("Depthwise")),
@@ -519,13 +513,7 @@ mod tests {
             );
             // The clamp is fused: nothing else runs.
             assert_eq!(kernels.len(), 1, "{case}: {kernels:?}");
-            let got = ours.run_all(&x).expect("run");
-            let got = got[0]
-                .try_as_plain_ram()
-                .expect("ram")
-                .as_slice::<f32>()
-                .expect("f32")
-                .to_vec();
+            let got = output(&ours, &x);
             let want = tract_reference(&p, shape, &x);
             assert_eq!(got.len(), want.len(), "{case}");
             // Sums of k*k + 1 terms of at most 4 * 0.5 in magnitude, in another order.

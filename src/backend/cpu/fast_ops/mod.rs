@@ -132,4 +132,25 @@ mod tests {
             .expect("f32")
             .to_vec()
     }
+
+    /// The kind of each node of `m`'s plan that ran on `x` (its profile), the source left out.
+    pub(super) fn kernels(m: &super::super::TractModel, x: &[f32]) -> Vec<String> {
+        m.profile(x, 1)
+            .expect("profile")
+            .into_iter()
+            .map(|l| l.kernel)
+            .filter(|k| k != "Source")
+            .collect()
+    }
+
+    /// `m`'s first output on `x`, as f32 values.
+    pub(super) fn output(m: &super::super::TractModel, x: &[f32]) -> Vec<f32> {
+        let out = m.run_all(x).expect("run");
+        out[0]
+            .try_as_plain_ram()
+            .expect("ram")
+            .as_slice::<f32>()
+            .expect("f32")
+            .to_vec()
+    }
 }

@@ -588,7 +588,7 @@ pub fn replace_i8_casts(model: &mut TypedModel) -> TractResult<usize> {
 #[cfg(test)]
 mod tests {
     use super::super::super::{Probe, TractModel, lower_qdq};
-    use super::super::tests::tract_reference;
+    use super::super::tests::{kernels, output, tract_reference};
     use crate::calib::{Method, Stats};
     use crate::model::testing::{GraphBuilder, values};
     use crate::model::{Model, proto};
@@ -659,12 +659,7 @@ mod tests {
                 .map(|v| v * 2.5)
                 .collect();
             let ours = TractModel::new(&p, shape, &[]).expect("build");
-            let kernels: Vec<String> = ours
-                .profile(&x, 1)
-                .expect("profile")
-                .into_iter()
-                .map(|l| l.kernel)
-                .collect();
+            let kernels = kernels(&ours, &x);
             let fused = kernels
                 .iter()
                 .filter(|k| k.starts_with("Requantize"))
@@ -673,13 +668,7 @@ mod tests {
             // Add: its output stays f32); the next conv's; the residual's; the bias-free
             // conv's; the pooled head input's.
             assert_eq!(fused, 6, "batch {batch}: {fused} fused in {kernels:?}");
-            let got = ours.run_all(&x).expect("run");
-            let got = got[0]
-                .try_as_plain_ram()
-                .expect("ram")
-                .as_slice::<f32>()
-                .expect("f32")
-                .to_vec();
+            let got = output(&ours, &x);
             let want = tract_reference(&p, shape, &x);
             assert_eq!(got.len(), want.len());
             let differ = got

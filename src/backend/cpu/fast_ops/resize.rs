@@ -261,7 +261,7 @@ mod tests {
     use tract_onnx::pb;
 
     use super::super::super::TractModel;
-    use super::super::tests::tract_reference;
+    use super::super::tests::{kernels, output, tract_reference};
     use crate::model::proto;
     use crate::model::testing::{GraphBuilder, values};
 
@@ -351,23 +351,12 @@ mod tests {
             let p = resize_model(3, hw, out, &attrs);
             let x = values(shape.iter().product(), 11);
             let ours = TractModel::new(&p, shape, &[]).expect("build");
-            let kernels: Vec<String> = ours
-                .profile(&x, 1)
-                .expect("profile")
-                .into_iter()
-                .map(|l| l.kernel)
-                .collect();
+            let kernels = kernels(&ours, &x);
             assert!(
                 kernels.iter().any(|k| k.contains("quantscope")),
                 "{attrs:?}: our Resize is in the plan: {kernels:?}"
             );
-            let got = ours.run_all(&x).expect("run");
-            let got = got[0]
-                .try_as_plain_ram()
-                .expect("ram")
-                .as_slice::<f32>()
-                .expect("f32")
-                .to_vec();
+            let got = output(&ours, &x);
             let want = tract_reference(&p, shape, &x);
             assert_eq!(got.len(), want.len(), "{attrs:?}");
             // Each output is a convex blend of at most four inputs: the two orders of the
