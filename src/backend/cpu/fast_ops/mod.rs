@@ -115,6 +115,17 @@ mod tests {
     use tract_onnx::pb;
     use tract_onnx::prelude::*;
 
+    /// The first of `out`, as f32 values.
+    fn first_f32(out: &[TValue]) -> Vec<f32> {
+        out[0]
+            .try_as_plain_ram()
+            .expect("ram")
+            .as_slice::<f32>()
+            .expect("f32")
+            .to_vec()
+    }
+
+    /// tract's own pipeline, without our rewrites: what our kernels replace.
     pub(super) fn tract_reference(p: &pb::ModelProto, shape: [usize; 4], x: &[f32]) -> Vec<f32> {
         let mut m = tract_onnx::onnx().parse(p, None).expect("parse").model;
         m.set_input_fact(0, f32::fact(shape).into()).expect("fact");
@@ -124,13 +135,7 @@ mod tests {
             .into_runnable()
             .expect("plan");
         let t = Tensor::from_shape(&shape, x).expect("tensor");
-        let out = plan.run(tvec!(t.into())).expect("run");
-        out[0]
-            .try_as_plain_ram()
-            .expect("ram")
-            .as_slice::<f32>()
-            .expect("f32")
-            .to_vec()
+        first_f32(&plan.run(tvec!(t.into())).expect("run"))
     }
 
     /// The kind of each node of `m`'s plan that ran on `x` (its profile), the source left out.
@@ -145,12 +150,6 @@ mod tests {
 
     /// `m`'s first output on `x`, as f32 values.
     pub(super) fn output(m: &super::super::TractModel, x: &[f32]) -> Vec<f32> {
-        let out = m.run_all(x).expect("run");
-        out[0]
-            .try_as_plain_ram()
-            .expect("ram")
-            .as_slice::<f32>()
-            .expect("f32")
-            .to_vec()
+        first_f32(&m.run_all(x).expect("run"))
     }
 }
