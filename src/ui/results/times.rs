@@ -98,8 +98,8 @@ pub fn times_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
                     .striped(true)
                     .show(&mut cols[1], |ui| {
                         for t in slowest.into_iter().take(SLOWEST) {
-                            ui.label(short(&t.layer, 40)).on_hover_text(&t.layer);
-                            ui.weak(short(&t.kernel, 24));
+                            ui.label(short(&t.layer, 30, true)).on_hover_text(&t.layer);
+                            ui.weak(short(&t.kernel, 16, false)).on_hover_text(&t.kernel);
                             share_ui(ui, t.time_ms, total);
                             ui.end_row();
                         }
@@ -116,19 +116,25 @@ fn share_ui(ui: &mut egui::Ui, ms: f64, total: f64) {
     let share = (ms / total).clamp(0.0, 1.0) as f32;
     ui.add(
         egui::ProgressBar::new(share)
-            .desired_width(160.0)
+            .desired_width(110.0)
             .text(format!("{ms:.2} ms · {:.0} %", share * 100.0)),
     );
 }
 
-/// The end of `s` when it is longer than `max` characters (layer names differ at the end).
-fn short(s: &str, max: usize) -> String {
+/// `s` cut to `max` characters: its end where `keep_end` (layer names differ at the end),
+/// else its start (op names differ at the start).
+fn short(s: &str, max: usize, keep_end: bool) -> String {
     let n = s.chars().count();
     if n <= max {
         return s.to_string();
     }
-    let tail: String = s.chars().skip(n - (max - 1)).collect();
-    format!("…{tail}")
+    if keep_end {
+        let tail: String = s.chars().skip(n - (max - 1)).collect();
+        format!("…{tail}")
+    } else {
+        let head: String = s.chars().take(max - 1).collect();
+        format!("{head}…")
+    }
 }
 
 #[cfg(test)]
@@ -156,7 +162,8 @@ mod tests {
                 ("Requantize".to_string(), 0.5, 1)
             ]
         );
-        assert_eq!(short("abcdef", 4), "…def");
-        assert_eq!(short("abc", 4), "abc");
+        assert_eq!(short("abcdef", 4, true), "…def");
+        assert_eq!(short("abcdef", 4, false), "abc…");
+        assert_eq!(short("abc", 4, true), "abc");
     }
 }
