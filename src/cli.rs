@@ -129,7 +129,9 @@ pub struct OutputArgs {
     /// (IEEE FP32, what the CPU computes) [default: tf32]. The CPU backend is always strict.
     #[arg(long, value_enum)]
     pub fp32_math: Option<crate::backend::Fp32Math>,
-    /// Threads for the CPU engines and the calibration passes [default: every core].
+    /// Threads for the CPU engines and the calibration passes [default: every core]. An engine
+    /// that runs faster on one thread (timed when it is built; tract threads small int8
+    /// products at a loss) keeps one; each row says the threads it ran on.
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
 }

@@ -637,6 +637,15 @@ impl RowCtx<'_> {
         }
         let keep_going = || !self.cancel.is_cancelled();
         self.sink.progress(&format!("timing {label}"), 0, 1);
+        // Threads are settled by timing, now that nothing else runs (images are decoded on
+        // other threads while engines are built and evaluated).
+        if let Err(e) = crate::guard::catch(&format!("choosing threads for {label}"), || {
+            engine.choose_threads().map_err(|e| e.to_string())
+        })
+        .and_then(|r| r)
+        {
+            self.sink.log(&format!("{label}: threads not chosen: {e}"));
+        }
         bench::reset_peak_rss();
         let (rss_timing, _) = bench::rss_bytes();
         let timed = crate::guard::catch(&format!("timing {label}"), || {
@@ -657,6 +666,15 @@ impl RowCtx<'_> {
             Err(e) => row.error = Some(e),
         }
         let mut info = engine.info().clone();
+        if let (Some(t), Some(n)) = (info.threads, row.threads)
+            && t != n
+        {
+            self.sink.log(&format!(
+                "{label}: runs on {t} thread{} (faster than {n} for this engine, timed before its latency)",
+                if t == 1 { "" } else { "s" }
+            ));
+        }
+        row.threads = info.threads.or(row.threads);
         // The CUDA engine times its layers while it is built; the CPU engine is profiled here
         // (a few runs on the timing input), so every row says where its time goes.
         if info.layer_times.is_empty() && !self.cancel.is_cancelled() {
@@ -734,6 +752,8 @@ impl RowCtx<'_> {
         }
         let timed = built.map_err(|e| e.message).and_then(|mut e| {
             crate::guard::catch(&format!("timing {label} at batch {b}"), || {
+                e.choose_threads()
+                    .map_err(|err| format!("timing {label} at batch {b}: {err}"))?;
                 bench::measure(e.as_mut(), &batched, self.bench_spec, &keep_going)
                     .map(|l| (l, e.info().layer_times.clone()))
                     .map_err(|err| format!("timing {label} at batch {b}: {err}"))

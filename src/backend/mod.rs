@@ -162,6 +162,10 @@ pub struct EngineInfo {
     /// An FP32 engine whose convolutions and GEMMs may use TF32 tensor cores.
     #[serde(default)]
     pub tf32: bool,
+    /// Threads a CPU engine runs on: the process's count, or one where one ran it faster
+    /// ([`Engine::choose_threads`]).
+    #[serde(default)]
+    pub threads: Option<usize>,
     pub int8_nodes: usize,
     pub float_nodes: Vec<FloatNode>,
     pub weights_bytes: u64,
@@ -194,6 +198,12 @@ pub trait Engine: Send {
     /// Time per layer (or fused group) on `input`, slowest first.
     fn profile(&mut self, _input: &[f32]) -> Result<Vec<LayerTime>, BackendError> {
         Ok(self.info().layer_times.clone())
+    }
+    /// Settles the threads the engine runs on, by timing (CPU: the process's count or one,
+    /// whichever runs it faster); called just before the engine is timed, when nothing else
+    /// runs. Returns the threads chosen, if the backend has a choice.
+    fn choose_threads(&mut self) -> Result<Option<usize>, BackendError> {
+        Ok(None)
     }
 }
 

@@ -1280,6 +1280,7 @@ impl CudaEngine {
             ),
             simulated: false,
             tf32: eng.tf32,
+            threads: None,
             int8_nodes: eng.plan.int8_nodes.len(),
             float_nodes: eng.plan.float_nodes.clone(),
             weights_bytes,

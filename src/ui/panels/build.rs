@@ -101,7 +101,9 @@ pub fn build_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
                 n => n,
             };
             ui.add_enabled(!all, egui::DragValue::new(&mut n).range(1..=256))
-                .on_hover_text("Threads for the CPU engines (timings depend on it)");
+                .on_hover_text(
+                    "Threads for the CPU engines (timings depend on it). An engine that runs faster on one thread keeps one; each row says which",
+                );
             exp.threads = if all { 0 } else { n };
         });
         ui.end_row();
