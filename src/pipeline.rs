@@ -637,8 +637,8 @@ impl RowCtx<'_> {
         }
         let keep_going = || !self.cancel.is_cancelled();
         self.sink.progress(&format!("timing {label}"), 0, 1);
-        // Threads are settled by timing, now that nothing else runs (images are decoded on
-        // other threads while engines are built and evaluated).
+        // Threads are settled by timing just before the latency runs, under their conditions
+        // (choices made while the engine was built disagreed with its latency runs).
         if let Err(e) = crate::guard::catch(&format!("choosing threads for {label}"), || {
             engine.choose_threads().map_err(|e| e.to_string())
         })

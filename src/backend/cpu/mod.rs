@@ -163,10 +163,18 @@ impl TractModel {
     }
 
     /// Keeps one thread for this model where one runs it faster than the process's threads,
-    /// timed alternately on a fixed input (tract threads small int8 matrix products at a loss:
+    /// timed on a fixed input (tract threads small int8 matrix products at a loss:
     /// MobileNetV2's INT8 engine took 22.6 ms on the 2-core EPYC's two threads, 13.5 ms on
-    /// one); returns the threads it will run on.
+    /// one); returns the threads it will run on. On an error the process's threads stay.
     pub fn choose_threads(&mut self) -> TractResult<usize> {
+        let chosen = self.time_threads();
+        if chosen.is_err() {
+            self.executor = None;
+        }
+        chosen
+    }
+
+    fn time_threads(&mut self) -> TractResult<usize> {
         use tract_linalg::multithread::{Executor, current_tract_executor};
         let n = match current_tract_executor() {
             Executor::MultiThread(pool) => pool.current_num_threads(),
