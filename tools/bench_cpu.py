@@ -76,7 +76,8 @@ def ort_latency(path, x, level, threads, runs):
 
 def quantscope_round(a, name, path, norm, threads, work):
     """One quantscope eval: fp32, fp16, int8 (max). Returns {precision: ms}, per-op ms, shape,
-    the Q/DQ path."""
+    the Q/DQ path, {precision: threads the engine ran on} (an engine keeps one thread where
+    one ran it faster)."""
     report = os.path.join(work, f"{name}-t{threads}.json")
     qdq_dir = os.path.join(work, f"{name}-qdq")
     cmd = [a.quantscope, "eval", "--model", path, "--calib", a.calib, "--calib-count", "4",
@@ -85,12 +86,13 @@ def quantscope_round(a, name, path, norm, threads, work):
            "--cle", "off", "--export-qdq", qdq_dir, "--report", report] + norm
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     r = json.load(open(report))
-    times, ops = {}, {}
+    times, ops, used = {}, {}, {}
     for row in r["rows"]:
         if row.get("error"):
             raise SystemExit(f"{name}: quantscope {row['precision']} failed: {row['error']}")
         p = row["precision"]
         times[p] = row["latency_ms"]["median"]
+        used[p] = row.get("threads")
         per_kind = {}
         for l in row.get("layer_times", []):
             per_kind[l["kernel"]] = per_kind.get(l["kernel"], 0.0) + l["time_ms"]
@@ -99,7 +101,7 @@ def quantscope_round(a, name, path, norm, threads, work):
     qdq = [os.path.join(qdq_dir, f) for f in sorted(os.listdir(qdq_dir)) if f.endswith(".onnx")]
     if not qdq:
         raise SystemExit(f"{name}: quantscope wrote no Q/DQ model under {qdq_dir}")
-    return times, ops, shape, qdq[0]
+    return times, ops, shape, qdq[0], used
 
 
 def main():
@@ -144,11 +146,13 @@ def main():
     with tempfile.TemporaryDirectory() as work:
         for t in threads:
             samples = {n: {} for n, _, _ in models}
-            ops = {}
+            ops, used = {}, {}
             for _ in range(a.rounds):
                 for name, path, norm in models:
-                    times, per_op, shape, qdq = quantscope_round(a, name, path, norm, t, work)
+                    times, per_op, shape, qdq, ran_on = quantscope_round(a, name, path, norm, t, work)
                     ops[name] = per_op
+                    for p, n in ran_on.items():
+                        used.setdefault(name, {}).setdefault(p, []).append(n)
                     x = np.random.default_rng(0).uniform(-1, 1, size=shape).astype(np.float32)
                     got = {f"quantscope {p}": v for p, v in times.items()}
                     got["onnxruntime fp32"] = ort_latency(path, x, full, t, a.runs)
@@ -162,7 +166,8 @@ def main():
             for name, _, _ in models:
                 res = {k: statistics.median(v) for k, v in samples[name].items()}
                 results["models"].setdefault(name, {})[f"threads_{t}"] = {
-                    "median_ms": res, "rounds_ms": samples[name], "quantscope_ms_by_op": ops[name]}
+                    "median_ms": res, "rounds_ms": samples[name], "quantscope_ms_by_op": ops[name],
+                    "quantscope_threads": used.get(name, {})}
                 say(f"### {name}")
                 for k, v in res.items():
                     say(f"  {k:36} {v:9.2f} ms")
@@ -176,6 +181,8 @@ def main():
                 say(f"  ratio quantscope int8 / quantscope fp32   {q('int8') / q('fp32'):6.2f}")
                 say(f"  ratio quantscope fp16 / quantscope fp32   {q('fp16') / q('fp32'):6.2f}  (target <= 2.0)")
                 say(f"  ratio ort int8 full opt / ort fp32        {o_full / o_fp32:6.2f}")
+                say("  quantscope threads per round: " + ", ".join(
+                    f"{p} {used.get(name, {}).get(p)}" for p in ("fp32", "fp16", "int8")))
                 for p in ("fp32", "fp16", "int8"):
                     top = sorted(ops[name].get(p, {}).items(), key=lambda kv: -kv[1])[:6]
                     say(f"  quantscope {p} profile, ms by op (last round): "
