@@ -108,16 +108,27 @@ fn residual(m: &Model, plan: &QuantPlan, ranges: &Ranges, inputs: &[Vec<f32>]) -
     total / count as f64
 }
 
-#[test]
-fn sequential_correction_gives_the_whole_quantized_model_the_fp32_means() {
+/// On the 5-conv chain with clipping ranges, 8 inputs: the residual mean error without
+/// correction, the correction `correct` makes, and the residual with it.
+fn chain_corrected(
+    correct: impl Fn(&Fp32Reference, &QuantPlan, &Ranges) -> BiasCorrection,
+) -> (f64, BiasCorrection, f64) {
     let m = chain();
     let plan = quant::plan(&m, &[]);
     let xs = inputs(8);
     let mut r = clipping_ranges(&m, &plan, &xs);
     let none = residual(&m, &plan, &r, &xs);
-
     let reference = Fp32Reference::new(&m, HW, &plan, &xs).expect("fp32 reference");
-    let bc = bias_correction(&reference, &plan, &r).expect("full");
+    let bc = correct(&reference, &plan, &r);
+    r.bias_correction = bc.shifts.clone();
+    let after = residual(&m, &plan, &r, &xs);
+    (none, bc, after)
+}
+
+#[test]
+fn sequential_correction_gives_the_whole_quantized_model_the_fp32_means() {
+    let (none, bc, full) =
+        chain_corrected(|reference, plan, r| bias_correction(reference, plan, r).expect("full"));
     assert_eq!(
         bc.batch, 8,
         "the chain runs at any batch: one batch of all inputs"
@@ -128,9 +139,6 @@ fn sequential_correction_gives_the_whole_quantized_model_the_fp32_means() {
         "full beats per-layer here: {bc:?}"
     );
     assert_eq!(bc.shifts.len(), 5, "every conv gets a shift");
-    r.bias_correction = bc.shifts;
-    let full = residual(&m, &plan, &r, &xs);
-
     assert!(
         none > 1e-3,
         "the clipping ranges must shift the means: {none}"
@@ -141,17 +149,11 @@ fn sequential_correction_gives_the_whole_quantized_model_the_fp32_means() {
 
 #[test]
 fn in_smaller_batches_the_running_mean_still_removes_most_of_the_shift() {
-    let m = chain();
-    let plan = quant::plan(&m, &[]);
-    let xs = inputs(8);
-    let mut r = clipping_ranges(&m, &plan, &xs);
-    let none = residual(&m, &plan, &r, &xs);
-    let reference = Fp32Reference::new(&m, HW, &plan, &xs).expect("fp32 reference");
-    let bc = correct_in_batches(&reference, &plan, &r, Some(1)).expect("full");
+    let (none, bc, one_by_one) = chain_corrected(|reference, plan, r| {
+        correct_in_batches(reference, plan, r, Some(1)).expect("full")
+    });
     assert_eq!(bc.batch, 1);
     assert_eq!(bc.kind, CorrectionKind::Full, "{bc:?}");
-    r.bias_correction = bc.shifts;
-    let one_by_one = residual(&m, &plan, &r, &xs);
     assert!(
         one_by_one < 0.05 * none,
         "none {none}, one by one {one_by_one}"

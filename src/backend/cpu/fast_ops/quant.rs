@@ -248,7 +248,7 @@ impl Requantize {
 }
 
 /// Input element types of [`Requantize`].
-trait Acc: Copy + Send + Sync + 'static {
+trait Acc: Copy {
     fn to_f32(self) -> f32;
     /// Eight values as f32.
     ///
