@@ -233,14 +233,11 @@ fn fp32_tf32_is_said_and_stays_close_to_strict_fp32() {
 
 /// Each way the builder can run an int8 conv, forced on every conv it applies to (a cached
 /// choice naming only the family), against the CPU INT8 engine on the bundled classifier:
-/// the cuDNN graph int8 conv, the fused int8-out cuBLASLt GEMM, the raw int32 GEMM + epilogue, the FP16 way through
-/// cuDNN and through cuBLASLt, and the direct kernel.
+/// the cuDNN graph int8 conv, the fused int8-out cuBLASLt GEMM, the raw int32 GEMM +
+/// epilogue, the FP16 way through cuDNN and through cuBLASLt, and the direct kernel.
 #[test]
 fn every_int8_conv_implementation_matches_cpu() {
-    use quantscope::backend::cuda::cache::Choices;
-    use quantscope::backend::cuda::engine::{CudaEngine, Device};
     use quantscope::backend::cuda::ops as plan;
-    use quantscope::backend::cuda::plan::Step;
     let Some(_) = gpu() else { return };
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("sample_models/fashion_resnet.onnx");
     let m = Model::load(&path).expect("sample model loads");
@@ -253,42 +250,161 @@ fn every_int8_conv_implementation_matches_cpu() {
     }
     .with_fixed_input(batch, hw);
     let pl = plan::lower(&p, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
+    for family in ["cudnng", "gemmf", "gemm", "f16+cudnn", "f16+gemm", "direct"] {
+        let (mut eng, applied, n) = forced_engine(&pl, Precision::Int8, batch, family);
+        eprintln!("{family}: forced on {applied} of {n} convs");
+        assert!(applied > 0, "{family} applied to no conv");
+        let s = int8_scores_of(&mut eng, &m, &qdq, hw, batch, 8);
+        check_int8(&format!("fashion_resnet int8 [{family}]"), s);
+        assert!(s.3 >= 0.9, "{family}: agreement with CPU INT8 {}", s.3);
+    }
+}
+
+/// A MobileNetV2 block and a ResNet tail on [1, 16, 14, 14]: 1x1 expansion + ReLU6 (Clip),
+/// 3x3 depthwise + ReLU6, 1x1 projection + the block's residual, then a 3x3 conv + ReLU.
+/// Every fused epilogue the builder has (bias, clip, ReLU, residual) and the depthwise path.
+fn mobilenet_block() -> GraphBuilder {
+    let mut b = GraphBuilder::new(&[1, 16, 14, 14]);
+    let lo = b.constant("zero", &[], &[0.0]);
+    let hi = b.constant("six", &[], &[6.0]);
+    let e = b.conv("expand", "x", 16, 32, 1);
+    let e6 = b.op("Clip", "expand.relu6", &[&e, &lo, &hi]);
+    let dw_w = b.random("dw.w", &[32, 1, 3, 3], 0.5);
+    let dw_b = b.random("dw.b", &[32], 0.1);
+    let dw = b.node(
+        "Conv",
+        "dw",
+        &[&e6, &dw_w, &dw_b],
+        vec![
+            proto::ints_attr("pads", &[1, 1, 1, 1]),
+            proto::int_attr("group", 32),
+        ],
+    );
+    let d6 = b.op("Clip", "dw.relu6", &[&dw, &lo, &hi]);
+    let pr = b.conv("project", &d6, 32, 16, 1);
+    let add = b.op("Add", "block.add", &[&pr, "x"]);
+    let c = b.conv("tail", &add, 16, 16, 3);
+    let y = b.op("Relu", "tail.relu", &[&c]);
+    b.output(&y);
+    b
+}
+
+/// Builds `plan` with every conv forced to `family` where it applies: the engine and how
+/// many convs took it.
+fn forced_engine(
+    pl: &quantscope::backend::cuda::plan::Plan,
+    precision: Precision,
+    batch: usize,
+    family: &str,
+) -> (quantscope::backend::cuda::engine::CudaEngine, usize, usize) {
+    use quantscope::backend::cuda::cache::Choices;
+    use quantscope::backend::cuda::engine::{CudaEngine, Device};
+    use quantscope::backend::cuda::plan::Step;
     let convs: Vec<String> = pl
         .steps
         .iter()
         .filter_map(|s| match s {
-            Step::Conv(c) if c.int8.is_some() => Some(c.name.clone()),
+            Step::Conv(c) => Some(c.name.clone()),
             _ => None,
         })
         .collect();
-    for family in ["cudnn8", "gemm8", "gemm", "f16+cudnn", "f16+gemm", "direct"] {
-        let forced = Choices {
-            convs: convs
-                .iter()
-                .map(|c| (c.clone(), family.to_string()))
-                .collect(),
-            ..Default::default()
-        };
-        let dev = Device::new().expect("device");
-        let (mut eng, got) =
-            CudaEngine::build(dev, pl.clone(), Precision::Int8, false, batch, &forced)
-                .unwrap_or_else(|e| panic!("{family}: {e}"));
-        let applied = convs
+    let forced = Choices {
+        convs: convs
             .iter()
-            .filter(|c| {
-                got.convs.get(*c).is_some_and(|k| {
-                    k == family || k.strip_prefix(family).is_some_and(|r| r.starts_with(':'))
-                })
+            .map(|c| (c.clone(), family.to_string()))
+            .collect(),
+        ..Default::default()
+    };
+    let dev = Device::new().expect("device");
+    let (eng, got) = CudaEngine::build(dev, pl.clone(), precision, false, batch, &forced)
+        .unwrap_or_else(|e| panic!("{precision} [{family}]: {e}"));
+    let applied = convs
+        .iter()
+        .filter(|c| {
+            got.convs.get(*c).is_some_and(|k| {
+                k == family || k.strip_prefix(family).is_some_and(|r| r.starts_with(':'))
             })
-            .count();
+        })
+        .count();
+    (eng, applied, convs.len())
+}
+
+/// Each way of running a float conv (the cuDNN graph conv with its epilogue fused, the
+/// cuBLASLt GEMM writing the output from its epilogue, the GEMM + epilogue kernel, cuDNN's
+/// legacy conv, the depthwise kernel, the direct kernel), forced on every conv it applies to
+/// in FP16 and strict FP32 engines, against the CPU FP32 engine; then each way of running an
+/// int8 conv against the CPU INT8 engine on the same block (within two output steps).
+#[test]
+fn every_conv_implementation_matches_cpu_on_a_mobilenet_block() {
+    use quantscope::backend::cuda::ops as plan;
+    let Some(_) = gpu() else { return };
+    let m = mobilenet_block().model();
+    let (batch, hw) = (2, [14, 14]);
+    let p = m.with_fixed_input(batch, hw);
+    let x = input_for(&m, batch, hw, 11);
+    let spec = BuildSpec { batch, hw };
+    let reference = CpuBackend
+        .build(
+            BuildInput::Float {
+                model: &m,
+                precision: Precision::Fp32,
+            },
+            spec,
+        )
+        .expect("cpu fp32")
+        .run(&x)
+        .expect("cpu fp32 run");
+    for (precision, tol) in [(Precision::Fp16, 2e-2), (Precision::Fp32, 1e-3)] {
+        let pl = plan::lower(&p, m.input_shape(batch, hw), precision).expect("float plan");
+        for family in ["cudnng", "gemmf", "gemm", "cudnn", "dw", "direct"] {
+            if precision == Precision::Fp32 && family == "cudnng" {
+                continue; // FP16 and int8 layers only
+            }
+            let (mut eng, applied, n) = forced_engine(&pl, precision, batch, family);
+            let out = eng.run(&x).expect("cuda run");
+            let err = rel_err(&out.data, &reference.data);
+            eprintln!(
+                "{precision} [{family}]: forced on {applied} of {n} convs, rel err {err:.2e}"
+            );
+            assert!(applied > 0, "{precision}: {family} applied to no conv");
+            assert!(err <= tol, "{precision} [{family}]: rel err {err}");
+        }
+    }
+    let qdq = max_qdq(&m, hw, 4).expect("qdq");
+    let q = Model {
+        proto: qdq.proto.clone(),
+        ..m.clone()
+    }
+    .with_fixed_input(batch, hw);
+    let cpu8 = CpuBackend
+        .build(
+            BuildInput::Int8 {
+                model: &m,
+                qdq: &qdq,
+            },
+            spec,
+        )
+        .expect("cpu int8")
+        .run(&x)
+        .expect("cpu int8 run");
+    let step = cpu8.data.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+    let pl = plan::lower(&q, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
+    for family in ["cudnng", "gemmf", "gemm", "f16+cudnn", "dw", "direct"] {
+        let (mut eng, applied, n) = forced_engine(&pl, Precision::Int8, batch, family);
+        let out = eng.run(&x).expect("cuda run");
+        let abs = out
+            .data
+            .iter()
+            .zip(&cpu8.data)
+            .fold(0f32, |a, (g, c)| a.max((g - c).abs()));
         eprintln!(
-            "{family}: forced on {applied} of {} int8 convs",
-            convs.len()
+            "int8 [{family}]: forced on {applied} of {n} convs, max abs err {abs:.3e}, step {step:.3e}"
         );
-        assert!(applied > 0, "{family} applied to no conv: {got:?}");
-        let s = int8_scores_of(&mut eng, &m, &qdq, hw, batch, 8);
-        check_int8(&format!("fashion_resnet int8 [{family}]"), s);
-        assert!(s.3 >= 0.9, "{family}: agreement with CPU INT8 {}", s.3);
+        assert!(applied > 0, "int8: {family} applied to no conv");
+        assert!(
+            abs <= 2.0 * step,
+            "int8 [{family}]: max abs err {abs} over two steps of {step}"
+        );
     }
 }
 

@@ -952,6 +952,21 @@ fn pooling_cases() -> Vec<Case> {
             )
         },
     ));
+    // TensorFlow's image pooling: a window as large as the input (a global average pool).
+    cases.push(graph(
+        "AveragePool over the whole input",
+        &[2, 8, 5, 6],
+        13,
+        |b, x| {
+            let c = after_conv(b, x, 8);
+            b.node(
+                "AveragePool",
+                "ap",
+                &[&c],
+                vec![ints("kernel_shape", &[5, 6])],
+            )
+        },
+    ));
     cases.push(graph("MaxPool dilation 2", &s, 13, |b, x| {
         b.node(
             "MaxPool",

@@ -11,14 +11,16 @@ use serde::{Deserialize, Serialize};
 #[serde(default)]
 pub struct Choices {
     pub version: u32,
-    /// Conv node name -> implementation key: `direct`, `gemm:<i>:<rows|im2col>`,
-    /// `gemm8:<i>:<rows|im2col>` (int8 out from cuBLASLt's epilogue), `cudnn:<algo>`, and any
-    /// of those after `f16+` (an int8 layer run in FP16). A key without its algorithm
-    /// (`gemm8`, `f16+cudnn`) picks the first candidate of that family.
+    /// Conv node name -> implementation key: `direct`, `dw` (the depthwise kernel),
+    /// `gemm:<i>:<rows|im2col>`, `gemmf:<i>:<rows|im2col>` (the output written by cuBLASLt's
+    /// epilogue), `cudnn:<algo>`, `cudnng:<plan>` (cuDNN graph conv, epilogue fused), and
+    /// those after `f16+` (an int8 layer run in FP16). A key without its algorithm (`gemmf`,
+    /// `f16+cudnn`) picks the first candidate of that family.
     pub convs: BTreeMap<String, String>,
 }
 
-pub const VERSION: u32 = 1;
+/// 2: `gemm8` / `cudnn8` became `gemmf` / `cudnng` (float layers have them too), `dw` came.
+pub const VERSION: u32 = 2;
 
 /// `~/.cache/quantscope/cuda` (or `$XDG_CACHE_HOME/quantscope/cuda`); QUANTSCOPE_CUDA_CACHE
 /// overrides the folder, `QUANTSCOPE_CUDA_CACHE=off` disables the cache.
@@ -112,16 +114,17 @@ mod tests {
             algo: 2,
             im2col: true,
         };
-        let gemm8 = ConvImpl::GemmI8Out {
+        let gemmf = ConvImpl::GemmFused {
             algo: 0,
             im2col: false,
         };
         let f16 = ConvImpl::AsF16(Box::new(ConvImpl::Cudnn { algo: 6 }));
         assert!(gemm.answers("gemm:2:im2col") && gemm.answers("gemm"));
-        assert!(!gemm.answers("gemm:0:im2col") && !gemm.answers("gemm8"));
-        assert!(gemm8.answers("gemm8") && !gemm8.answers("gemm"));
+        assert!(!gemm.answers("gemm:0:im2col") && !gemm.answers("gemmf"));
+        assert!(gemmf.answers("gemmf") && !gemmf.answers("gemm"));
         assert!(f16.answers("f16+cudnn") && f16.answers("f16+cudnn:6"));
         assert!(!f16.answers("cudnn") && !ConvImpl::Cudnn { algo: 6 }.answers("f16+cudnn"));
         assert!(ConvImpl::Direct.answers("direct") && !ConvImpl::Direct.answers("bogus"));
+        assert!(ConvImpl::Depthwise.answers("dw") && !ConvImpl::Depthwise.answers("direct"));
     }
 }

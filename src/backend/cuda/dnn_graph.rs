@@ -1,8 +1,11 @@
-//! cuDNN graph-API int8 convolution: int8 conv (int32 accumulation) -> per-channel scale ->
-//! bias -> (+ scaled residual) -> (ReLU) -> int8 or FP16 output, as one fused cuDNN kernel.
-//! The legacy API's int8 convolution takes a single alpha, which per-channel weight scales do
-//! not fit; the graph API takes the scale as a tensor. Everything is in units of the output
-//! scale, so the conversion to int8 at the end is the requantization.
+//! cuDNN graph-API convolution with its epilogue fused into one kernel: conv -> (per-channel
+//! scale) -> bias -> (+ weighted residual) -> (ReLU or clip) -> output.
+//! - int8: int8 conv (int32 accumulation), the per-channel scale, int8 or FP16 output. The
+//!   legacy API's int8 convolution takes a single alpha, which per-channel weight scales do
+//!   not fit; the graph API takes the scale as a tensor. Everything is in units of the output
+//!   scale, so the conversion to int8 at the end is the requantization.
+//! - FP16: half conv (float accumulation), no scale. The legacy path wrote the raw conv output
+//!   and read it back in a separate epilogue kernel; fused, the output is written once.
 
 use std::ffi::c_void;
 
@@ -11,6 +14,7 @@ use dnn::cudnnBackendAttributeName_t as N;
 use dnn::cudnnBackendAttributeType_t as T;
 use dnn::cudnnBackendDescriptorType_t as D;
 use dnn::cudnnDataType_t as Dt;
+use dnn::cudnnPointwiseMode_t as P;
 
 type Desc = dnn::cudnnBackendDescriptor_t;
 
@@ -46,6 +50,7 @@ pub struct Ptrs {
     pub x: u64,
     pub w: u64,
     pub y: u64,
+    /// Per-channel scale; unused by graphs without one.
     pub scale: u64,
     pub bias: u64,
     /// Residual; 0 when the graph has none.
@@ -53,15 +58,39 @@ pub struct Ptrs {
     pub workspace: u64,
 }
 
+/// The activation the graph ends with (in output units).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum GraphAct {
+    None,
+    Relu,
+    /// min(max(x, lo), hi): cuDNN's ReLU with a lower and an upper clip (ReLU6, Clip).
+    Clip(f32, f32),
+}
+
+/// What one graph computes around its convolution.
+#[derive(Clone, Copy, Debug)]
+pub struct ConvSpec {
+    /// Type of x and w: int8 (int32 accumulation, then `scale`) or half (float accumulation).
+    pub input: Dt,
+    /// Multiply by a per-channel scale tensor after the conv (int8 graphs).
+    pub scale: bool,
+    /// The residual's weight in output units and its type.
+    pub residual: Option<(f32, Dt)>,
+    pub act: GraphAct,
+    /// The output type (int8, half or float).
+    pub out: Dt,
+}
+
 /// Every descriptor built for one conv, destroyed together (plans refer to the others).
-pub struct Int8ConvGraph {
+pub struct ConvGraph {
     owned: Vec<Desc>,
     /// Finalized execution plans, best heuristic first, with their workspace bytes.
     pub plans: Vec<(Desc, usize)>,
     residual: bool,
+    scale: bool,
 }
 
-impl Drop for Int8ConvGraph {
+impl Drop for ConvGraph {
     fn drop(&mut self) {
         for &d in self.owned.iter().rev() {
             unsafe {
@@ -112,7 +141,7 @@ fn finalize(d: Desc, what: &str) -> Result<(), String> {
     ok(unsafe { dnn::cudnnBackendFinalize(d) }, what)
 }
 
-impl Int8ConvGraph {
+impl ConvGraph {
     fn make(&mut self, t: D) -> Result<Desc, String> {
         let mut d: Desc = std::ptr::null_mut();
         ok(
@@ -152,7 +181,8 @@ impl Int8ConvGraph {
         Ok(d)
     }
 
-    /// A pointwise op `y = mode(x[, b])` (ADD weighs b by `alpha2`).
+    /// A pointwise op `y = mode(x[, b])` (ADD weighs b by `alpha2`; RELU_FWD clips to
+    /// `clip` when given).
     fn pointwise(
         &mut self,
         mode: dnn::cudnnPointwiseMode_t,
@@ -160,6 +190,7 @@ impl Int8ConvGraph {
         b: Option<Desc>,
         y: Desc,
         alpha2: f32,
+        clip: Option<(f32, f32)>,
     ) -> Result<Desc, String> {
         let pw = self.make(D::CUDNN_BACKEND_POINTWISE_DESCRIPTOR)?;
         set(
@@ -174,6 +205,12 @@ impl Int8ConvGraph {
             T::CUDNN_TYPE_DATA_TYPE,
             &[Dt::CUDNN_DATA_FLOAT],
         )?;
+        if let Some((lo, hi)) = clip {
+            // y = x > lo ? min(x, hi) : lo (the lower clip's slope is 0 by default).
+            let d = T::CUDNN_TYPE_DOUBLE;
+            set(pw, N::CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP, d, &[lo as f64])?;
+            set(pw, N::CUDNN_ATTR_POINTWISE_RELU_UPPER_CLIP, d, &[hi as f64])?;
+        }
         finalize(pw, "pointwise descriptor")?;
         let op = self.make(D::CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR)?;
         set_descs(
@@ -199,39 +236,39 @@ impl Int8ConvGraph {
         Ok(op)
     }
 
-    /// Builds the graph for `g` and finalizes up to `max_plans` execution plans that need at
-    /// most `max_workspace` bytes. `residual`: the residual's weight in output units and its
-    /// type; `out`: the output type (int8 or half).
-    #[allow(clippy::too_many_arguments)]
+    /// Builds the graph of `spec` for `g` and finalizes up to `max_plans` execution plans
+    /// that need at most `max_workspace` bytes.
     pub fn new(
         handle: dnn::cudnnHandle_t,
         g: Geometry,
-        residual: Option<(f32, Dt)>,
-        relu: bool,
-        out_type: Dt,
+        spec: ConvSpec,
         max_workspace: usize,
         max_plans: usize,
-    ) -> Result<Int8ConvGraph, String> {
-        let mut s = Int8ConvGraph {
+    ) -> Result<ConvGraph, String> {
+        let mut s = ConvGraph {
             owned: vec![],
             plans: vec![],
-            residual: residual.is_some(),
+            residual: spec.residual.is_some(),
+            scale: spec.scale,
         };
         let out = [g.n, g.k, g.oh, g.ow];
-        let x = s.tensor(X, [g.n, g.c, g.h, g.w], Dt::CUDNN_DATA_INT8, false)?;
-        let w = s.tensor(W, [g.k, g.c, g.kh, g.kw], Dt::CUDNN_DATA_INT8, false)?;
-        let sc = s.tensor(S, [1, g.k, 1, 1], Dt::CUDNN_DATA_FLOAT, false)?;
+        let acc_t = if spec.input == Dt::CUDNN_DATA_INT8 {
+            Dt::CUDNN_DATA_INT32
+        } else {
+            Dt::CUDNN_DATA_FLOAT
+        };
+        let x = s.tensor(X, [g.n, g.c, g.h, g.w], spec.input, false)?;
+        let w = s.tensor(W, [g.k, g.c, g.kh, g.kw], spec.input, false)?;
         let bi = s.tensor(B, [1, g.k, 1, 1], Dt::CUDNN_DATA_FLOAT, false)?;
-        let acc = s.tensor(100, out, Dt::CUDNN_DATA_INT32, true)?;
-        let scaled = s.tensor(101, out, Dt::CUDNN_DATA_FLOAT, true)?;
-        let y = s.tensor(Y, out, out_type, false)?;
+        let acc = s.tensor(100, out, acc_t, true)?;
+        let y = s.tensor(Y, out, spec.out, false)?;
         let conv = s.make(D::CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR)?;
         let two = |a: [usize; 2]| a.map(|v| v as i64);
         set(
             conv,
             N::CUDNN_ATTR_CONVOLUTION_COMP_TYPE,
             T::CUDNN_TYPE_DATA_TYPE,
-            &[Dt::CUDNN_DATA_INT32],
+            &[acc_t],
         )?;
         set(
             conv,
@@ -273,28 +310,36 @@ impl Int8ConvGraph {
             &[0.0f32],
         )?;
         finalize(op_conv, "convolution op")?;
-        use dnn::cudnnPointwiseMode_t as P;
         let mut ops = vec![op_conv];
-        ops.push(s.pointwise(P::CUDNN_POINTWISE_MUL, acc, Some(sc), scaled, 1.0)?);
-        // Bias, then the residual, then ReLU; the chain's last op writes y, the ones before
-        // write virtual float tensors.
-        let mut tail: Vec<(P, Option<(Desc, f32)>)> =
-            vec![(P::CUDNN_POINTWISE_ADD, Some((bi, 1.0)))];
-        if let Some((alpha, z_type)) = residual {
+        // The chain after the conv: (scale), bias, (residual), (ReLU / clip). Its last op
+        // writes y, the ones before write virtual float tensors.
+        type Link = (P, Option<(Desc, f32)>, Option<(f32, f32)>);
+        let mut tail: Vec<Link> = vec![];
+        if spec.scale {
+            let sc = s.tensor(S, [1, g.k, 1, 1], Dt::CUDNN_DATA_FLOAT, false)?;
+            tail.push((P::CUDNN_POINTWISE_MUL, Some((sc, 1.0)), None));
+        }
+        tail.push((P::CUDNN_POINTWISE_ADD, Some((bi, 1.0)), None));
+        if let Some((alpha, z_type)) = spec.residual {
             let z = s.tensor(Z, out, z_type, false)?;
-            tail.push((P::CUDNN_POINTWISE_ADD, Some((z, alpha))));
+            tail.push((P::CUDNN_POINTWISE_ADD, Some((z, alpha)), None));
         }
-        if relu {
-            tail.push((P::CUDNN_POINTWISE_RELU_FWD, None));
+        match spec.act {
+            GraphAct::None => {}
+            GraphAct::Relu => tail.push((P::CUDNN_POINTWISE_RELU_FWD, None, None)),
+            GraphAct::Clip(lo, hi) => {
+                tail.push((P::CUDNN_POINTWISE_RELU_FWD, None, Some((lo, hi))))
+            }
         }
-        let mut cur = scaled;
-        for (i, &(mode, b)) in tail.iter().enumerate() {
+        let mut cur = acc;
+        for (i, &(mode, b, clip)) in tail.iter().enumerate() {
             let dst = if i + 1 == tail.len() {
                 y
             } else {
-                s.tensor(102 + i as i64, out, Dt::CUDNN_DATA_FLOAT, true)?
+                s.tensor(101 + i as i64, out, Dt::CUDNN_DATA_FLOAT, true)?
             };
-            ops.push(s.pointwise(mode, cur, b.map(|b| b.0), dst, b.map_or(1.0, |b| b.1))?);
+            let alpha2 = b.map_or(1.0, |b| b.1);
+            ops.push(s.pointwise(mode, cur, b.map(|b| b.0), dst, alpha2, clip)?);
             cur = dst;
         }
         let bd = T::CUDNN_TYPE_BACKEND_DESCRIPTOR;
@@ -395,8 +440,12 @@ impl Int8ConvGraph {
     /// Runs plan `i` on the stream bound to `handle`.
     pub fn execute(&self, handle: dnn::cudnnHandle_t, i: usize, p: &Ptrs) -> Result<(), String> {
         let (plan, _) = *self.plans.get(i).ok_or("no such cuDNN plan")?;
-        let mut ids = vec![X, W, Y, S, B];
-        let mut ptrs = vec![p.x, p.w, p.y, p.scale, p.bias];
+        let mut ids = vec![X, W, Y, B];
+        let mut ptrs = vec![p.x, p.w, p.y, p.bias];
+        if self.scale {
+            ids.push(S);
+            ptrs.push(p.scale);
+        }
         if self.residual {
             ids.push(Z);
             ptrs.push(p.z);

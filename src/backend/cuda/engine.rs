@@ -1,9 +1,10 @@
 //! Device side of the CUDA backend: allocates the plan's buffers and weights, picks each
 //! convolution's implementation by timing the candidates (cuDNN's algorithms through
 //! `cudnnFindConvolutionForwardAlgorithmEx`, cuBLASLt GEMM over NHWC rows (with im2col for
-//! k x k), the direct NVRTC kernel; for int8 layers also cuDNN's graph-API int8 conv
-//! (`dnn_graph`), a cuBLASLt int8 GEMM that requantizes in its epilogue, and the layer run in
-//! FP16), captures the whole run in a CUDA graph, and times it with CUDA events. Every other
+//! k x k), cuDNN's graph-API conv with the epilogue fused (`dnn_graph`: int8 with the
+//! requantization, or FP16), a cuBLASLt GEMM that writes the layer's output from its own
+//! epilogue, the vectorized depthwise kernel, the direct NVRTC kernel; for int8 layers also
+//! the layer run in FP16), captures the whole run in a CUDA graph, and times it with CUDA events. Every other
 //! step runs on an NVRTC kernel of `kernels.cu`; each step's sizes are checked against its
 //! tensors before anything is allocated (`check_step`), and its `Step::constants()` are
 //! uploaded once (counted in `weights_bytes`).
@@ -19,7 +20,7 @@ use cudarc::driver::{
 };
 
 use super::cache::Choices;
-use super::dnn_graph::{Geometry, Int8ConvGraph, Ptrs};
+use super::dnn_graph::{ConvGraph, ConvSpec, Geometry, GraphAct, Ptrs};
 use super::plan::{
     Act, ConvStep, DType, Layout, MAX_RANK, Operand, PadMode, Plan, Step, TensorDesc,
     assign_buffers, float_type,
@@ -131,6 +132,7 @@ unsafe impl DeviceRepr for PadArgs {}
 struct Kernels {
     epilogue: CudaFunction,
     conv_direct: CudaFunction,
+    conv_dw4: CudaFunction,
     im2col: CudaFunction,
     im2col_v16: CudaFunction,
     unary: CudaFunction,
@@ -146,6 +148,7 @@ struct Kernels {
     pad_nd: CudaFunction,
     conv_transpose: CudaFunction,
     pool: CudaFunction,
+    pool4: CudaFunction,
     gap: CudaFunction,
     concat: CudaFunction,
     resize: CudaFunction,
@@ -153,9 +156,10 @@ struct Kernels {
 
 /// Names of the kernels the engine loads (the compile check makes sure each is in the PTX).
 #[cfg(test)]
-const KERNEL_NAMES: [&str; 20] = [
+const KERNEL_NAMES: [&str; 22] = [
     "epilogue",
     "conv_direct",
+    "conv_dw4",
     "im2col",
     "im2col_v16",
     "unary",
@@ -171,6 +175,7 @@ const KERNEL_NAMES: [&str; 20] = [
     "pad_nd",
     "conv_transpose",
     "pool",
+    "pool4",
     "global_avg_pool",
     "concat_part",
     "resize",
@@ -796,6 +801,7 @@ impl Device {
         let k = Kernels {
             epilogue: f("epilogue")?,
             conv_direct: f("conv_direct")?,
+            conv_dw4: f("conv_dw4")?,
             im2col: f("im2col")?,
             im2col_v16: f("im2col_v16")?,
             unary: f("unary")?,
@@ -811,6 +817,7 @@ impl Device {
             pad_nd: f("pad_nd")?,
             conv_transpose: f("conv_transpose")?,
             pool: f("pool")?,
+            pool4: f("pool4")?,
             gap: f("global_avg_pool")?,
             concat: f("concat_part")?,
             resize: f("resize")?,
@@ -845,20 +852,23 @@ pub enum ConvImpl {
         algo: usize,
         im2col: bool,
     },
-    /// cuBLASLt int8 GEMM that writes the int8 output itself: per-channel scale (alpha
-    /// vector), bias, residual (beta * C) and ReLU in its epilogue, so no raw int32 pass.
-    GemmI8Out {
+    /// cuBLASLt GEMM that writes the layer's output itself: bias, residual (beta * C) and
+    /// ReLU in its epilogue (int8 layers: the per-channel scale as an alpha vector and the
+    /// int8 output), so no raw pass.
+    GemmFused {
         algo: usize,
         im2col: bool,
     },
     Cudnn {
         algo: i32,
     },
-    /// cuDNN graph-API int8 conv with scale, bias, residual, ReLU and the output conversion
-    /// (requantization, or FP16) fused (`dnn_graph`); `plan` indexes its execution plans.
-    CudnnI8 {
+    /// cuDNN graph-API conv with (scale,) bias, residual, ReLU or clip and the output
+    /// conversion fused (`dnn_graph`); `plan` indexes its execution plans.
+    CudnnGraph {
         plan: usize,
     },
+    /// Depthwise conv on the vectorized kernel (`conv_dw4`), epilogue fused.
+    Depthwise,
     /// A layer the Q/DQ plan lets run in int8, run in FP16 because that timed faster: the int8
     /// input is dequantized into a scratch FP16 copy, the inner float implementation runs on
     /// dequantized weights, and the epilogue writes the planned output type.
@@ -872,16 +882,17 @@ impl ConvImpl {
             ConvImpl::Gemm { algo, im2col } => {
                 format!("gemm:{algo}:{}", if *im2col { "im2col" } else { "rows" })
             }
-            ConvImpl::GemmI8Out { algo, im2col } => {
-                format!("gemm8:{algo}:{}", if *im2col { "im2col" } else { "rows" })
+            ConvImpl::GemmFused { algo, im2col } => {
+                format!("gemmf:{algo}:{}", if *im2col { "im2col" } else { "rows" })
             }
             ConvImpl::Cudnn { algo } => format!("cudnn:{algo}"),
-            ConvImpl::CudnnI8 { plan } => format!("cudnn8:{plan}"),
+            ConvImpl::CudnnGraph { plan } => format!("cudnng:{plan}"),
+            ConvImpl::Depthwise => "dw".into(),
             ConvImpl::AsF16(inner) => format!("f16+{}", inner.key()),
         }
     }
     /// Whether a cached key names this implementation: its whole key, or its family without
-    /// the algorithm (`gemm8` answers for `gemm8:0:im2col`, not `gemm` for `gemm8:..`).
+    /// the algorithm (`gemmf` answers for `gemmf:0:im2col`, not `gemm` for `gemmf:..`).
     pub fn answers(&self, key: &str) -> bool {
         let own = self.key();
         own == key
@@ -896,14 +907,15 @@ impl ConvImpl {
             ConvImpl::Gemm { im2col, .. } => {
                 format!("cuBLASLt GEMM{}", if *im2col { " + im2col" } else { "" })
             }
-            ConvImpl::GemmI8Out { im2col, .. } => format!(
-                "cuBLASLt GEMM, fused int8 epilogue{}",
+            ConvImpl::GemmFused { im2col, .. } => format!(
+                "cuBLASLt GEMM, fused epilogue{}",
                 if *im2col { " + im2col" } else { "" }
             ),
             ConvImpl::Cudnn { algo } => format!("cuDNN algo {algo}"),
-            ConvImpl::CudnnI8 { plan } => {
-                format!("cuDNN graph int8 conv, fused epilogue (plan {plan})")
+            ConvImpl::CudnnGraph { plan } => {
+                format!("cuDNN graph conv, fused epilogue (plan {plan})")
             }
+            ConvImpl::Depthwise => "depthwise kernel".into(),
             ConvImpl::AsF16(inner) => format!("run in fp16 (timed faster): {}", inner.describe()),
         }
     }
@@ -921,25 +933,36 @@ struct GemmSetup {
     /// Rows of D (output channels, padded for the raw-output GEMMs).
     cout_pad: usize,
     int8: bool,
-    /// Int8 output written by the GEMM's own epilogue (`ConvImpl::GemmI8Out`).
-    fused: Option<FusedI8>,
+    /// The output written by the GEMM's own epilogue (`ConvImpl::GemmFused`).
+    fused: Option<FusedOut>,
 }
 
-/// Device constants of a GEMM whose epilogue requantizes: D = sat(round(act(alpha[c] * AB +
-/// beta * C + bias[c]))), all in units of the output scale.
-struct FusedI8 {
-    alpha: DevBuf,
+/// Device constants of a GEMM that writes the layer's output, D = act(alpha * AB + beta * C +
+/// bias[c]); for an int8 layer alpha is per channel and everything is in units of the output
+/// scale, so D's rounding to int8 is the requantization.
+struct FusedOut {
+    /// Per-channel alpha (int8 layers); `None`: alpha is 1.
+    alpha: Option<DevBuf>,
     bias: DevBuf,
     /// Residual weight (host scalar); `None` when there is no residual (beta = 0 mode).
     beta: Option<f32>,
 }
 
-/// A cuDNN graph int8 conv with its weights (KRSC) and output-unit scale and bias.
-struct DnnI8 {
-    graph: Int8ConvGraph,
+/// A cuDNN graph conv with its weights (KRSC) and scale (int8 layers) and bias, in output
+/// units.
+struct DnnConv {
+    graph: ConvGraph,
     w: DevBuf,
     scale: DevBuf,
     bias: DevBuf,
+    /// Input channels the graph reads: the layer's, or more (zero channels appended into the
+    /// input-copy scratch) where the layer's do not fill a 16-byte vector (a stem's 3).
+    cin_pad: usize,
+}
+
+/// Channels a cuDNN graph conv of input type `t` reads: 16 bytes' worth at least.
+fn graph_cin(cin: usize, t: DType) -> usize {
+    round_up(cin, 16 / t.bytes())
 }
 
 /// The FP16 way of running an int8 layer (`ConvImpl::AsF16`): dequantized weights for the
@@ -1049,10 +1072,12 @@ struct ConvRt {
     bias: DevBuf,
     /// Direct-kernel weights (f32 or i8, OHWI), kept only when chosen.
     direct_w: Option<DevBuf>,
+    /// Depthwise-kernel weights (f32 or i8, [KH * KW, C]), kept only when chosen.
+    dw_w: Option<DevBuf>,
     gemm: Option<GemmSetup>,
-    gemm_i8out: Option<GemmSetup>,
+    gemm_fused: Option<GemmSetup>,
     cudnn: Option<CudnnSetup>,
-    dnn_i8: Option<DnnI8>,
+    dnn: Option<DnnConv>,
     f16: Option<Box<F16Path>>,
     chosen: ConvImpl,
     m: usize,
@@ -1150,9 +1175,16 @@ impl CudaEngine {
                 raw_max = raw_max.max(m * cout_pad * 4);
                 let kpad = round_up(c.reduction(), 16);
                 if c.groups == 1 {
+                    let xd = &plan.tensors[c.input];
                     if c.int8.is_some() {
                         col_max = col_max.max(m * kpad);
-                        f16_in_max = f16_in_max.max(plan.tensors[c.input].numel() * 2);
+                        f16_in_max = f16_in_max.max(xd.numel() * 2);
+                    }
+                    // The cuDNN graph conv's input with its channels padded.
+                    let cin_pad = graph_cin(c.cin, xd.dtype);
+                    if cin_pad != c.cin {
+                        let copy = xd.numel() / c.cin * cin_pad * xd.dtype.bytes();
+                        f16_in_max = f16_in_max.max(copy);
                     }
                     // Float GEMMs (an int8 layer's FP16 way included) need im2col columns.
                     let esz = if c.int8.is_some() { 2 } else { float.bytes() };
@@ -1171,10 +1203,11 @@ impl CudaEngine {
                     alpha: DevBuf::from_slice(&alpha)?,
                     bias: DevBuf::from_slice(&c.bias)?,
                     direct_w: None,
+                    dw_w: None,
                     gemm: None,
-                    gemm_i8out: None,
+                    gemm_fused: None,
                     cudnn: None,
-                    dnn_i8: None,
+                    dnn: None,
                     f16: None,
                     chosen: ConvImpl::Direct,
                     m,
@@ -1240,17 +1273,21 @@ impl CudaEngine {
         }
         for rt in eng.convs.values() {
             let f16 = rt.f16.as_deref();
-            weights_bytes += rt.direct_w.as_ref().map_or(0, |b| b.bytes as u64)
+            weights_bytes += [rt.direct_w.as_ref(), rt.dw_w.as_ref()]
+                .iter()
+                .flatten()
+                .map(|b| b.bytes as u64)
+                .sum::<u64>()
                 + [
                     rt.gemm.as_ref(),
-                    rt.gemm_i8out.as_ref(),
+                    rt.gemm_fused.as_ref(),
                     f16.and_then(|f| f.gemm.as_ref()),
                 ]
                 .iter()
                 .flatten()
                 .map(|g| g.w.bytes as u64)
                 .sum::<u64>()
-                + rt.dnn_i8.as_ref().map_or(0, |d| d.w.bytes as u64)
+                + rt.dnn.as_ref().map_or(0, |d| d.w.bytes as u64)
                 + [rt.cudnn.as_ref(), f16.and_then(|f| f.cudnn.as_ref())]
                     .iter()
                     .flatten()
@@ -1327,18 +1364,18 @@ impl CudaEngine {
                 .map_err(|e| note("cuBLASLt GEMM", e))
                 .ok();
         }
-        let mut rt_gemm_i8out = None;
-        if self.fused_i8_ok(&step) {
-            rt_gemm_i8out = self
-                .setup_gemm_i8out(&step, m)
-                .map_err(|e| note("fused int8 cuBLASLt GEMM", e))
+        let mut rt_gemm_fused = None;
+        if self.gemm_fused_ok(&step, float) {
+            rt_gemm_fused = self
+                .setup_gemm_fused(&step, m, float)
+                .map_err(|e| note("fused-epilogue cuBLASLt GEMM", e))
                 .ok();
         }
-        let mut rt_dnn_i8 = None;
-        if self.dnn_i8_ok(&step) {
-            rt_dnn_i8 = self
-                .setup_dnn_i8(&step)
-                .map_err(|e| note("cuDNN graph int8 conv", e))
+        let mut rt_dnn = None;
+        if self.dnn_graph_ok(&step) {
+            rt_dnn = self
+                .setup_dnn_graph(&step)
+                .map_err(|e| note("cuDNN graph conv", e))
                 .ok();
         }
         let mut rt_cudnn = None;
@@ -1373,8 +1410,8 @@ impl CudaEngine {
         if let Some(g) = &rt_gemm {
             cands.extend(gemms(g, &|algo, im2col| ConvImpl::Gemm { algo, im2col }));
         }
-        if let Some(g) = &rt_gemm_i8out {
-            cands.extend(gemms(g, &|algo, im2col| ConvImpl::GemmI8Out {
+        if let Some(g) = &rt_gemm_fused {
+            cands.extend(gemms(g, &|algo, im2col| ConvImpl::GemmFused {
                 algo,
                 im2col,
             }));
@@ -1382,8 +1419,13 @@ impl CudaEngine {
         if let Some(c) = &rt_cudnn {
             cands.extend(cudnns(c));
         }
-        if let Some(d) = &rt_dnn_i8 {
-            cands.extend((0..d.graph.plans.len()).map(|plan| ConvImpl::CudnnI8 { plan }));
+        if let Some(d) = &rt_dnn {
+            cands.extend((0..d.graph.plans.len()).map(|plan| ConvImpl::CudnnGraph { plan }));
+        }
+        if self.depthwise_ok(&step) {
+            let w = self.depthwise_weights(&step, float)?;
+            self.convs.get_mut(&si).expect("conv").dw_w = Some(w);
+            cands.push(ConvImpl::Depthwise);
         }
         if let Some(f) = &rt_f16 {
             let mut inner = vec![];
@@ -1398,9 +1440,9 @@ impl CudaEngine {
         {
             let rt = self.convs.get_mut(&si).expect("conv");
             rt.gemm = rt_gemm;
-            rt.gemm_i8out = rt_gemm_i8out;
+            rt.gemm_fused = rt_gemm_fused;
             rt.cudnn = rt_cudnn;
-            rt.dnn_i8 = rt_dnn_i8;
+            rt.dnn = rt_dnn;
             rt.f16 = rt_f16;
         }
         if cands.is_empty() || macs < DIRECT_MAX_MACS {
@@ -1421,7 +1463,7 @@ impl CudaEngine {
             self.convs.get_mut(&si).expect("conv").direct_w = Some(w);
             cands.push(ConvImpl::Direct);
         }
-        // A cached key picks its candidate; a key without its algorithm (`gemm8`, `f16+cudnn`)
+        // A cached key picks its candidate; a key without its algorithm (`gemmf`, `f16+cudnn`)
         // picks the first of that family, which is how the tests force an implementation.
         let cached_pick = cached
             .convs
@@ -1454,14 +1496,17 @@ impl CudaEngine {
         if !matches!(pick, ConvImpl::Gemm { .. }) {
             rt.gemm = None;
         }
-        if !matches!(pick, ConvImpl::GemmI8Out { .. }) {
-            rt.gemm_i8out = None;
+        if !matches!(pick, ConvImpl::GemmFused { .. }) {
+            rt.gemm_fused = None;
         }
         if !matches!(pick, ConvImpl::Cudnn { .. }) {
             rt.cudnn = None;
         }
-        if !matches!(pick, ConvImpl::CudnnI8 { .. }) {
-            rt.dnn_i8 = None;
+        if !matches!(pick, ConvImpl::CudnnGraph { .. }) {
+            rt.dnn = None;
+        }
+        if pick != ConvImpl::Depthwise {
+            rt.dw_w = None;
         }
         match &pick {
             ConvImpl::AsF16(inner) => {
@@ -1482,43 +1527,113 @@ impl CudaEngine {
         Ok(pick)
     }
 
-    /// Whether cuBLASLt can write this int8 layer's output itself: int8 out, ReLU or no
-    /// activation, an int8 residual if any, and output channels that keep int8 rows aligned.
-    fn fused_i8_ok(&self, c: &ConvStep) -> bool {
+    /// Whether cuBLASLt can write this layer's output itself: the output in the GEMM's type
+    /// (int8 for an int8 layer, else the engine's float type), ReLU or no activation, a
+    /// residual of the output's type, and output channels that keep the rows 16-byte aligned.
+    fn gemm_fused_ok(&self, c: &ConvStep, float: DType) -> bool {
         let od = &self.plan.tensors[c.out];
-        c.int8.is_some()
-            && c.groups == 1
-            && od.dtype == DType::I8
+        let out_t = if c.int8.is_some() { DType::I8 } else { float };
+        c.groups == 1
+            && od.dtype == out_t
             && matches!(c.act, Act::None | Act::Relu)
-            && c.cout.is_multiple_of(16)
+            && (c.cout * out_t.bytes()).is_multiple_of(16)
             && c.residual
-                .is_none_or(|r| self.plan.tensors[r].dtype == DType::I8)
+                .is_none_or(|r| self.plan.tensors[r].dtype == out_t)
     }
 
-    /// Whether the cuDNN graph int8 conv can run this layer: int8 or FP16 output, ReLU or no
-    /// activation, a residual of either type, and 16-byte aligned channel rows.
-    fn dnn_i8_ok(&self, c: &ConvStep) -> bool {
-        let io = |t: usize| matches!(self.plan.tensors[t].dtype, DType::I8 | DType::F16);
-        c.int8.is_some()
-            && c.groups == 1
-            && io(c.out)
-            && matches!(c.act, Act::None | Act::Relu)
-            && c.cin.is_multiple_of(16)
+    /// The activation a cuDNN graph conv ends with, in output units; `None` when the graph
+    /// has none for this layer's.
+    fn graph_act(&self, c: &ConvStep) -> Option<GraphAct> {
+        let od = &self.plan.tensors[c.out];
+        let unit = if od.dtype == DType::I8 { od.scale } else { 1.0 };
+        match c.act {
+            Act::None => Some(GraphAct::None),
+            Act::Relu => Some(GraphAct::Relu),
+            Act::Clip(lo, hi) if lo < hi => Some(GraphAct::Clip(lo / unit, hi / unit)),
+            _ => None,
+        }
+    }
+
+    /// Whether the cuDNN graph conv can run this layer: an int8 layer (int8 or FP16 output)
+    /// or an FP16 one (FP16 output), ReLU, clip or no activation, a residual of either type,
+    /// and 16-byte aligned output rows (input channels are padded where they are not). FP32
+    /// layers keep the legacy path: its algorithm
+    /// list is what `--fp32-math strict` can hold to IEEE FP32.
+    fn dnn_graph_ok(&self, c: &ConvStep) -> bool {
+        let t = |t: usize| self.plan.tensors[t].dtype;
+        let io = |x: usize| matches!(t(x), DType::I8 | DType::F16);
+        let out_ok = if c.int8.is_some() {
+            io(c.out)
+        } else {
+            t(c.input) == DType::F16 && t(c.out) == DType::F16
+        };
+        c.groups == 1
+            && out_ok
+            && self.graph_act(c).is_some()
             && c.cout.is_multiple_of(16)
             && c.residual.is_none_or(io)
     }
 
-    /// The cuDNN graph int8 conv of an int8 layer (`ConvImpl::CudnnI8`): its execution plans,
-    /// weights as they are (OHWI is cuDNN's KRSC), scale and bias in output units (a float
-    /// output's scale is 1).
-    fn setup_dnn_i8(&self, c: &ConvStep) -> DevResult<DnnI8> {
-        let q = c.int8.as_ref().ok_or("not an int8 layer")?;
+    /// Whether the depthwise kernel takes this layer: one input channel per group and one
+    /// output per channel, a multiple of 4 channels, 2-D, an input it reads, tensors its
+    /// 32-bit indices reach.
+    fn depthwise_ok(&self, c: &ConvStep) -> bool {
+        let xd = &self.plan.tensors[c.input];
+        let input_ok = match xd.dtype {
+            DType::I8 => c.int8.is_some(),
+            DType::F16 | DType::F32 => c.int8.is_none(),
+        };
+        let fits_i32 = |t: usize| self.plan.tensors[t].numel() < i32::MAX as usize;
+        c.groups > 1
+            && c.groups == c.cin
+            && c.cout == c.cin
+            && c.cin.is_multiple_of(4)
+            && xd.shape.len() == 4
+            && input_ok
+            && fits_i32(c.input)
+            && fits_i32(c.out)
+    }
+
+    /// The depthwise kernel's weights: int8 as `[ceil(KH * KW / 4), C, 4]`, float tap-major
+    /// `[KH * KW, C]` as the engine's float type would round them (kept in f32).
+    fn depthwise_weights(&self, c: &ConvStep, float: DType) -> DevResult<DevBuf> {
+        let taps = c.k[0] * c.k[1];
+        let tap_major = |v: &dyn Fn(usize) -> f32| -> Vec<f32> {
+            (0..taps * c.cout)
+                .map(|i| v((i % c.cout) * taps + i / c.cout))
+                .collect()
+        };
+        match &c.int8 {
+            Some(q) => {
+                // [tap group of 4, C, 4], zeros past the last tap (the kernel's __dp4a order).
+                let groups = taps.div_ceil(4);
+                let w: Vec<i8> = (0..groups * c.cout * 4)
+                    .map(|i| {
+                        let (g, ch, j) = (i / (c.cout * 4), i / 4 % c.cout, i % 4);
+                        let t = g * 4 + j;
+                        if t < taps { q.w[ch * taps + t] } else { 0 }
+                    })
+                    .collect();
+                DevBuf::from_slice(&w)
+            }
+            None if float == DType::F16 => {
+                DevBuf::from_slice(&tap_major(&|i| half::f16::from_f32(c.w[i]).to_f32()))
+            }
+            None => DevBuf::from_slice(&tap_major(&|i| c.w[i])),
+        }
+    }
+
+    /// The cuDNN graph conv of a layer (`ConvImpl::CudnnGraph`): its execution plans, weights
+    /// as they are (OHWI is cuDNN's KRSC; FP16 for a float layer), and for an int8 layer the
+    /// scale; scale and bias in output units (a float output's unit is 1).
+    fn setup_dnn_graph(&self, c: &ConvStep) -> DevResult<DnnConv> {
         let (xd, od) = (&self.plan.tensors[c.input], &self.plan.tensors[c.out]);
         let hw = |s: &[usize]| if s.len() == 4 { (s[2], s[3]) } else { (1, 1) };
         let ((h, w), (oh, ow)) = (hw(&xd.shape), hw(&od.shape));
+        let cin_pad = graph_cin(c.cin, xd.dtype);
         let g = Geometry {
             n: xd.shape[0],
-            c: c.cin,
+            c: cin_pad,
             h,
             w,
             k: c.cout,
@@ -1536,30 +1651,44 @@ impl CudaEngine {
             DType::F16 => dnn::cudnnDataType_t::CUDNN_DATA_HALF,
             DType::F32 => dnn::cudnnDataType_t::CUDNN_DATA_FLOAT,
         };
+        // OHWI rows of `cin` values, zero padded to `cin_pad`.
+        let taps = c.cout * c.k[0] * c.k[1];
+        let pad_in = |v: &[f32]| padded_rows(v, taps, c.cin, taps, cin_pad);
+        let unit = if od.dtype == DType::I8 { od.scale } else { 1.0 };
         let residual = c.residual.map(|r| {
             let rd = &self.plan.tensors[r];
-            (rd.scale / od.scale, dt(rd.dtype))
+            let r_unit = if rd.dtype == DType::I8 { rd.scale } else { 1.0 };
+            (r_unit / unit, dt(rd.dtype))
         });
-        let graph = Int8ConvGraph::new(
-            self.dev.cudnn,
-            g,
+        let spec = ConvSpec {
+            input: dt(xd.dtype),
+            scale: c.int8.is_some(),
             residual,
-            c.act == Act::Relu,
-            dt(od.dtype),
-            LIB_WORKSPACE_BYTES,
-            3,
-        )?;
-        let scale: Vec<f32> = q
-            .w_scales
-            .iter()
-            .map(|s| s * q.x_scale / od.scale)
-            .collect();
-        let bias: Vec<f32> = c.bias.iter().map(|b| b / od.scale).collect();
-        Ok(DnnI8 {
+            act: self.graph_act(c).ok_or("activation not fusable")?,
+            out: dt(od.dtype),
+        };
+        let graph = ConvGraph::new(self.dev.cudnn, g, spec, LIB_WORKSPACE_BYTES, 3)?;
+        let bias: Vec<f32> = c.bias.iter().map(|b| b / unit).collect();
+        let (w, scale) = match &c.int8 {
+            Some(q) => {
+                let scale: Vec<f32> = q.w_scales.iter().map(|s| s * q.x_scale / unit).collect();
+                let w = padded_rows(&q.w, taps, c.cin, taps, cin_pad);
+                (DevBuf::from_slice(&w)?, DevBuf::from_slice(&scale)?)
+            }
+            None => {
+                let h: Vec<half::f16> = pad_in(&c.w)
+                    .iter()
+                    .map(|&v| half::f16::from_f32(v))
+                    .collect();
+                (DevBuf::from_slice(&h)?, DevBuf::from_slice(&[1.0f32])?)
+            }
+        };
+        Ok(DnnConv {
             graph,
-            w: DevBuf::from_slice(&q.w)?,
-            scale: DevBuf::from_slice(&scale)?,
+            w,
+            scale,
             bias: DevBuf::from_slice(&bias)?,
+            cin_pad,
         })
     }
 
@@ -1643,37 +1772,70 @@ impl CudaEngine {
         self.finish_gemm(desc, ab_t, d_t, w, kpad, cout_pad, m, int8, None)
     }
 
-    /// The int8 GEMM that requantizes in its own epilogue (`ConvImpl::GemmI8Out`): per-channel
-    /// alpha as a device vector, the bias and ReLU as cuBLASLt epilogues, the residual as
-    /// beta * C, all scaled to the output's int8 units.
-    fn setup_gemm_i8out(&self, c: &ConvStep, m: usize) -> DevResult<GemmSetup> {
-        let q = c.int8.as_ref().ok_or("not an int8 layer")?;
-        let out_scale = self.plan.tensors[c.out].scale;
+    /// The GEMM that writes the layer's output from its own epilogue (`ConvImpl::GemmFused`):
+    /// the bias and ReLU as cuBLASLt epilogues, the residual as beta * C. An int8 layer's
+    /// per-channel alpha is a device vector and everything is in the output's int8 units; a
+    /// float layer's bias is in the output's type (cuBLASLt's default for FP16 / FP32 D).
+    fn setup_gemm_fused(&self, c: &ConvStep, m: usize, float: DType) -> DevResult<GemmSetup> {
+        let od = &self.plan.tensors[c.out];
+        let unit = if od.dtype == DType::I8 { od.scale } else { 1.0 };
         let k = c.reduction();
         let kpad = round_up(k, 16);
-        let w = DevBuf::from_slice(&padded_rows(&q.w, c.cout, k, c.cout, kpad))?;
-        let alpha: Vec<f32> = q
-            .w_scales
-            .iter()
-            .map(|s| s * q.x_scale / out_scale)
-            .collect();
-        let bias: Vec<f32> = c.bias.iter().map(|b| b / out_scale).collect();
-        let fused = FusedI8 {
-            alpha: DevBuf::from_slice(&alpha)?,
-            bias: DevBuf::from_slice(&bias)?,
-            beta: c.residual.map(|r| self.plan.tensors[r].scale / out_scale),
-        };
-        let desc = GemmDesc::new(
-            lt::cublasComputeType_t::CUBLAS_COMPUTE_32I,
-            lt::cudaDataType_t::CUDA_R_32F,
-        )?;
+        let beta = c.residual.map(|r| {
+            let rd = &self.plan.tensors[r];
+            (if rd.dtype == DType::I8 { rd.scale } else { 1.0 }) / unit
+        });
+        let bias: Vec<f32> = c.bias.iter().map(|b| b / unit).collect();
         use lt::cublasLtMatmulDescAttributes_t as A;
-        let mode = if fused.beta.is_some() {
-            lt::cublasLtPointerMode_t::CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_HOST
+        use lt::cublasLtPointerMode_t as M;
+        use lt::cudaDataType_t as T;
+        let (desc, ab_t, w, fused, bias_t) = if let Some(q) = &c.int8 {
+            let alpha: Vec<f32> = q.w_scales.iter().map(|s| s * q.x_scale / unit).collect();
+            let fused = FusedOut {
+                alpha: Some(DevBuf::from_slice(&alpha)?),
+                bias: DevBuf::from_slice(&bias)?,
+                beta,
+            };
+            let desc = GemmDesc::new(lt::cublasComputeType_t::CUBLAS_COMPUTE_32I, T::CUDA_R_32F)?;
+            let mode = if beta.is_some() {
+                M::CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_HOST
+            } else {
+                M::CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_ZERO
+            };
+            desc.set(A::CUBLASLT_MATMUL_DESC_POINTER_MODE, &(mode as i32))?;
+            let w = DevBuf::from_slice(&padded_rows(&q.w, c.cout, k, c.cout, kpad))?;
+            (desc, T::CUDA_R_8I, w, fused, T::CUDA_R_32F)
         } else {
-            lt::cublasLtPointerMode_t::CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_ZERO
+            let rows = padded_rows(&c.w, c.cout, k, c.cout, kpad);
+            let (compute, ab_t, w, bias_buf) = if float == DType::F16 {
+                let h = |v: &[f32]| -> Vec<half::f16> {
+                    v.iter().map(|&x| half::f16::from_f32(x)).collect()
+                };
+                (
+                    lt::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    T::CUDA_R_16F,
+                    DevBuf::from_slice(&h(&rows))?,
+                    DevBuf::from_slice(&h(&bias))?,
+                )
+            } else {
+                (
+                    if self.tf32 {
+                        lt::cublasComputeType_t::CUBLAS_COMPUTE_32F_FAST_TF32
+                    } else {
+                        lt::cublasComputeType_t::CUBLAS_COMPUTE_32F
+                    },
+                    T::CUDA_R_32F,
+                    DevBuf::from_slice(&rows)?,
+                    DevBuf::from_slice(&bias)?,
+                )
+            };
+            let fused = FusedOut {
+                alpha: None,
+                bias: bias_buf,
+                beta,
+            };
+            (GemmDesc::new(compute, T::CUDA_R_32F)?, ab_t, w, fused, ab_t)
         };
-        desc.set(A::CUBLASLT_MATMUL_DESC_POINTER_MODE, &(mode as i32))?;
         let epi = if c.act == Act::Relu {
             lt::cublasLtEpilogue_t::CUBLASLT_EPILOGUE_RELU_BIAS
         } else {
@@ -1682,12 +1844,9 @@ impl CudaEngine {
         desc.set(A::CUBLASLT_MATMUL_DESC_EPILOGUE, &(epi as u32))?;
         let bias_ptr = fused.bias.ptr as *const c_void;
         desc.set(A::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr)?;
-        desc.set(
-            A::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE,
-            &(lt::cudaDataType_t::CUDA_R_32F as i32),
-        )?;
-        let i8t = lt::cudaDataType_t::CUDA_R_8I;
-        self.finish_gemm(desc, i8t, i8t, w, kpad, c.cout, m, true, Some(fused))
+        desc.set(A::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &(bias_t as i32))?;
+        let int8 = c.int8.is_some();
+        self.finish_gemm(desc, ab_t, ab_t, w, kpad, c.cout, m, int8, Some(fused))
     }
 
     /// Matrix layouts (A = weights [rows, kpad] transposed, B = columns [m, kpad], C = D =
@@ -1703,7 +1862,7 @@ impl CudaEngine {
         rows: usize,
         m: usize,
         int8: bool,
-        fused: Option<FusedI8>,
+        fused: Option<FusedOut>,
     ) -> DevResult<GemmSetup> {
         use cudarc::cublaslt::result as r;
         let e = |x: r::CublasError| format!("{x}");
@@ -2155,8 +2314,13 @@ impl CudaEngine {
                 ..
             } => {
                 let (i, o) = (td(*input), td(*out));
-                let n = o.numel();
-                launch!(st, k.pool, n; self.ptr(*input), code(*input), sc(*input), self.ptr(*out), code(*out), sc(*out),
+                // Four channels per thread where the channels allow (vector accesses).
+                let (f, n) = if i.shape[1] % 4 == 0 {
+                    (&k.pool4, o.numel() / 4)
+                } else {
+                    (&k.pool, o.numel())
+                };
+                launch!(st, f, n; self.ptr(*input), code(*input), sc(*input), self.ptr(*out), code(*out), sc(*out),
                     u(i.shape[0]), u(i.shape[2]), u(i.shape[3]), u(i.shape[1]), u(o.shape[2]), u(o.shape[3]),
                     u(kk[0]), u(kk[1]), u(stride[0]), u(stride[1]), u(pads[0]), u(pads[1]), u(pads[2]), u(pads[3]),
                     u(dilation[0]), u(dilation[1]), if *max { 0i32 } else { 1i32 }, *count_include_pad as i32)
@@ -2287,8 +2451,8 @@ impl CudaEngine {
                 self.run_conv_as(rt, inner, &way)
             }
             imp => {
-                let gemm = if matches!(imp, ConvImpl::GemmI8Out { .. }) {
-                    rt.gemm_i8out.as_ref()
+                let gemm = if matches!(imp, ConvImpl::GemmFused { .. }) {
+                    rt.gemm_fused.as_ref()
                 } else {
                     rt.gemm.as_ref()
                 };
@@ -2343,7 +2507,17 @@ impl CudaEngine {
                     u(c.k[0]), u(c.k[1]), u(c.stride[0]), u(c.stride[1]), u(c.pads[0]), u(c.pads[1]),
                     u(c.dilation[0]), u(c.dilation[1]), u(c.groups), act, a0, a1)
             }
-            ConvImpl::Gemm { algo, im2col } | ConvImpl::GemmI8Out { algo, im2col } => {
+            ConvImpl::Depthwise => {
+                let w_p = rt.dw_w.as_ref().ok_or("depthwise weights missing")?.ptr;
+                // Threads: four channels of DW_PX (4) adjacent outputs along x each.
+                let threads = n_out / rt.ow / 4 * rt.ow.div_ceil(4);
+                launch!(st, k.conv_dw4, threads; way.input, way.in_t.code(), w_p, way.alpha, rt.bias.ptr,
+                    res_p, res_t, res_s, self.ptr(c.out), od.dtype.code(), od.scale,
+                    u(xd.shape[0]), u(h), u(w), u(c.cin), u(rt.oh), u(rt.ow),
+                    u(c.k[0]), u(c.k[1]), u(c.stride[0]), u(c.stride[1]), u(c.pads[0]), u(c.pads[1]),
+                    u(c.dilation[0]), u(c.dilation[1]), act, a0, a1)
+            }
+            ConvImpl::Gemm { algo, im2col } | ConvImpl::GemmFused { algo, im2col } => {
                 let g = way.gemm.ok_or("GEMM setup missing")?;
                 let b_ptr = if *im2col {
                     let esz = way.in_t.bytes();
@@ -2372,7 +2546,10 @@ impl CudaEngine {
                 let beta_f;
                 if let Some(f) = &g.fused {
                     beta_f = f.beta.unwrap_or(0.0);
-                    al = f.alpha.ptr as *const c_void;
+                    al = match &f.alpha {
+                        Some(a) => a.ptr as *const c_void,
+                        None => &one_f as *const f32 as _,
+                    };
                     be = &beta_f as *const f32 as _;
                     d_ptr = self.ptr(c.out);
                     c_ptr = if c.residual.is_some() { res_p } else { d_ptr };
@@ -2438,10 +2615,25 @@ impl CudaEngine {
                 )?;
                 epilogue(float_raw, c.cout)
             }
-            ConvImpl::CudnnI8 { plan } => {
-                let d = rt.dnn_i8.as_ref().ok_or("cuDNN int8 graph missing")?;
+            ConvImpl::CudnnGraph { plan } => {
+                let d = rt.dnn.as_ref().ok_or("cuDNN graph missing")?;
+                let mut x = way.input;
+                if d.cin_pad != c.cin {
+                    // [pixels, cin] -> [pixels, cin_pad], zeros after.
+                    let pixels = (xd.numel() / c.cin) as i64;
+                    let mut a = PadArgs {
+                        rank: 2,
+                        ..Default::default()
+                    };
+                    a.out_dims[..2].copy_from_slice(&[pixels, d.cin_pad as i64]);
+                    a.in_dims[..2].copy_from_slice(&[pixels, c.cin as i64]);
+                    let n = pixels * d.cin_pad as i64;
+                    let (t, sc) = (way.in_t.code(), way.in_scale);
+                    launch!(st, k.pad_nd, n as usize; x, t, sc, self.f16_in_ptr(), t, sc, n, a, 0.0f32)?;
+                    x = self.f16_in_ptr();
+                }
                 let p = Ptrs {
-                    x: way.input,
+                    x,
                     w: d.w.ptr,
                     y: self.ptr(c.out),
                     scale: d.scale.ptr,

@@ -33,6 +33,48 @@ __device__ __forceinline__ void st(void* p, int t, i64 i, float v, float scale) 
   }
 }
 
+// Four consecutive elements as one 4-, 8- or 16-byte access (i a multiple of 4; the
+// vectorized NHWC kernels need c % 4 == 0).
+__device__ __forceinline__ float4 ld4(const void* p, int t, i64 i, float scale) {
+  if (t == 2) {
+    char4 q = *(const char4*)((const signed char*)p + i);
+    return make_float4(q.x * scale, q.y * scale, q.z * scale, q.w * scale);
+  }
+  if (t == 1) {
+    uint2 raw = *(const uint2*)((const __half*)p + i);
+    float2 lo = __half22float2(*(const __half2*)&raw.x);
+    float2 hi = __half22float2(*(const __half2*)&raw.y);
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+  }
+  if (t == 0) return *(const float4*)((const float*)p + i);
+  return make_float4(ld(p, t, i, scale), ld(p, t, i + 1, scale), ld(p, t, i + 2, scale),
+                     ld(p, t, i + 3, scale));
+}
+
+__device__ __forceinline__ signed char q8(float v, float scale) {
+  return (signed char)fminf(fmaxf(rintf(v / scale), -128.f), 127.f);
+}
+
+__device__ __forceinline__ void st4(void* p, int t, i64 i, float4 v, float scale) {
+  if (t == 2) {
+    char4 q = make_char4(q8(v.x, scale), q8(v.y, scale), q8(v.z, scale), q8(v.w, scale));
+    *(char4*)((signed char*)p + i) = q;
+  } else if (t == 1) {
+    __half2 lo = __floats2half2_rn(v.x, v.y), hi = __floats2half2_rn(v.z, v.w);
+    uint2 raw;
+    raw.x = *(unsigned int*)&lo;
+    raw.y = *(unsigned int*)&hi;
+    *(uint2*)((__half*)p + i) = raw;
+  } else if (t == 0) {
+    *(float4*)((float*)p + i) = v;
+  } else {
+    st(p, t, i, v.x, scale);
+    st(p, t, i + 1, v.y, scale);
+    st(p, t, i + 2, v.z, scale);
+    st(p, t, i + 3, v.w, scale);
+  }
+}
+
 // Activation codes as `Act::code` gives them (host reference: `Act::apply` in plan.rs):
 // 0 none, 1 relu, 2 clip(a, b), 3 sigmoid, 4 hardswish, 5 hardsigmoid(alpha a, beta b),
 // 6 tanh, 7 erf, 8 gelu (erf form), 9 gelu (tanh form), 10 exp, 11 log, 12 sqrt,
@@ -187,6 +229,100 @@ extern "C" __global__ void conv_direct(const void* x, int x_t, float x_scale, co
   if (res_t >= 0) v += ld(res, res_t, i, res_scale);
   v = act_f(v, act, a0, a1);
   st(y, y_t, i, v, y_scale);
+}
+
+// Depthwise convolution (groups = channels, one output per channel), NHWC: each thread
+// computes four channels (one 4-, 8- or 16-byte vector per read and write) of DW_PX adjacent
+// outputs along x, so each tap's weights are read once for DW_PX outputs. int8 input with i8
+// weights [ceil(KH * KW / 4), C, 4] (exact int32 sums through __dp4a: a third of the
+// instructions of widening each byte), or f16 / f32 input with f32 weights [KH * KW, C]
+// (tap-major: a warp's weight reads are contiguous). The epilogue is conv_direct's. c % 4 == 0,
+// and the host keeps input and output under 2^31 elements, so indices are 32-bit (conv_direct's
+// 64-bit divisions per output cost more than the arithmetic of a 3x3 depthwise tap).
+#define DW_PX 4
+extern "C" __global__ void conv_dw4(const void* x, int x_t, const void* w, const float* alpha,
+                                    const float* bias, const void* res, int res_t,
+                                    float res_scale, void* y, int y_t, float y_scale, int n,
+                                    int h, int wd, int c, int oh, int ow, int kh, int kw, int sh,
+                                    int sw, int ph, int pw, int dh, int dw, int act, float a0,
+                                    float a1) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  int c4 = c >> 2, owp = (ow + DW_PX - 1) / DW_PX;
+  if (i >= n * oh * owp * c4) return;
+  int ch = (i % c4) * 4, t = i / c4;
+  int ox0 = (t % owp) * DW_PX;
+  t /= owp;
+  int oy = t % oh, b = t / oh;
+  float acc[DW_PX][4] = {};
+  int acci[DW_PX][4] = {};
+  if (x_t == 2) {
+    // int8: taps in groups of four, one __dp4a per channel and group. The four loaded words
+    // (one per tap, four channels each) are transposed with byte permutes into one word per
+    // channel (four taps each); weights come as [tap group][C][4] (zeros past the last tap).
+    int taps = kh * kw;
+    for (int t0 = 0; t0 < taps; t0 += 4) {
+      int4 wq = *(const int4*)((const signed char*)w + ((t0 >> 2) * c + ch) * 4);
+      int xw[4][DW_PX];
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        int t = t0 + j, ky = t / kw, kx = t - ky * kw;
+        int iy = oy * sh - ph + ky * dh;
+        bool row_ok = t < taps && iy >= 0 && iy < h;
+        int row = (b * h + iy) * wd;
+#pragma unroll
+        for (int p = 0; p < DW_PX; p++) {
+          int ix = (ox0 + p) * sw - pw + kx * dw;
+          bool ok = row_ok && ox0 + p < ow && ix >= 0 && ix < wd;
+          xw[j][p] = ok ? *(const int*)((const signed char*)x + (row + ix) * c + ch) : 0;
+        }
+      }
+#pragma unroll
+      for (int p = 0; p < DW_PX; p++) {
+        unsigned a = __byte_perm(xw[0][p], xw[1][p], 0x5140);
+        unsigned bb = __byte_perm(xw[0][p], xw[1][p], 0x7362);
+        unsigned cc = __byte_perm(xw[2][p], xw[3][p], 0x5140);
+        unsigned d = __byte_perm(xw[2][p], xw[3][p], 0x7362);
+        acci[p][0] = __dp4a((int)__byte_perm(a, cc, 0x5410), wq.x, acci[p][0]);
+        acci[p][1] = __dp4a((int)__byte_perm(a, cc, 0x7632), wq.y, acci[p][1]);
+        acci[p][2] = __dp4a((int)__byte_perm(bb, d, 0x5410), wq.z, acci[p][2]);
+        acci[p][3] = __dp4a((int)__byte_perm(bb, d, 0x7632), wq.w, acci[p][3]);
+      }
+    }
+  } else {
+    for (int ky = 0; ky < kh; ky++) {
+      int iy = oy * sh - ph + ky * dh;
+      if (iy < 0 || iy >= h) continue;
+      int row = (b * h + iy) * wd;
+      for (int kx = 0; kx < kw; kx++) {
+        float4 wv = *(const float4*)((const float*)w + (ky * kw + kx) * c + ch);
+#pragma unroll
+        for (int p = 0; p < DW_PX; p++) {
+          int ix = (ox0 + p) * sw - pw + kx * dw;
+          if (ox0 + p >= ow || ix < 0 || ix >= wd) continue;
+          float4 xv = ld4(x, x_t, (row + ix) * c + ch, 1.f);
+          acc[p][0] += xv.x * wv.x;
+          acc[p][1] += xv.y * wv.y;
+          acc[p][2] += xv.z * wv.z;
+          acc[p][3] += xv.w * wv.w;
+        }
+      }
+    }
+  }
+  float4 al = *(const float4*)(alpha + ch), bi = *(const float4*)(bias + ch);
+  float av[4] = {al.x, al.y, al.z, al.w}, bv[4] = {bi.x, bi.y, bi.z, bi.w};
+#pragma unroll
+  for (int p = 0; p < DW_PX; p++) {
+    if (ox0 + p >= ow) break;
+    int o = ((b * oh + oy) * ow + ox0 + p) * c + ch;
+    float v[4];
+    for (int j = 0; j < 4; j++) {
+      float s = x_t == 2 ? (float)acci[p][j] : acc[p][j];
+      s = s * av[j] + bv[j];
+      if (res_t >= 0) s += ld(res, res_t, o + j, res_scale);
+      v[j] = act_f(s, act, a0, a1);
+    }
+    st4(y, y_t, o, make_float4(v[0], v[1], v[2], v[3]), y_scale);
+  }
 }
 
 // im2col for NHWC: cols [M = n*oh*ow, kpad] with k = (ky*kw + kx)*cin + ci; zero padding.
@@ -642,6 +778,48 @@ extern "C" __global__ void pool(const void* x, int x_t, float x_scale, void* y, 
   }
   if (kind == 1) acc = cnt > 0 ? acc / cnt : 0.f;
   st(y, y_t, i, acc, y_scale);
+}
+
+// `pool` with four channels per thread and vector accesses (c % 4 == 0): the plain kernel's
+// byte- or half-wide reads took ResNet-50's stem max pool 6x longer than its bytes need.
+extern "C" __global__ void pool4(const void* x, int x_t, float x_scale, void* y, int y_t,
+                                 float y_scale, int n, int h, int wd, int c, int oh, int ow,
+                                 int kh, int kw, int sh, int sw, int pt, int pl, int pb, int pr,
+                                 int dh, int dw, int kind, int count_include_pad) {
+  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  int c4 = c >> 2;
+  i64 total = (i64)n * oh * ow * c4;
+  if (i >= total) return;
+  Pos p = nhwc_pos(i, oh, ow, c4);
+  float init = kind == 0 ? -QS_INF : 0.f;
+  float4 acc = make_float4(init, init, init, init);
+  int cnt = 0;
+  for (int ky = 0; ky < kh; ky++) {
+    int iy = p.y * sh - pt + ky * dh;
+    if (iy >= h + pb) break;
+    for (int kx = 0; kx < kw; kx++) {
+      int ix = p.x * sw - pl + kx * dw;
+      if (ix >= wd + pr) break;
+      if (iy >= 0 && iy < h && ix >= 0 && ix < wd) {
+        float4 v = ld4(x, x_t, (((i64)p.b * h + iy) * wd + ix) * c + p.c * 4, x_scale);
+        if (kind == 0) {
+          acc = make_float4(fmaxf(acc.x, v.x), fmaxf(acc.y, v.y), fmaxf(acc.z, v.z),
+                            fmaxf(acc.w, v.w));
+        } else {
+          acc = make_float4(acc.x + v.x, acc.y + v.y, acc.z + v.z, acc.w + v.w);
+        }
+        cnt++;
+      } else if (count_include_pad) {
+        cnt++;
+      }
+    }
+  }
+  if (kind == 1) {
+    float d = (float)cnt;
+    acc = cnt > 0 ? make_float4(acc.x / d, acc.y / d, acc.z / d, acc.w / d)
+                  : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  st4(y, y_t, i * 4, acc, y_scale);
 }
 
 // Global average pool over NHWC. Block: 32 channels x 32 pixel lanes, each lane summing every

@@ -602,6 +602,29 @@ impl Step {
             | Step::ConvTranspose { out, .. } => *out,
         }
     }
+    /// Makes the step write `out` instead, its name extended by `+also` (a folded step).
+    fn retarget(&mut self, to: usize, also: &str) {
+        let (name, out) = match self {
+            Step::Conv(c) => (&mut c.name, &mut c.out),
+            Step::Unary { name, out, .. }
+            | Step::View { name, out, .. }
+            | Step::Nary { name, out, .. }
+            | Step::Reduce { name, out, .. }
+            | Step::Norm { name, out, .. }
+            | Step::MatMul { name, out, .. }
+            | Step::Gather { name, out, .. }
+            | Step::Pool { name, out, .. }
+            | Step::GlobalAvgPool { name, out, .. }
+            | Step::Concat { name, out, .. }
+            | Step::Resize { name, out, .. }
+            | Step::Softmax { name, out, .. }
+            | Step::Pad { name, out, .. }
+            | Step::ConvTranspose { name, out, .. } => (name, out),
+        };
+        *out = to;
+        name.push('+');
+        name.push_str(also);
+    }
     pub fn kind(&self) -> &'static str {
         match self {
             Step::Conv(_) => "conv",
@@ -744,6 +767,68 @@ pub fn squeeze_dims(input: &[usize], axes: &[i64], squeeze: bool) -> Option<Vec<
                 }
             })
             .collect()
+    }
+}
+
+/// Folds each cast or quantize (a `Unary` without activation: f16 -> f32, float -> int8) into
+/// the step that produces its input, where that step's kernel stores through the generic
+/// typed store (any type, any scale) and nothing else reads the input: the producer writes
+/// the cast's output, one pass over the tensor instead of two. (The quantize after a concat,
+/// a pool or an input transpose, and the output's f16 -> f32 cast after its transpose.)
+pub fn fold_casts(plan: &mut Plan) {
+    let nt = plan.tensors.len();
+    let mut readers = vec![0usize; nt];
+    for s in &plan.steps {
+        for t in s.inputs() {
+            readers[t] += 1;
+        }
+    }
+    let aliased: HashSet<usize> = plan.tensors.iter().filter_map(|t| t.alias_of).collect();
+    let mut producer = vec![None::<usize>; nt];
+    let mut folded = vec![];
+    for si in 0..plan.steps.len() {
+        if let Step::Unary {
+            input,
+            out,
+            act: Act::None,
+            name,
+        } = &plan.steps[si]
+        {
+            let (i, o) = (*input, *out);
+            let (ti, to) = (&plan.tensors[i], &plan.tensors[o]);
+            let plain = |t: usize| plan.tensors[t].alias_of.is_none() && !aliased.contains(&t);
+            let movable = readers[i] == 1
+                && plain(i)
+                && plain(o)
+                && i != plan.input
+                && i != plan.output
+                && ti.shape == to.shape
+                && ti.layout == to.layout;
+            let p = producer[i].filter(|&p| {
+                matches!(
+                    plan.steps[p],
+                    Step::Unary { .. }
+                        | Step::View { .. }
+                        | Step::Nary { .. }
+                        | Step::Pool { .. }
+                        | Step::GlobalAvgPool { .. }
+                        | Step::Concat { .. }
+                        | Step::Resize { .. }
+                        | Step::Pad { .. }
+                )
+            });
+            if let (true, Some(p)) = (movable, p) {
+                let name = name.clone();
+                plan.steps[p].retarget(o, &name);
+                producer[o] = Some(p);
+                folded.push(si);
+                continue;
+            }
+        }
+        producer[plan.steps[si].output()] = Some(si);
+    }
+    for si in folded.into_iter().rev() {
+        plan.steps.remove(si);
     }
 }
 

@@ -260,6 +260,7 @@ impl<'a> Builder<'a> {
             o
         };
         self.plan.output = fin;
+        crate::backend::cuda::plan::fold_casts(&mut self.plan);
         Ok(self.plan)
     }
 

@@ -106,6 +106,17 @@ fn pool(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
         b.float,
         1.0,
     );
+    // An average over the whole unpadded input (TensorFlow's DeepLab writes its image pooling
+    // so) is a global average pool: the pool kernel would give each output's thread all
+    // h * w pixels, and leave the GPU idle with a few hundred threads.
+    if n.op_type == "AveragePool" && k == [h, w] && pads == [0; 4] && [oh, ow] == [1, 1] {
+        let step = Step::GlobalAvgPool {
+            name: n.name.clone(),
+            input: x,
+            out: o,
+        };
+        return b.emit(n, o, step);
+    }
     b.emit(
         n,
         o,

@@ -81,14 +81,21 @@ fn residual_add_fuses_when_the_shortcut_comes_later() {
     let fused = residual_conv(&int8).expect("int8 residual conv");
     let r = fused.residual.expect("residual");
     assert_eq!(int8.tensors[r].dtype, DType::I8, "int8 shortcut stays int8");
-    // The shortcut conv took its QuantizeLinear: no separate quantize step for it.
+    // The shortcut conv took its QuantizeLinear, and the input's went into the input's NHWC
+    // transpose (`fold_casts`): no separate quantize step.
     let quantizes: Vec<&str> = int8
         .steps
         .iter()
         .filter(|s| matches!(s, Step::Unary { out, .. } if int8.tensors[*out].dtype == DType::I8))
         .map(|s| s.name())
         .collect();
-    assert_eq!(quantizes.len(), 1, "only the input: {quantizes:?}");
+    assert!(quantizes.is_empty(), "{quantizes:?}");
+    let first = &int8.steps[0];
+    assert!(
+        matches!(first, Step::View { .. }) && int8.tensors[first.output()].dtype == DType::I8,
+        "the input transpose writes int8: {}",
+        first.name()
+    );
 }
 
 #[test]
@@ -372,4 +379,55 @@ fn attention_matmuls_are_batched_and_int8_reads_int8() {
         .collect();
     assert_eq!(mms, vec![(2, 4, 4, 8), (2, 4, 8, 4)]);
     assert_eq!(plan.tensors[plan.output].shape, vec![1, 2, 4, 8]);
+}
+
+#[test]
+fn average_pool_over_the_whole_input_is_a_global_pool() {
+    let pool = |k: i64| {
+        let mut b = GraphBuilder::new(&[1, 8, 6, 6]);
+        let y = b.node(
+            "AveragePool",
+            "ap",
+            &["x"],
+            vec![proto::ints_attr("kernel_shape", &[k, k])],
+        );
+        b.output(&y);
+        plan_of(&b, [1, 8, 6, 6], Precision::Fp32)
+    };
+    let whole = pool(6);
+    assert!(
+        whole
+            .steps
+            .iter()
+            .any(|s| matches!(s, Step::GlobalAvgPool { .. }))
+            && !whole.steps.iter().any(|s| matches!(s, Step::Pool { .. })),
+        "{:?}",
+        whole.steps.iter().map(|s| s.kind()).collect::<Vec<_>>()
+    );
+    let part = pool(3);
+    assert!(part.steps.iter().any(|s| matches!(s, Step::Pool { .. })));
+}
+
+#[test]
+fn casts_and_quantizes_fold_into_the_step_before_them() {
+    // FP16: the output's transpose writes f32 itself (no `output.cast`).
+    let mut b = GraphBuilder::new(&[1, 8, 6, 6]);
+    let c = b.conv("c", "x", 8, 8, 3);
+    let y = b.node(
+        "AveragePool",
+        "ap",
+        &[&c],
+        vec![proto::ints_attr("kernel_shape", &[2, 2])],
+    );
+    b.output(&y);
+    let plan = plan_of(&b, [1, 8, 6, 6], Precision::Fp16);
+    assert!(
+        !plan.steps.iter().any(|s| matches!(s, Step::Unary { .. })),
+        "{:?}",
+        plan.steps.iter().map(|s| s.name()).collect::<Vec<_>>()
+    );
+    let last = plan.steps.last().expect("steps");
+    assert_eq!(last.output(), plan.output);
+    assert_eq!(plan.tensors[plan.output].dtype, DType::F32);
+    assert!(last.name().ends_with("+output.cast"), "{}", last.name());
 }
