@@ -411,6 +411,7 @@ fn layers_tab_shows_where_each_engines_time_goes() {
         layer: layer.into(),
         kernel: kernel.into(),
         time_ms,
+        precision: None,
     };
     let mut report = sample_report();
     for r in report.rows.iter_mut() {
@@ -423,6 +424,16 @@ fn layers_tab_shows_where_each_engines_time_goes() {
         if int8 {
             r.layer_times
                 .push(t("block1/q", "Requantize (quantscope)", 0.25));
+            // As a GPU engine says it: which precision each layer ran in, and why.
+            let why = [
+                "fp16, timed faster than int8",
+                "int8",
+                "fp16 data",
+                "int8 data",
+            ];
+            for (lt, p) in r.layer_times.iter_mut().zip(why) {
+                lt.precision = Some(p.to_string());
+            }
         }
     }
     let mut wb = sample_workbench();
@@ -437,6 +448,7 @@ fn layers_tab_shows_where_each_engines_time_goes() {
     assert_eq!(h.get_all_by_label("OptMatMul").count(), 2);
     assert_eq!(h.get_all_by_label("4.00 ms · 67 %").count(), 2);
     assert!(h.query_by_label("Requantize (quantscope)").is_none());
+    assert!(h.query_by_label("by precision").is_none());
     // Another engine, picked from the list.
     h.get_by_label("engine").click();
     h.run();
@@ -445,6 +457,11 @@ fn layers_tab_shows_where_each_engines_time_goes() {
     assert_eq!(h.state().layers.time_engine.as_deref(), Some("INT8 max"));
     h.get_by_label_contains("4 layers, 6.25 ms summed");
     assert!(h.get_all_by_label("Requantize (quantscope)").count() >= 1);
+    // Its layers by precision: the stem the builder ran in FP16, most time first.
+    h.get_by_label("by precision");
+    h.get_by_label("fp16, timed faster than int8");
+    // By op, slowest layers and by precision.
+    assert_eq!(h.get_all_by_label("4.00 ms · 64 %").count(), 3);
     // The sensitivity analysis is still offered below.
     h.get_by_label("Analyse sensitivity");
 }

@@ -149,6 +149,11 @@ pub struct LayerTime {
     pub layer: String,
     pub kernel: String,
     pub time_ms: f64,
+    /// The precision the layer computed in, and why where the engine chose it ("int8",
+    /// "fp16, timed faster than int8", "fp16, float in the Q/DQ plan", ...); `None` where the
+    /// backend does not say (the CPU's tract nodes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<String>,
 }
 
 /// What a built engine is and holds.

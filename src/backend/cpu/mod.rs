@@ -277,6 +277,7 @@ impl TractModel {
                     layer: node.name.clone(),
                     kernel: node.op().name().to_string(),
                     time_ms: crate::timing::latency_from(v).median,
+                    precision: None,
                 }
             })
             .collect();

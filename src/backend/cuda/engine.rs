@@ -1298,7 +1298,7 @@ impl CudaEngine {
         // Per-layer times, then the graph.
         eng.run_steps()?;
         drv(eng.dev.stream.synchronize(), "first run")?;
-        let layer_times = eng.profile_layers()?;
+        let layer_times = eng.profile_layers(precision)?;
         let graph_note = match eng.capture() {
             Ok(()) => "CUDA graph".to_string(),
             Err(e) => format!("eager launches (graph capture failed: {e})"),
@@ -2081,10 +2081,33 @@ impl CudaEngine {
         Ok(ts[ts.len() / 2])
     }
 
-    fn profile_layers(&self) -> DevResult<Vec<LayerTime>> {
+    /// Each step timed alone, with what ran it and in which precision (an int8 layer the
+    /// builder ran in FP16, or a layer the Q/DQ plan leaves in float, says so).
+    fn profile_layers(&self, engine: Precision) -> DevResult<Vec<LayerTime>> {
         let mut out = vec![];
+        let float_name = match float_type(engine) {
+            DType::F16 => "fp16",
+            _ if self.tf32 => "fp32 (tf32)",
+            _ => "fp32",
+        };
         for (si, s) in self.plan.steps.iter().enumerate() {
             let t = self.time_step(si, 3)?;
+            let precision = match (s, self.convs.get(&si)) {
+                (Step::Conv(c), Some(rt)) => match (&c.int8, &rt.chosen) {
+                    (Some(_), ConvImpl::AsF16(_)) => "fp16, timed faster than int8".to_string(),
+                    (Some(_), _) => "int8".to_string(),
+                    (None, _) if engine == Precision::Int8 => {
+                        format!("{float_name}, float in the Q/DQ plan")
+                    }
+                    (None, _) => float_name.to_string(),
+                },
+                // Other steps compute in f32 registers; their data is in the output's type.
+                _ => match self.plan.tensors[s.output()].dtype {
+                    DType::I8 => "int8 data".to_string(),
+                    DType::F16 => "fp16 data".to_string(),
+                    DType::F32 => "fp32 data".to_string(),
+                },
+            };
             let kernel = match (s, self.convs.get(&si)) {
                 (Step::Conv(c), Some(rt)) => {
                     let p = if c.int8.is_some() { "int8" } else { "float" };
@@ -2108,6 +2131,7 @@ impl CudaEngine {
                 layer,
                 kernel,
                 time_ms: t,
+                precision: Some(precision),
             });
         }
         Ok(out)

@@ -1,6 +1,8 @@
 //! The Layers tab's "Where the time goes": one engine's per-layer times (measured by its
-//! backend after the latency runs, batch 1), summed by op kind and listed slowest first, so
-//! a latency in Compare comes with the ops that explain it.
+//! backend after the latency runs, batch 1), summed by precision (where the engine says which
+//! precision each layer ran in and why: an INT8 engine's layers run in FP16 because that timed
+//! faster, or because the Q/DQ plan leaves them float) and by op kind, and listed slowest
+//! first, so a latency in Compare comes with the ops that explain it.
 
 use eframe::egui;
 
@@ -16,18 +18,32 @@ const KINDS: usize = 10;
 
 /// Time by op kind: `(kind, total ms, layers)`, most time first.
 pub fn by_kind(times: &[LayerTime]) -> Vec<(String, f64, usize)> {
-    let mut kinds: Vec<(String, f64, usize)> = vec![];
+    sum_by(times, |t| Some(t.kernel.as_str()))
+}
+
+/// Time by the precision each layer ran in (layers without one left out), most time first.
+pub fn by_precision(times: &[LayerTime]) -> Vec<(String, f64, usize)> {
+    sum_by(times, |t| t.precision.as_deref())
+}
+
+/// `(key, total ms, layers)` over the layers `key` gives one for, most time first.
+fn sum_by(
+    times: &[LayerTime],
+    key: impl Fn(&LayerTime) -> Option<&str>,
+) -> Vec<(String, f64, usize)> {
+    let mut sums: Vec<(String, f64, usize)> = vec![];
     for t in times {
-        match kinds.iter_mut().find(|(k, ..)| *k == t.kernel) {
+        let Some(k) = key(t) else { continue };
+        match sums.iter_mut().find(|(s, ..)| s == k) {
             Some((_, ms, n)) => {
                 *ms += t.time_ms;
                 *n += 1;
             }
-            None => kinds.push((t.kernel.clone(), t.time_ms, 1)),
+            None => sums.push((k.to_string(), t.time_ms, 1)),
         }
     }
-    kinds.sort_by(|a, b| b.1.total_cmp(&a.1));
-    kinds
+    sums.sort_by(|a, b| b.1.total_cmp(&a.1));
+    sums
 }
 
 /// The section, when some engine of the current results has per-layer times.
@@ -79,6 +95,22 @@ pub fn times_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
                 );
             });
             let total: f64 = r.layer_times.iter().map(|t| t.time_ms).sum::<f64>().max(1e-9);
+            let precisions = by_precision(&r.layer_times);
+            if !precisions.is_empty() {
+                ui.strong("by precision").on_hover_text(
+                    "The precision each layer computed in. In an INT8 engine a layer runs in FP16 where the builder timed that faster than its int8 implementations, or where the Q/DQ plan leaves it in float; \"data\" marks steps that only move or combine values of that type",
+                );
+                egui::Grid::new("layers.times.precisions")
+                    .striped(true)
+                    .show(ui, |ui| {
+                        for (p, ms, n) in precisions {
+                            ui.label(p);
+                            ui.label(format!("{n}×"));
+                            share_ui(ui, ms, total);
+                            ui.end_row();
+                        }
+                    });
+            }
             ui.columns(2, |cols| {
                 cols[0].strong("by op");
                 egui::Grid::new("layers.times.kinds")
@@ -99,7 +131,11 @@ pub fn times_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
                     .show(&mut cols[1], |ui| {
                         for t in slowest.into_iter().take(SLOWEST) {
                             ui.label(short(&t.layer, 30, true)).on_hover_text(&t.layer);
-                            ui.weak(short(&t.kernel, 16, false)).on_hover_text(&t.kernel);
+                            let hover = match &t.precision {
+                                Some(p) => format!("{} ({p})", t.kernel),
+                                None => t.kernel.clone(),
+                            };
+                            ui.weak(short(&t.kernel, 16, false)).on_hover_text(hover);
                             share_ui(ui, t.time_ms, total);
                             ui.end_row();
                         }
@@ -147,6 +183,7 @@ mod tests {
             layer: layer.into(),
             kernel: kernel.into(),
             time_ms,
+            precision: None,
         };
         let kinds = by_kind(&[
             t("a", "Conv", 1.0),
@@ -165,5 +202,28 @@ mod tests {
         assert_eq!(short("abcdef", 4, true), "…def");
         assert_eq!(short("abcdef", 4, false), "abc…");
         assert_eq!(short("abc", 4, true), "abc");
+    }
+
+    #[test]
+    fn time_by_precision_leaves_out_layers_without_one() {
+        let t = |p: Option<&str>, time_ms| LayerTime {
+            layer: "l".into(),
+            kernel: "k".into(),
+            time_ms,
+            precision: p.map(String::from),
+        };
+        let p = by_precision(&[
+            t(Some("int8"), 1.0),
+            t(Some("fp16, timed faster than int8"), 0.5),
+            t(None, 9.0),
+            t(Some("int8"), 1.0),
+        ]);
+        assert_eq!(
+            p,
+            vec![
+                ("int8".to_string(), 2.0, 2),
+                ("fp16, timed faster than int8".to_string(), 0.5, 1)
+            ]
+        );
     }
 }
