@@ -4,10 +4,10 @@
 //! k x k), cuDNN's graph-API conv with the epilogue fused (`dnn_graph`: int8 with the
 //! requantization, or FP16), a cuBLASLt GEMM that writes the layer's output from its own
 //! epilogue, the vectorized depthwise kernel, the direct NVRTC kernel; for int8 layers also
-//! the layer run in FP16), captures the whole run in a CUDA graph, and times it with CUDA events. Every other
-//! step runs on an NVRTC kernel of `kernels.cu`; each step's sizes are checked against its
-//! tensors before anything is allocated (`check_step`), and its `Step::constants()` are
-//! uploaded once (counted in `weights_bytes`).
+//! the layer run in FP16), captures the whole run in a CUDA graph, and times it with CUDA
+//! events. Every other step runs on an NVRTC kernel of `kernels.cu`; each step's sizes are
+//! checked against its tensors before anything is allocated (`check_step`), and its
+//! `Step::constants()` are uploaded once (counted in `weights_bytes`).
 
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -1072,7 +1072,7 @@ struct ConvRt {
     bias: DevBuf,
     /// Direct-kernel weights (f32 or i8, OHWI), kept only when chosen.
     direct_w: Option<DevBuf>,
-    /// Depthwise-kernel weights (f32 or i8, [KH * KW, C]), kept only when chosen.
+    /// Depthwise-kernel weights (`depthwise_weights`), kept only when chosen.
     dw_w: Option<DevBuf>,
     gemm: Option<GemmSetup>,
     gemm_fused: Option<GemmSetup>,

