@@ -5,7 +5,7 @@
 # CARRY holds `<name>.xz` executables (quantscope, and test binaries named after their test
 # file: cuda_backend, cuda_ops, cuda_zoo) and any `*.onnx` to time (inputs in [-1, 1]), with
 # `calib/` images for them. ZOO_MODELS (names of tools/zoo.py) are exported there for the zoo
-# test. Writes OUT/tests.txt, OUT/bench.txt and the reports. GPU_TESTS / GPU_BENCH=0 skip a
+# test. Writes OUT/tests.txt, OUT/bench.txt and the reports (packed into OUT/reports.tar.xz). GPU_TESTS / GPU_BENCH=0 skip a
 # part; BENCH_MODELS (tools/bench_gpu.sh's torchvision models, none by default) and
 # BENCH_BATCHES (carried models; default "1 8") choose what is timed.
 set -uo pipefail
@@ -49,3 +49,7 @@ if [ "${GPU_BENCH:-1}" != 0 ]; then
     tail -n 20 "$OUT/bench.txt"
   fi
 fi
+# The device tool brings back at most 8 files: the reports travel as one archive.
+(cd "$OUT" && shopt -s nullglob && reports=(*.json *.log) && { [ ! -d bench ] || reports+=(bench); } &&
+  [ ${#reports[@]} -gt 0 ] && tar -cJf reports.tar.xz "${reports[@]}" && rm -rf "${reports[@]}")
+ls "$OUT"
