@@ -1141,6 +1141,10 @@ impl<'a> Rows<'a> {
             .notes
             .extend(self.ctx.batch_refused.borrow_mut().take());
         self.report.notes.extend(self.ctx.p.assumptions());
+        for note in crate::report::slower_int8_notes(&self.report.rows) {
+            self.ctx.sink.log(&note);
+            self.report.notes.push(note);
+        }
         let errors = write_outputs(self.exp, &self.report, &self.artifacts, self.ctx.sink);
         self.output_errors.extend(errors);
         RunOutput {

@@ -90,6 +90,44 @@ impl Row {
     }
 }
 
+/// Notes for the INT8 engines that ran slower than the same run's FP16 engine, at batch 1 or
+/// at the timed batch, where FP16 ran on a device (a simulated FP16 latency says nothing about
+/// one). "INT8 is not faster than FP16" is the complaint users file most often against INT8
+/// engines: the report says so in words, not only in the table, and says where to look.
+/// Differences under 2 % are left to the table (timing noise).
+pub fn slower_int8_notes(rows: &[Row]) -> Vec<String> {
+    let ok = |r: &&Row, p: Precision| r.precision == Some(p) && r.error.is_none();
+    let Some(f) = rows.iter().find(|r| ok(r, Precision::Fp16) && !r.simulated) else {
+        return vec![];
+    };
+    let slower = |a: &Option<Latency>, b: &Option<Latency>| match (a, b) {
+        (Some(a), Some(b)) if a.median > b.median * 1.02 => Some((a.median, b.median)),
+        _ => None,
+    };
+    rows.iter()
+        .filter(|r| ok(r, Precision::Int8) && r.backend == f.backend)
+        .filter_map(|r| {
+            let mut at = vec![];
+            if let Some((a, b)) = slower(&r.latency_ms, &f.latency_ms) {
+                at.push(format!("{a:.3} against {b:.3} ms at batch 1"));
+            }
+            if let (Some((a, b)), Some(n)) = (slower(&r.latency_batch_ms, &f.latency_batch_ms), r.batch)
+                && f.batch == r.batch
+            {
+                at.push(format!("{a:.3} against {b:.3} ms at batch {n}"));
+            }
+            (!at.is_empty()).then(|| {
+                format!(
+                    "{} on {} ran slower than FP16: {}. The Layers tab shows which precision each layer ran in, and why.",
+                    r.label(),
+                    r.backend,
+                    at.join(", ")
+                )
+            })
+        })
+        .collect()
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ModelSummary {
     pub file: PathBuf,
@@ -316,5 +354,42 @@ impl Report {
             .filter_map(|(p, text)| p.map(|p| crate::files::write(p, text(self))))
             .filter_map(Result::err)
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn int8_slower_than_device_fp16_is_said() {
+        let lat = |ms: f64| {
+            Some(Latency {
+                median: ms,
+                p90: ms,
+                p99: ms,
+                runs: 10,
+            })
+        };
+        let row = |p: Precision, simulated: bool, b1: f64, b8: f64| Row {
+            precision: Some(p),
+            method: (p == Precision::Int8).then_some(Method::Max),
+            backend: "cuda".into(),
+            simulated,
+            latency_ms: lat(b1),
+            latency_batch_ms: lat(b8),
+            batch: Some(8),
+            ..Default::default()
+        };
+        let fp16 = row(Precision::Fp16, false, 0.403, 1.039);
+        let notes = slower_int8_notes(&[fp16.clone(), row(Precision::Int8, false, 0.425, 1.181)]);
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].starts_with("int8 max on cuda ran slower than FP16: 0.425 against 0.403 ms at batch 1, 1.181 against 1.039 ms at batch 8."), "{}", notes[0]);
+        // Faster, or within 2 %: nothing said.
+        let faster = row(Precision::Int8, false, 0.30, 1.04);
+        assert!(slower_int8_notes(&[fp16.clone(), faster]).is_empty());
+        // A simulated FP16 (the CPU's) is no measure of a device's.
+        let cpu = row(Precision::Fp16, true, 0.1, 0.5);
+        assert!(slower_int8_notes(&[cpu, row(Precision::Int8, false, 9.0, 9.0)]).is_empty());
     }
 }
