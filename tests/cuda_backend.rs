@@ -10,7 +10,7 @@ use std::path::Path;
 
 mod common;
 
-use common::cuda::{gpu, input_for, max_qdq, rel_err};
+use common::cuda::{cpu_int8_run, gpu, input_for, max_qdq, rel_err};
 
 use quantscope::backend::cpu::CpuBackend;
 use quantscope::backend::cuda::CudaBackend;
@@ -376,17 +376,7 @@ fn every_conv_implementation_matches_cpu_on_a_mobilenet_block() {
         ..m.clone()
     }
     .with_fixed_input(batch, hw);
-    let cpu8 = CpuBackend
-        .build(
-            BuildInput::Int8 {
-                model: &m,
-                qdq: &qdq,
-            },
-            spec,
-        )
-        .expect("cpu int8")
-        .run(&x)
-        .expect("cpu int8 run");
+    let cpu8 = cpu_int8_run(&m, &qdq, spec, &x).expect("cpu int8");
     let step = cpu8.data.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
     let pl = plan::lower(&q, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
     for family in ["cudnng", "gemmf", "gemm", "f16+cudnn", "dw", "direct"] {

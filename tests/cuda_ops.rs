@@ -16,7 +16,7 @@
 
 mod common;
 
-use common::cuda::{gpu, input_for, max_qdq};
+use common::cuda::{cpu_int8_run, gpu, input_for, max_qdq};
 use quantscope::backend::cpu::CpuBackend;
 use quantscope::backend::cuda::CudaBackend;
 use quantscope::backend::{Backend, BuildInput, BuildSpec, Engine, Output, Precision};
@@ -193,15 +193,7 @@ fn int8_err(g: &CudaBackend, c: &Case, x: &[f32]) -> Result<Option<(f64, f64)>, 
         batch: c.batch,
         hw: c.hw,
     };
-    let input = BuildInput::Int8 {
-        model: &c.model,
-        qdq: &qdq,
-    };
-    let cpu = CpuBackend
-        .build(input, spec)
-        .map_err(|e| format!("cpu build: {e:#}"))?
-        .run(x)
-        .map_err(|e| format!("cpu run: {e:#}"))?;
+    let cpu = cpu_int8_run(&c.model, &qdq, spec, x)?;
     let input = BuildInput::Int8 {
         model: &c.model,
         qdq: &qdq,

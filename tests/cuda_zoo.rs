@@ -12,7 +12,7 @@ use std::path::PathBuf;
 
 mod common;
 
-use common::cuda::{gpu, input_for, max_qdq, rel_err};
+use common::cuda::{cpu_int8_run, gpu, input_for, max_qdq, rel_err};
 
 use quantscope::backend::cpu::CpuBackend;
 use quantscope::backend::cuda::CudaBackend;
@@ -116,16 +116,7 @@ fn check_model(g: &CudaBackend, path: &PathBuf) -> Result<Vec<String>, String> {
     }
     // INT8: max calibration on 2 random inputs; CPU and CUDA engines from the same Q/DQ model.
     let qdq = max_qdq(&m, hw, 2)?;
-    let cpu8 = CpuBackend
-        .build(
-            BuildInput::Int8 {
-                model: &m,
-                qdq: &qdq,
-            },
-            spec,
-        )
-        .and_then(|mut e| e.run(&x))
-        .map_err(|e| format!("cpu int8: {e}"))?;
+    let cpu8 = cpu_int8_run(&m, &qdq, spec, &x)?;
     match g
         .build(
             BuildInput::Int8 {

@@ -1,9 +1,10 @@
 //! Helpers of the CUDA tests: the GPU (or why there is none), the error measure, random
-//! inputs, and a max-calibrated Q/DQ model for building CPU and CUDA INT8 engines from one plan.
+//! inputs, a max-calibrated Q/DQ model for building CPU and CUDA INT8 engines from one plan,
+//! and the CPU INT8 engine's output the CUDA ones are held to.
 
-use quantscope::backend::Backend;
-use quantscope::backend::cpu::Probe;
+use quantscope::backend::cpu::{CpuBackend, Probe};
 use quantscope::backend::cuda::CudaBackend;
+use quantscope::backend::{Backend, BuildInput, BuildSpec, Output};
 use quantscope::calib::{Method, Stats};
 use quantscope::model::Model;
 use quantscope::model::testing::values;
@@ -54,4 +55,17 @@ pub fn max_qdq(m: &Model, hw: [usize; 2], images: usize) -> Result<quant::QdqMod
     }
     let ranges = stats.ranges(Method::Max, 99.99);
     quant::build_qdq(m, &plan, Some(&ranges)).map_err(|e| format!("qdq: {e:#}"))
+}
+
+/// The CPU INT8 engine of `m` built from `qdq`, run on `x`.
+pub fn cpu_int8_run(
+    m: &Model,
+    qdq: &quant::QdqModel,
+    spec: BuildSpec,
+    x: &[f32],
+) -> Result<Output, String> {
+    CpuBackend
+        .build(BuildInput::Int8 { model: m, qdq }, spec)
+        .and_then(|mut e| e.run(x))
+        .map_err(|e| format!("cpu int8: {e:#}"))
 }

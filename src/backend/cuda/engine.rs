@@ -953,7 +953,8 @@ struct FusedOut {
 struct DnnConv {
     graph: ConvGraph,
     w: DevBuf,
-    scale: DevBuf,
+    /// Per-channel scale in output units (int8 layers).
+    scale: Option<DevBuf>,
     bias: DevBuf,
     /// Input channels the graph reads: the layer's, or more (zero channels appended into the
     /// input-copy scratch) where the layer's do not fill a 16-byte vector (a stem's 3).
@@ -1545,7 +1546,7 @@ impl CudaEngine {
     /// has none for this layer's.
     fn graph_act(&self, c: &ConvStep) -> Option<GraphAct> {
         let od = &self.plan.tensors[c.out];
-        let unit = if od.dtype == DType::I8 { od.scale } else { 1.0 };
+        let unit = od.unit();
         match c.act {
             Act::None => Some(GraphAct::None),
             Act::Relu => Some(GraphAct::Relu),
@@ -1654,11 +1655,10 @@ impl CudaEngine {
         // OHWI rows of `cin` values, zero padded to `cin_pad`.
         let taps = c.cout * c.k[0] * c.k[1];
         let pad_in = |v: &[f32]| padded_rows(v, taps, c.cin, taps, cin_pad);
-        let unit = if od.dtype == DType::I8 { od.scale } else { 1.0 };
+        let unit = od.unit();
         let residual = c.residual.map(|r| {
             let rd = &self.plan.tensors[r];
-            let r_unit = if rd.dtype == DType::I8 { rd.scale } else { 1.0 };
-            (r_unit / unit, dt(rd.dtype))
+            (rd.unit() / unit, dt(rd.dtype))
         });
         let spec = ConvSpec {
             input: dt(xd.dtype),
@@ -1673,14 +1673,14 @@ impl CudaEngine {
             Some(q) => {
                 let scale: Vec<f32> = q.w_scales.iter().map(|s| s * q.x_scale / unit).collect();
                 let w = padded_rows(&q.w, taps, c.cin, taps, cin_pad);
-                (DevBuf::from_slice(&w)?, DevBuf::from_slice(&scale)?)
+                (DevBuf::from_slice(&w)?, Some(DevBuf::from_slice(&scale)?))
             }
             None => {
                 let h: Vec<half::f16> = pad_in(&c.w)
                     .iter()
                     .map(|&v| half::f16::from_f32(v))
                     .collect();
-                (DevBuf::from_slice(&h)?, DevBuf::from_slice(&[1.0f32])?)
+                (DevBuf::from_slice(&h)?, None)
             }
         };
         Ok(DnnConv {
@@ -1778,13 +1778,10 @@ impl CudaEngine {
     /// float layer's bias is in the output's type (cuBLASLt's default for FP16 / FP32 D).
     fn setup_gemm_fused(&self, c: &ConvStep, m: usize, float: DType) -> DevResult<GemmSetup> {
         let od = &self.plan.tensors[c.out];
-        let unit = if od.dtype == DType::I8 { od.scale } else { 1.0 };
+        let unit = od.unit();
         let k = c.reduction();
         let kpad = round_up(k, 16);
-        let beta = c.residual.map(|r| {
-            let rd = &self.plan.tensors[r];
-            (if rd.dtype == DType::I8 { rd.scale } else { 1.0 }) / unit
-        });
+        let beta = c.residual.map(|r| self.plan.tensors[r].unit() / unit);
         let bias: Vec<f32> = c.bias.iter().map(|b| b / unit).collect();
         use lt::cublasLtMatmulDescAttributes_t as A;
         use lt::cublasLtPointerMode_t as M;
@@ -2660,7 +2657,7 @@ impl CudaEngine {
                     x,
                     w: d.w.ptr,
                     y: self.ptr(c.out),
-                    scale: d.scale.ptr,
+                    scale: d.scale.as_ref().map_or(0, |s| s.ptr),
                     bias: d.bias.ptr,
                     z: res_p,
                     workspace: self.ws_ptr(),

@@ -50,6 +50,15 @@ pub struct TensorDesc {
 }
 
 impl TensorDesc {
+    /// What one stored step is worth: the scale of an int8 tensor, 1 for a float one (the
+    /// units a fused epilogue computes in when it writes or reads this tensor).
+    pub fn unit(&self) -> f32 {
+        if self.dtype == DType::I8 {
+            self.scale
+        } else {
+            1.0
+        }
+    }
     pub fn numel(&self) -> usize {
         self.shape.iter().product()
     }
