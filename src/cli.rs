@@ -105,11 +105,12 @@ pub struct OutputArgs {
     #[arg(long, value_name = "DIR")]
     pub export_qdq: Option<PathBuf>,
     /// Write deployable models to this folder, each with its ready trtexec line in the report:
-    /// the strongly typed FP16 model, each method's INT8 Q/DQ model + calibration cache and the
-    /// mixed INT8/FP16 model (`--export-precisions` picks; `--export-qdq` writes INT8 only).
+    /// the strongly typed FP16 model, each method's INT8 Q/DQ model + calibration cache, the
+    /// mixed INT8/FP16 model, and the FP8 Q/DQ model when `--precisions` has fp8
+    /// (`--export-precisions` picks; `--export-qdq` writes INT8 only).
     #[arg(long, value_name = "DIR", conflicts_with = "export_qdq")]
     pub export: Option<PathBuf>,
-    /// Which models `--export` / `--export-qdq` write: fp16, int8, mixed (comma-separated).
+    /// Which models `--export` / `--export-qdq` write: fp16, int8, mixed, fp8 (comma-separated).
     #[arg(long, value_name = "LIST", value_delimiter = ',')]
     pub export_precisions: Option<Vec<crate::export::ExportPrecision>>,
     /// Write mask overlays (image, FP32, each INT8 engine, disagreement) to this folder.
@@ -183,8 +184,10 @@ pub struct EvalArgs {
     /// p for the percentile method.
     #[arg(long, default_value_t = 99.99)]
     pub percentile: f64,
-    /// Precisions, comma separated [default: fp32,int8 on the CPU, where FP16 gives FP16
-    /// numerics (accuracy is real, latency is not an FP16 device's); fp32,fp16,int8 on cuda].
+    /// Precisions, comma separated: fp32, fp16, int8, fp8 [default: fp32,int8 on the CPU,
+    /// where FP16 and FP8 give their numerics simulated (accuracy is real, latency is not such
+    /// a device's); fp32,fp16,int8 on cuda]. fp8 is E4M3 (amax / 448 from max calibration,
+    /// weights per channel): on cuda it needs compute capability 8.9 or newer.
     #[arg(long, value_delimiter = ',')]
     pub precisions: Option<Vec<Precision>>,
     /// Use the first N calibration images (sorted by path).

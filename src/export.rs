@@ -1,5 +1,5 @@
 //! Writes the deployable models of a run (INT8 Q/DQ + calibration cache, strongly typed FP16,
-//! mixed INT8/FP16), each with its ready `trtexec` lines, and checks each typed model in ONNX
+//! mixed INT8/FP16, FP8 Q/DQ), each with its ready `trtexec` lines, and checks each typed model in ONNX
 //! Runtime against quantscope's engine for the same plan.
 
 use std::path::{Path, PathBuf};
@@ -25,19 +25,23 @@ pub enum ExportPrecision {
     Int8,
     /// INT8 Q/DQ where INT8, FP16 elsewhere (from the mixed-precision plan when there is one).
     Mixed,
+    /// FP8 E4M3 Q/DQ model (opset 19), when the run builds an FP8 engine.
+    Fp8,
 }
 
 impl ExportPrecision {
-    pub const ALL: [ExportPrecision; 3] = [
+    pub const ALL: [ExportPrecision; 4] = [
         ExportPrecision::Fp16,
         ExportPrecision::Int8,
         ExportPrecision::Mixed,
+        ExportPrecision::Fp8,
     ];
     pub fn name(self) -> &'static str {
         match self {
             ExportPrecision::Fp16 => "fp16",
             ExportPrecision::Int8 => "int8",
             ExportPrecision::Mixed => "mixed",
+            ExportPrecision::Fp8 => "fp8",
         }
     }
 }
@@ -48,14 +52,16 @@ impl FromStr for ExportPrecision {
         ExportPrecision::ALL
             .into_iter()
             .find(|p| p.name().eq_ignore_ascii_case(s.trim()))
-            .ok_or_else(|| format!("unknown export precision `{s}` (expected fp16, int8 or mixed)"))
+            .ok_or_else(|| {
+                format!("unknown export precision `{s}` (expected fp16, int8, mixed or fp8)")
+            })
     }
 }
 
 /// One exported model, as the report and the window show it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ExportedModel {
-    /// `fp16`, `int8` or `mixed`.
+    /// `fp16`, `int8`, `mixed` or `fp8`.
     pub kind: String,
     pub method: Option<Method>,
     pub file: PathBuf,
@@ -135,15 +141,19 @@ fn check(
         "quantscope {} engine ({}{})",
         match engine_input.precision() {
             Precision::Int8 => "INT8 (same Q/DQ)",
+            Precision::Fp8 => "FP8 (same Q/DQ)",
             p => p.name(),
         },
         backend.kind().name(),
         if simulated { ", simulated" } else { "" }
     );
-    // The mixed model's tolerance grows to the INT8 engine's own distance from FP32 (see
-    // `ort_check::MIXED_TOLERANCE_REL`): FP16 rounding before a Q flips INT8 steps, and those
-    // flips are quantization noise of the same kind, never more than quantization itself.
-    let quant_err = (engine_input.precision() == Precision::Int8)
+    // The mixed and FP8 models' tolerance grows to the quantized engine's own distance from
+    // FP32 (see `ort_check::MIXED_TOLERANCE_REL`): rounding differences before a Q flip
+    // quantization steps, and those flips are quantization noise of the same kind, never more
+    // than quantization itself.
+    let quant_err = engine_input
+        .precision()
+        .is_quantized()
         .then(|| {
             let fp32 = BuildInput::Float {
                 model: engine_input.model(),
@@ -245,7 +255,43 @@ pub fn export_mixed(
     save(&file, t.to_bytes(), model_path)?;
     let spec = InputSpec::new(&model.info, &model.input_shape(1, hw));
     let mut out = typed_entry("mixed", qdq.method, file, &t, &spec);
-    let engine = BuildInput::Int8 { model, qdq };
+    let engine = BuildInput::Quantized { model, qdq };
+    check(
+        &mut out,
+        backend,
+        engine,
+        hw,
+        input,
+        ort_check::MIXED_TOLERANCE_REL,
+    );
+    Ok(out)
+}
+
+/// Writes `<model>_fp8_<method>.onnx` (the FP8 E4M3 Q/DQ model, opset 19) and checks it in
+/// ONNX Runtime against the backend's FP8 engine of the same model. There is no calibration
+/// cache: TensorRT reads FP8 only from Q/DQ (`--stronglyTyped`).
+pub fn export_fp8(
+    dir: &Path,
+    model_path: &Path,
+    model: &Model,
+    qdq: &QdqModel,
+    hw: [usize; 2],
+    backend: &dyn Backend,
+    input: &[f32],
+) -> Result<ExportedModel, String> {
+    let m = qdq.method.map(|m| m.name()).unwrap_or("max");
+    let file = dir.join(format!("{}_fp8_{m}.onnx", stem(model_path)));
+    save(&file, qdq.to_bytes(), model_path)?;
+    let spec = InputSpec::new(&model.info, &model.input_shape(1, hw));
+    let mut out = ExportedModel {
+        kind: "fp8".into(),
+        method: qdq.method,
+        trtexec: trtexec::strongly_typed(&file, &spec),
+        file,
+        int8_layers: qdq.plan.quantized_nodes.len(),
+        ..Default::default()
+    };
+    let engine = BuildInput::Quantized { model, qdq };
     check(
         &mut out,
         backend,
@@ -315,7 +361,12 @@ pub fn markdown(exports: &[ExportedModel]) -> String {
     for e in exports {
         let m = e.method.map(|m| format!(" ({m})")).unwrap_or_default();
         s.push_str(&format!("\n### {}{m}: `{}`\n\n", e.kind, e.file.display()));
-        if e.kind != "int8" {
+        if e.kind == "fp8" {
+            s.push_str(&format!(
+                "{} FP8 E4M3 layers (opset 19 Q/DQ; no calibration cache: TensorRT builds FP8 only from Q/DQ).\n",
+                e.int8_layers
+            ));
+        } else if e.kind != "int8" {
             s.push_str(&format!(
                 "{} FP16 nodes, {} INT8 layers, {} kept FP32, {} casts.\n",
                 e.fp16_nodes,

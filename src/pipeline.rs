@@ -699,7 +699,7 @@ impl RowCtx<'_> {
         });
         row.simulated = info.simulated;
         row.tf32 = info.tf32;
-        if precision == Precision::Int8 {
+        if precision.is_quantized() {
             row.int8_nodes = Some(info.int8_nodes);
             row.float_nodes = info.float_nodes;
         }
@@ -1052,7 +1052,7 @@ impl<'a> Rows<'a> {
         if let Some(dir) = &exp.output.qdq_dir {
             self.export_int8(dir, &qdq, &v, suffix);
         }
-        let input = BuildInput::Int8 {
+        let input = BuildInput::Quantized {
             model: &p.model,
             qdq: &qdq,
         };
@@ -1063,6 +1063,54 @@ impl<'a> Rows<'a> {
             suffix,
             model: qdq,
         });
+    }
+
+    /// The FP8 E4M3 engine: the INT8 placement, activation scales amax / 448 from max
+    /// calibration (FP8's range makes clipping methods tuned to int8's uniform grid needless),
+    /// weights per channel, nearest rounding. Exported when the experiment's exports ask.
+    fn fp8_row(&mut self, cache: &StatsCache, reference: &Reference) {
+        let (exp, p) = (self.exp, self.ctx.p);
+        let plan = quant::plan(&p.model, &exp.exclude);
+        let (sink, cancel) = (self.ctx.sink, self.ctx.cancel);
+        let made = crate::guard::catch("calibrating for FP8", || {
+            let (stats, _, _) = calibrate(p, &plan, cache, sink, cancel)?;
+            let ranges = stats.ranges(Method::Max, exp.percentile);
+            quant::build_qdq_as(&p.model, &plan, Some(&ranges), quant::QFormat::Fp8E4M3)
+                .map_err(|e| PipelineError::Config(e.to_string()))
+        })
+        .map_err(PipelineError::Config)
+        .and_then(|r| r);
+        let qdq = match made {
+            Ok(q) => q,
+            Err(PipelineError::Cancelled) => return,
+            Err(e) => {
+                self.error_row(Precision::Fp8, Some(Method::Max), e.to_string());
+                return;
+            }
+        };
+        let wants = exp
+            .output
+            .export_precisions
+            .contains(&crate::export::ExportPrecision::Fp8);
+        if let (Some(dir), true) = (&exp.output.qdq_dir, wants) {
+            let input = self.ctx.bench_input.clone();
+            let written = crate::export::export_fp8(
+                dir,
+                &exp.model,
+                &p.model,
+                &qdq,
+                p.hw,
+                self.ctx.backend,
+                &input,
+            );
+            self.record_export(written);
+        }
+        let input = BuildInput::Quantized {
+            model: &p.model,
+            qdq: &qdq,
+        };
+        let ev = self.ctx.row(input, Some(reference), &mut None, "FP8 max");
+        self.push(ev, Precision::Fp8, Some(Method::Max), &[]);
     }
 
     /// Writes the INT8 Q/DQ model and cache (as `export_qdq` always has) and the mixed
@@ -1232,6 +1280,11 @@ pub fn run_with_cache(
         };
         rows.ctx.p = &int8_prepared;
         rows.int8_rows(cache, &reference);
+    }
+    if exp.precisions.contains(&Precision::Fp8) && !cancel.is_cancelled() {
+        // From the model as prepared: equalization and GPTQ rounding are INT8's.
+        rows.ctx.p = &p;
+        rows.fp8_row(cache, &reference);
     }
     Ok(rows.finish())
 }

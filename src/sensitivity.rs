@@ -252,7 +252,7 @@ impl Ctx<'_> {
         )
         .map_err(err)?;
         let m = self.metric(
-            BuildInput::Int8 {
+            BuildInput::Quantized {
                 model: &self.p.model,
                 qdq: &q,
             },

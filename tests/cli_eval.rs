@@ -296,6 +296,59 @@ fn gptq_weight_rounding_runs_end_to_end() {
     assert!(int8["top1"].as_f64().is_some(), "{int8}");
 }
 
+/// `--precisions fp8`: an FP8 row (simulated on the CPU, max-calibrated) next to INT8, and
+/// `--export` writes the FP8 Q/DQ model with its trtexec line and ONNX Runtime check.
+#[test]
+fn fp8_runs_end_to_end_and_exports() {
+    let dir = setup("fp8");
+    let mut args = eval_args(&dir, "fp8.json");
+    for a in args.iter_mut() {
+        if a == "fp32,fp16,int8" {
+            *a = "fp32,int8,fp8".into();
+        }
+        if a == "--export-qdq" {
+            *a = "--export".into();
+        }
+    }
+    args.extend(["--methods", "mse"].map(String::from));
+    eval_ok(&dir, &args);
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("fp8.json")).expect("report"))
+            .expect("json");
+    let rows = report["rows"].as_array().expect("rows");
+    let fp8 = rows
+        .iter()
+        .find(|r| r["precision"] == "fp8")
+        .expect("an fp8 row");
+    assert!(fp8["error"].is_null(), "{fp8}");
+    assert_eq!(fp8["method"], "max", "FP8 scales come from max calibration");
+    assert_eq!(fp8["simulated"], true, "{fp8}");
+    assert_eq!(fp8["int8_nodes"], 4, "{fp8}");
+    assert!(fp8["sqnr_db"].as_f64().is_some_and(|s| s > 10.0), "{fp8}");
+    let file = dir.join("qdq/model_fp8_max.onnx");
+    assert!(file.exists(), "{} written", file.display());
+    let exports = report["exports"].as_array().expect("exports");
+    let e = exports
+        .iter()
+        .find(|e| e["kind"] == "fp8")
+        .expect("an fp8 export");
+    assert!(
+        e["trtexec"]
+            .as_str()
+            .is_some_and(|t| t.contains("--stronglyTyped")),
+        "{e}"
+    );
+    assert!(
+        e["cache"].is_null(),
+        "TensorRT reads FP8 from Q/DQ only: {e}"
+    );
+    if common::onnxruntime_available() {
+        assert_eq!(e["ort_check"]["within"], true, "{e}");
+    }
+    let md = std::fs::read_to_string(dir.join("report.md")).expect("markdown");
+    assert!(md.contains("| fp8 max |"), "{md}");
+}
+
 #[test]
 fn inspect_prints_the_model() {
     let dir = setup("inspect");

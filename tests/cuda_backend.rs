@@ -95,7 +95,7 @@ fn int8_scores(
     let spec = BuildSpec { batch, hw };
     let mut cuda = gpu
         .build(
-            BuildInput::Int8 {
+            BuildInput::Quantized {
                 model: m,
                 qdq: &qdq,
             },
@@ -116,7 +116,7 @@ fn int8_scores_of(
 ) -> (f64, f64, usize, f64, f64) {
     let spec = BuildSpec { batch, hw };
     let mut cpu = CpuBackend
-        .build(BuildInput::Int8 { model: m, qdq }, spec)
+        .build(BuildInput::Quantized { model: m, qdq }, spec)
         .expect("cpu int8");
     let mut cpu32 = CpuBackend
         .build(

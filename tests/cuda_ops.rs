@@ -194,7 +194,7 @@ fn int8_err(g: &CudaBackend, c: &Case, x: &[f32]) -> Result<Option<(f64, f64)>, 
         hw: c.hw,
     };
     let cpu = cpu_int8_run(&c.model, &qdq, spec, x)?;
-    let input = BuildInput::Int8 {
+    let input = BuildInput::Quantized {
         model: &c.model,
         qdq: &qdq,
     };

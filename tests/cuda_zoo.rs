@@ -119,7 +119,7 @@ fn check_model(g: &CudaBackend, path: &PathBuf) -> Result<Vec<String>, String> {
     let cpu8 = cpu_int8_run(&m, &qdq, spec, &x)?;
     match g
         .build(
-            BuildInput::Int8 {
+            BuildInput::Quantized {
                 model: &m,
                 qdq: &qdq,
             },

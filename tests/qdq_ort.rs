@@ -31,17 +31,17 @@ fn calibrated_model(
     (model, qdq)
 }
 
-/// The CPU INT8 engine of `qdq`, batch 1 at 16x16.
+/// The CPU engine of `qdq` (INT8, or FP8 simulated), batch 1 at 16x16.
 fn int8_engine(model: &quantscope::model::Model, qdq: &quant::QdqModel) -> Box<dyn Engine> {
     backend(BackendKind::Cpu)
         .build(
-            BuildInput::Int8 { model, qdq },
+            BuildInput::Quantized { model, qdq },
             BuildSpec {
                 batch: 1,
                 hw: [16, 16],
             },
         )
-        .expect("int8 engine")
+        .expect("quantized engine")
 }
 
 #[test]
@@ -95,7 +95,7 @@ fn qdq_model_runs_in_onnx_runtime_and_matches_the_int8_engine() {
 }
 
 /// Runs `qdq` in ONNX Runtime (tools/ort_run.py) on four inputs and checks its outputs against
-/// quantscope's INT8 engine.
+/// quantscope's engine of the same Q/DQ model (INT8, or FP8 simulated).
 fn assert_ort_matches(
     model: &quantscope::model::Model,
     qdq: &quant::QdqModel,
@@ -131,7 +131,7 @@ fn assert_ort_matches(
         let (err, max_ref) = common::max_err(&ours, &ort);
         assert!(
             err <= 1e-4 * max_ref.max(1.0),
-            "{tag} input {i}: INT8 engine vs ONNX Runtime max error {err}"
+            "{tag} input {i}: quantized engine vs ONNX Runtime max error {err}"
         );
     }
 }
@@ -206,4 +206,105 @@ fn fp16_simulation_rounds_through_half() {
     let (err, max) = common::max_err(&h, &a);
     assert!(err > 0.0, "rounding through f16 changes the output");
     assert!(err < 2e-2 * max, "but only at half precision: {err}");
+}
+
+/// The FP8 E4M3 Q/DQ model: opset 19, `float8e4m3fn` zero points and weights, scales
+/// amax / 448, and the CPU's simulated FP8 engine on it.
+fn fp8_calibrated() -> (quantscope::model::Model, quant::QdqModel) {
+    let model = residual_classifier(10).model();
+    let plan = quant::plan(&model, &[]);
+    let probe = Probe::new(&model, [16, 16], &plan.tensors()).expect("probe");
+    let mut stats = Stats::new("test".into(), &plan.tensors());
+    for i in 0..24 {
+        let (_, acts) = probe.run(&values(3 * 16 * 16, 500 + i)).expect("probe run");
+        stats.add(&plan.tensors(), &acts);
+    }
+    let ranges = stats.ranges(Method::Max, 99.99);
+    let qdq = quant::build_qdq_as(&model, &plan, Some(&ranges), quant::QFormat::Fp8E4M3)
+        .expect("fp8 qdq");
+    for (t, s) in &qdq.scales {
+        let amax = ranges.amax[t];
+        assert!(
+            (s * 448.0 - amax).abs() <= 1e-6 * amax,
+            "{t}: scale {s}, amax {amax}"
+        );
+    }
+    (model, qdq)
+}
+
+#[test]
+fn fp8_qdq_model_is_opset_19_float8_and_its_cpu_engine_is_simulated() {
+    use quant::fp8::{ONNX_FLOAT8E4M3FN, tensor_codes};
+    let (model, qdq) = fp8_calibrated();
+    let opset = qdq
+        .proto
+        .opset_import
+        .iter()
+        .find(|o| o.domain.is_empty())
+        .map(|o| o.version);
+    assert_eq!(opset, Some(19));
+    assert!(qdq.proto.ir_version >= 9, "float8 needs IR version 9");
+    let g = qdq.proto.graph.as_ref().expect("graph");
+    let f8: Vec<_> = g
+        .initializer
+        .iter()
+        .filter(|t| t.data_type == ONNX_FLOAT8E4M3FN)
+        .collect();
+    // Four weights and their zero points, and the activations' shared zero point.
+    assert_eq!(f8.len(), 9, "float8 initializers");
+    assert!(
+        f8.iter()
+            .flat_map(|t| tensor_codes(t).unwrap_or_default())
+            .all(|c| c & 0x7f != 0x7f),
+        "no NaN codes"
+    );
+    let mut engine = backend(BackendKind::Cpu)
+        .build(
+            BuildInput::Quantized {
+                model: &model,
+                qdq: &qdq,
+            },
+            BuildSpec {
+                batch: 1,
+                hw: [16, 16],
+            },
+        )
+        .expect("fp8 engine");
+    assert!(engine.info().simulated, "the CPU has no FP8 arithmetic");
+    assert_eq!(engine.info().int8_nodes, 4, "three convs and the Gemm");
+    let mut fp32 = backend(BackendKind::Cpu)
+        .build(
+            BuildInput::Float {
+                model: &model,
+                precision: quantscope::backend::Precision::Fp32,
+            },
+            BuildSpec {
+                batch: 1,
+                hw: [16, 16],
+            },
+        )
+        .expect("fp32 engine");
+    let x = values(3 * 16 * 16, 77);
+    let (a, q) = (
+        fp32.run(&x).expect("fp32").data,
+        engine.run(&x).expect("fp8").data,
+    );
+    let (err, max) = common::max_err(&q, &a);
+    assert!(err > 0.0, "E4M3 rounding changes the output");
+    assert!(
+        err < 0.15 * max,
+        "by about FP8's 3-bit mantissa: {err} of {max}"
+    );
+}
+
+/// ONNX Runtime's FP8 QuantizeLinear/DequantizeLinear (its own E4M3 conversion) and the CPU's
+/// FP8 simulation compute the same model.
+#[test]
+fn fp8_qdq_model_runs_in_onnx_runtime_and_matches_the_fp8_engine() {
+    if !common::onnxruntime_available() {
+        return;
+    }
+    let (model, qdq) = fp8_calibrated();
+    let dir = common::temp_dir("ort-fp8");
+    assert_ort_matches(&model, &qdq, &dir, "fp8");
 }

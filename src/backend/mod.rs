@@ -16,16 +16,29 @@ pub enum Precision {
     Fp32,
     Fp16,
     Int8,
+    /// FP8 E4M3 Q/DQ (Hopper and Ada GPUs): per-tensor activations, per-channel weights,
+    /// scales amax / 448.
+    Fp8,
 }
 
 impl Precision {
-    pub const ALL: [Precision; 3] = [Precision::Fp32, Precision::Fp16, Precision::Int8];
+    pub const ALL: [Precision; 4] = [
+        Precision::Fp32,
+        Precision::Fp16,
+        Precision::Int8,
+        Precision::Fp8,
+    ];
     pub fn name(self) -> &'static str {
         match self {
             Precision::Fp32 => "fp32",
             Precision::Fp16 => "fp16",
             Precision::Int8 => "int8",
+            Precision::Fp8 => "fp8",
         }
+    }
+    /// Built from a Q/DQ model (INT8, FP8), with calibrated scales.
+    pub fn is_quantized(self) -> bool {
+        matches!(self, Precision::Int8 | Precision::Fp8)
     }
 }
 
@@ -41,7 +54,7 @@ impl std::str::FromStr for Precision {
         Precision::ALL
             .into_iter()
             .find(|p| p.name().eq_ignore_ascii_case(s.trim()))
-            .ok_or_else(|| format!("unknown precision `{s}` (expected fp32, fp16 or int8)"))
+            .ok_or_else(|| format!("unknown precision `{s}` (expected fp32, fp16, int8 or fp8)"))
     }
 }
 
@@ -110,20 +123,20 @@ pub enum BuildInput<'a> {
         model: &'a Model,
         precision: Precision,
     },
-    /// INT8 from the Q/DQ model.
-    Int8 { model: &'a Model, qdq: &'a QdqModel },
+    /// INT8 or FP8 from the Q/DQ model (its `format` says which).
+    Quantized { model: &'a Model, qdq: &'a QdqModel },
 }
 
 impl BuildInput<'_> {
     pub fn precision(&self) -> Precision {
         match self {
             BuildInput::Float { precision, .. } => *precision,
-            BuildInput::Int8 { .. } => Precision::Int8,
+            BuildInput::Quantized { qdq, .. } => qdq.format.precision(),
         }
     }
     pub fn model(&self) -> &Model {
         match self {
-            BuildInput::Float { model, .. } | BuildInput::Int8 { model, .. } => model,
+            BuildInput::Float { model, .. } | BuildInput::Quantized { model, .. } => model,
         }
     }
 }
@@ -171,6 +184,7 @@ pub struct EngineInfo {
     /// ([`Engine::choose_threads`]).
     #[serde(default)]
     pub threads: Option<usize>,
+    /// Nodes that compute on quantized inputs (int8, or FP8 E4M3).
     pub int8_nodes: usize,
     pub float_nodes: Vec<FloatNode>,
     pub weights_bytes: u64,

@@ -2,13 +2,14 @@
 //! the TensorRT calibration cache. Depends on no backend: backends read the Q/DQ model.
 
 pub mod cle;
+pub mod fp8;
 pub mod gptq;
 mod opset;
 pub mod ort_check;
 pub mod trtexec;
 pub mod typed;
 
-pub use opset::ensure_opset13;
+pub use opset::{ensure_opset13, ensure_opset19};
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
@@ -257,10 +258,44 @@ pub fn act_scale(amax: f32) -> f32 {
     }
 }
 
+/// What a Q/DQ model quantizes to.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum QFormat {
+    /// Symmetric int8 (zero point 0): scale amax / 127; opset 13.
+    #[default]
+    Int8,
+    /// FP8 E4M3 (`float8e4m3fn`, zero point 0): scale amax / 448; opset 19.
+    Fp8E4M3,
+}
+
+impl QFormat {
+    /// The format a quantized precision is built in; `None` for float precisions.
+    pub fn of(precision: crate::backend::Precision) -> Option<QFormat> {
+        match precision {
+            crate::backend::Precision::Int8 => Some(QFormat::Int8),
+            crate::backend::Precision::Fp8 => Some(QFormat::Fp8E4M3),
+            _ => None,
+        }
+    }
+    pub fn precision(self) -> crate::backend::Precision {
+        match self {
+            QFormat::Int8 => crate::backend::Precision::Int8,
+            QFormat::Fp8E4M3 => crate::backend::Precision::Fp8,
+        }
+    }
+    fn act_scale(self, amax: f32) -> f32 {
+        match self {
+            QFormat::Int8 => act_scale(amax),
+            QFormat::Fp8E4M3 => fp8::act_scale(amax),
+        }
+    }
+}
+
 /// A model with Q/DQ pairs, ready for ONNX Runtime, TensorRT or a backend.
 #[derive(Clone, Debug)]
 pub struct QdqModel {
     pub proto: pb::ModelProto,
+    pub format: QFormat,
     /// Activation tensor -> scale.
     pub scales: BTreeMap<String, f32>,
     pub method: Option<Method>,
@@ -291,36 +326,70 @@ impl QdqModel {
     }
 }
 
-/// Writes Q/DQ into the model per `plan`, with activation scales from `ranges`.
+/// Writes int8 Q/DQ into the model per `plan`, with activation scales from `ranges`.
 /// A model that already has Q/DQ (QAT) is returned as it is.
 pub fn build_qdq(
     model: &Model,
     plan: &QuantPlan,
     ranges: Option<&Ranges>,
 ) -> Result<QdqModel, QuantError> {
+    build_qdq_as(model, plan, ranges, QFormat::Int8)
+}
+
+/// [`build_qdq`] quantizing to `format`: the same placement, scales and zero points of that
+/// format. FP8 models move to opset 19; a model that already has Q/DQ can only be read as the
+/// INT8 it carries.
+pub fn build_qdq_as(
+    model: &Model,
+    plan: &QuantPlan,
+    ranges: Option<&Ranges>,
+    format: QFormat,
+) -> Result<QdqModel, QuantError> {
     let mut p = model.proto.clone();
     if model.info.prequantized {
+        if format != QFormat::Int8 {
+            return Err(QuantError::Opset(
+                "the model already carries its own INT8 Q/DQ (quantization-aware training): \
+                 FP8 needs the float model"
+                    .into(),
+            ));
+        }
         return Ok(QdqModel {
             proto: p,
+            format,
             scales: BTreeMap::new(),
             method: None,
             plan: plan.clone(),
         });
     }
-    opset::ensure_opset13(&mut p).map_err(QuantError::Opset)?;
+    match format {
+        QFormat::Int8 => opset::ensure_opset13(&mut p),
+        QFormat::Fp8E4M3 => opset::ensure_opset19(&mut p),
+    }
+    .map_err(QuantError::Opset)?;
     let g = p.graph.as_mut().expect("a loaded model has a graph");
     let nodes = std::mem::take(&mut g.node);
     let mut rename: HashMap<(usize, usize), String> = HashMap::new();
     let mut before: BTreeMap<usize, Vec<pb::NodeProto>> = BTreeMap::new();
     let mut scales = BTreeMap::new();
-    let zp_name = "qs_zero_point_i8";
-    g.initializer.push(proto::i8_tensor(zp_name, &[], &[0]));
+    let zp_name = match format {
+        QFormat::Int8 => {
+            g.initializer
+                .push(proto::i8_tensor("qs_zero_point_i8", &[], &[0]));
+            "qs_zero_point_i8"
+        }
+        QFormat::Fp8E4M3 => {
+            g.initializer
+                .push(fp8::f8_tensor("qs_zero_point_f8", &[], &[0]));
+            "qs_zero_point_f8"
+        }
+    };
 
     for a in &plan.activations {
         let amax = ranges
             .and_then(|r| r.amax.get(&a.tensor).copied())
             .unwrap_or(0.0);
-        let scale = act_scale(amax);
+        let scale = format.act_scale(amax);
         scales.insert(a.tensor.clone(), scale);
         let s_name = format!("{}_scale", a.tensor);
         let (q, dq) = (
@@ -358,19 +427,33 @@ pub fn build_qdq(
         else {
             continue;
         };
-        let floor = bias_scale_floor(&nodes, g, wq, &scales, ranges);
-        let (q, s) = quantize_weight_floored(&w, wq.axis, &floor);
-        let (q_name, s_name, z_name, dq) = (
-            format!("{}_int8", wq.tensor),
+        let (s_name, z_name, dq) = (
             format!("{}_wscale", wq.tensor),
             format!("{}_wzero", wq.tensor),
             format!("{}_dequantized", wq.tensor),
         );
-        g.initializer.push(proto::i8_tensor(&q_name, &w.dims, &q));
+        let (q_name, s) = match format {
+            QFormat::Int8 => {
+                let floor = bias_scale_floor(&nodes, g, wq, &scales, ranges);
+                let (q, s) = quantize_weight_floored(&w, wq.axis, &floor);
+                let q_name = format!("{}_int8", wq.tensor);
+                g.initializer.push(proto::i8_tensor(&q_name, &w.dims, &q));
+                g.initializer
+                    .push(proto::i8_tensor(&z_name, &[s.len()], &vec![0; s.len()]));
+                (q_name, s)
+            }
+            // FP8 biases stay float in every runtime: no int32 bias to protect.
+            QFormat::Fp8E4M3 => {
+                let (q, s) = fp8::quantize_weight(&w, wq.axis);
+                let q_name = format!("{}_fp8", wq.tensor);
+                g.initializer.push(fp8::f8_tensor(&q_name, &w.dims, &q));
+                g.initializer
+                    .push(fp8::f8_tensor(&z_name, &[s.len()], &vec![0; s.len()]));
+                (q_name, s)
+            }
+        };
         g.initializer
             .push(proto::f32_tensor(&s_name, &[s.len()], &s));
-        g.initializer
-            .push(proto::i8_tensor(&z_name, &[s.len()], &vec![0; s.len()]));
         let first = wq.uses.iter().map(|u| u.0).min().unwrap_or(0);
         before.entry(first).or_default().push(proto::node(
             "DequantizeLinear",
@@ -405,6 +488,7 @@ pub fn build_qdq(
     crate::model::drop_unused_initializers(g);
     Ok(QdqModel {
         proto: p,
+        format,
         scales,
         method: ranges.map(|r| r.method),
         plan: plan.clone(),

@@ -1,5 +1,6 @@
-//! Per-channel DequantizeLinear needs opset 13. Older models are moved up to it by rewriting
-//! the ops whose signature changed on the way (attributes that became inputs, Softmax's axis).
+//! Per-channel DequantizeLinear needs opset 13, FP8 QuantizeLinear/DequantizeLinear opset 19.
+//! Older models are moved up by rewriting the ops whose signature changed on the way
+//! (attributes that became inputs, Softmax's axis).
 
 use tract_onnx::pb;
 
@@ -139,6 +140,56 @@ pub fn ensure_opset13(p: &mut pb::ModelProto) -> Result<(), String> {
         }
     }
     g.node = out;
+    g.initializer.extend(inits);
+    Ok(())
+}
+
+/// Reduce ops (other than ReduceSum, moved at 13) whose `axes` became an input at opset 18.
+const REDUCE_AXES_AT_18: [&str; 8] = [
+    "ReduceMean",
+    "ReduceMax",
+    "ReduceMin",
+    "ReduceProd",
+    "ReduceL1",
+    "ReduceL2",
+    "ReduceLogSum",
+    "ReduceLogSumExp",
+];
+
+/// Raises the default-domain opset to 19 (FP8 Q/DQ), through 13: between 13 and 19 only the
+/// reductions' `axes` moved (attribute to input, at 18); every other change adds types or
+/// attributes whose defaults keep the old meaning. IR version 9 carries the float8 types.
+pub fn ensure_opset19(p: &mut pb::ModelProto) -> Result<(), String> {
+    ensure_opset13(p)?;
+    let entry = p
+        .opset_import
+        .iter_mut()
+        .find(|o| o.domain.is_empty() || o.domain == "ai.onnx")
+        .ok_or("the model names no default-domain opset")?;
+    let old = entry.version;
+    if old >= 19 {
+        return Ok(());
+    }
+    entry.version = 19;
+    p.ir_version = p.ir_version.max(9);
+    if old >= 18 {
+        return Ok(());
+    }
+    let g = p.graph.as_mut().ok_or("no graph")?;
+    let mut inits = vec![];
+    for n in g.node.iter_mut() {
+        if !REDUCE_AXES_AT_18.contains(&n.op_type.as_str()) {
+            continue;
+        }
+        if let Some(i) = n.attribute.iter().position(|a| a.name == "axes") {
+            let axes = n.attribute.remove(i).ints;
+            // Output names are unique where node names may be empty.
+            let name = format!("{}_axes", n.output.first().map_or(&n.name, |o| o));
+            inits.push(proto::i64_tensor(&name, &[axes.len()], &axes));
+            n.input.truncate(1);
+            n.input.push(name);
+        }
+    }
     g.initializer.extend(inits);
     Ok(())
 }

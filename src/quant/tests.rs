@@ -174,3 +174,57 @@ fn a_misspelt_exclusion_is_an_error_with_suggestions() {
     assert!(e.contains("`block.conv_1`"), "{e}");
     assert!(e.contains("did you mean `block.conv1`"), "{e}");
 }
+
+/// FP8 Q/DQ needs opset 19: a ReduceMean's `axes` attribute (an input from opset 18) moves
+/// into an initializer, and the raised model computes what the original did.
+#[test]
+fn opset_19_moves_reduce_axes_and_keeps_the_meaning() {
+    use crate::backend::cpu::TractModel;
+    let mut b = GraphBuilder::new(&[1, 4, 5, 5]);
+    let c = b.conv("c", "x", 4, 4, 3);
+    let r = b.node(
+        "ReduceMean",
+        "pool",
+        &[&c],
+        vec![proto::ints_attr("axes", &[2, 3])],
+    );
+    b.output(&r);
+    let model = b.model();
+    let mut raised = model.proto.clone();
+    ensure_opset19(&mut raised).expect("raise");
+    let opset = raised.opset_import.iter().find(|o| o.domain.is_empty());
+    assert_eq!(opset.map(|o| o.version), Some(19));
+    let g = raised.graph.as_ref().expect("graph");
+    let pool = g.node.iter().find(|n| n.name == "pool").expect("pool");
+    assert!(pool.attribute.iter().all(|a| a.name != "axes"));
+    let axes = g
+        .initializer
+        .iter()
+        .find(|t| Some(&t.name) == pool.input.get(1))
+        .and_then(proto::tensor_i64);
+    assert_eq!(axes, Some(vec![2, 3]));
+    let x = crate::model::testing::values(100, 3);
+    let run = |p: &pb::ModelProto| {
+        let m = TractModel::new(p, [1, 4, 5, 5], &[]).expect("tract loads it");
+        let y = m.run_all(&x).expect("runs");
+        y[0].try_as_plain_ram()
+            .expect("plain")
+            .as_slice::<f32>()
+            .expect("f32")
+            .to_vec()
+    };
+    assert_eq!(run(&model.proto), run(&raised));
+}
+
+#[test]
+fn fp8_placement_matches_int8_with_e4m3_scales() {
+    let model = residual_classifier(10).model();
+    let plan = plan(&model, &[]);
+    let ranges = ranges_for(&plan);
+    let int8 = build_qdq(&model, &plan, Some(&ranges)).expect("int8");
+    let fp8 = build_qdq_as(&model, &plan, Some(&ranges), QFormat::Fp8E4M3).expect("fp8");
+    assert_eq!(qdq_pairs(&int8), qdq_pairs(&fp8), "same placement");
+    assert!(fp8.scales.values().all(|&s| s == 2.0 / 448.0));
+    assert!(int8.scales.values().all(|&s| s == 2.0 / 127.0));
+    assert_eq!(fp8.format.precision(), crate::backend::Precision::Fp8);
+}

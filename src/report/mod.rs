@@ -261,7 +261,7 @@ impl Report {
             .map(|b| b.to_string())
             .unwrap_or_else(|| "N".into());
         s.push_str(&format!(
-            "| engine | {metric} | Δ vs FP32 (pt) | agreement % | SQNR dB | latency median ms | p99 ms | img/s batch 1 | img/s batch {batch} | weights MiB | activations MiB | peak RSS growth MiB | int8 nodes | note |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
+            "| engine | {metric} | Δ vs FP32 (pt) | agreement % | SQNR dB | latency median ms | p99 ms | img/s batch 1 | img/s batch {batch} | weights MiB | activations MiB | peak RSS growth MiB | quantized nodes | note |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n"
         ));
         for r in &self.rows {
             let mem = r.memory_bytes.clone().unwrap_or_default();

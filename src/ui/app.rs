@@ -553,6 +553,9 @@ impl Workbench {
                 n += 1;
             }
         }
+        if e.precisions.contains(&Precision::Fp8) {
+            n += 1;
+        }
         n
     }
 
@@ -824,16 +827,20 @@ impl Workbench {
         Ok(())
     }
 
-    /// Chooses the first two INT8 rows for the mask views, and the worst image.
+    /// Chooses the mask views' engines: the first INT8 row, and the FP8 row where the run has
+    /// one (INT8 against FP8 side by side), else the second INT8 row; and the worst image.
     pub fn pick_default_engines(&mut self) {
         let rows = self.results.rows();
-        let int8: Vec<usize> = rows
-            .iter()
-            .enumerate()
-            .filter(|(_, r)| r.precision == Some(Precision::Int8) && r.error.is_none())
-            .map(|(i, _)| i)
-            .collect();
-        self.masks.engines = [int8.first().copied(), int8.get(1).copied()];
+        let of = |p: Precision| -> Vec<usize> {
+            rows.iter()
+                .enumerate()
+                .filter(|(_, r)| r.precision == Some(p) && r.error.is_none())
+                .map(|(i, _)| i)
+                .collect()
+        };
+        let (int8, fp8) = (of(Precision::Int8), of(Precision::Fp8));
+        let mut picks = int8.iter().take(1).chain(&fp8).chain(int8.iter().skip(1));
+        self.masks.engines = [picks.next().copied(), picks.next().copied()];
         self.masks.image = self.image_order().first().copied().unwrap_or(0);
     }
 

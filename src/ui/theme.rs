@@ -35,6 +35,8 @@ pub fn row_color(r: &Row) -> Color32 {
         (Some(Precision::Fp32), _) => Color32::from_rgb(70, 130, 200),
         (Some(Precision::Fp16), _) => Color32::from_rgb(120, 175, 230),
         (Some(Precision::Int8), Some(m)) => method_color(m),
+        // Teal: apart from the INT8 methods' colours (FP8 rows are max-calibrated too).
+        (Some(Precision::Fp8), _) => Color32::from_rgb(0, 150, 160),
         _ => Color32::GRAY,
     }
 }

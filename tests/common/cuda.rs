@@ -65,7 +65,7 @@ pub fn cpu_int8_run(
     x: &[f32],
 ) -> Result<Output, String> {
     CpuBackend
-        .build(BuildInput::Int8 { model: m, qdq }, spec)
+        .build(BuildInput::Quantized { model: m, qdq }, spec)
         .and_then(|mut e| e.run(x))
         .map_err(|e| format!("cpu int8: {e:#}"))
 }

@@ -15,6 +15,11 @@
 //!   pass (`fast_ops::quant::Requantize`), bit for bit the ops written here.
 //!
 //! Everything that runs in float is listed, with the reason, in `float_nodes`.
+//!
+//! An FP8 Q/DQ model (`float8e4m3fn`) is lowered by [`lower_fp8`] to FP8 numerics in float:
+//! each activation Q -> DQ pair becomes one E4M3 rounding (`fast_ops::fp8`), each FP8 weight
+//! its dequantized f32 value. The CPU has no FP8 arithmetic: the accuracy is an FP8
+//! engine's (FP32 accumulation, as FP8 tensor cores accumulate), the speed is not.
 
 use std::collections::{HashMap, HashSet};
 
@@ -26,7 +31,8 @@ use crate::model::{Graph, proto};
 
 pub struct Lowered {
     pub proto: pb::ModelProto,
-    pub int8_nodes: Vec<String>,
+    /// The nodes that compute on quantized (int8, or E4M3-rounded) inputs.
+    pub quantized_nodes: Vec<String>,
     pub float_nodes: Vec<FloatNode>,
 }
 
@@ -240,7 +246,128 @@ pub fn lower_qdq(p: &pb::ModelProto) -> Result<Lowered, String> {
     crate::model::drop_unused_initializers(og);
     Ok(Lowered {
         proto: out,
-        int8_nodes,
+        quantized_nodes: int8_nodes,
+        float_nodes,
+    })
+}
+
+/// The scales of a Q or DQ node to `float8e4m3fn` (zero point absent or FP8 zeros), or
+/// `None` when the node is not FP8.
+fn fp8_scales(g: &Graph, n: &pb::NodeProto) -> Option<Vec<f32>> {
+    use crate::quant::fp8;
+    let zp = g.initializer(n.input.get(2).filter(|s| !s.is_empty())?)?;
+    let zero = fp8::tensor_codes(zp)?.iter().all(|&c| c & 0x7f == 0);
+    let s = proto::tensor_f32(g.initializer(n.input.get(1)?)?)?.data;
+    zero.then_some(s)
+}
+
+/// Lowers an FP8 Q/DQ model `p` to float arithmetic with FP8 numerics (see the module's
+/// doc). Errors on a Q/DQ node it cannot read (non-constant scales, an FP8 activation read
+/// by anything but a DequantizeLinear, int8 nodes mixed in).
+pub fn lower_fp8(p: &pb::ModelProto) -> Result<Lowered, String> {
+    use crate::backend::cpu::fast_ops::fp8::OP_TYPE;
+    use crate::quant::fp8;
+    let gp = p.graph.as_ref().ok_or("no graph")?;
+    let g = Graph::new(gp);
+    let mut inits: Vec<pb::TensorProto> = vec![];
+    let mut replace: HashMap<usize, Vec<pb::NodeProto>> = HashMap::new();
+    let quantized = |t: &str| {
+        g.producer(t)
+            .is_some_and(|i| g.node(i).op_type == "DequantizeLinear")
+    };
+    let (mut fp8_nodes, mut float_nodes) = (vec![], vec![]);
+    for (i, n) in gp.node.iter().enumerate() {
+        let what = || format!("{} `{}`", n.op_type, n.name);
+        match n.op_type.as_str() {
+            "QuantizeLinear" => {
+                let s = fp8_scales(&g, n)
+                    .filter(|s| s.len() == 1)
+                    .ok_or_else(|| format!("{}: not a per-tensor FP8 quantize", what()))?;
+                let mut nodes = vec![];
+                for &(c, _) in g.consumers(&n.output[0]) {
+                    let dq = g.node(c);
+                    if dq.op_type != "DequantizeLinear" || fp8_scales(&g, dq) != Some(s.clone()) {
+                        return Err(format!(
+                            "{}: read by {} `{}`, not by a DequantizeLinear at its scale",
+                            what(),
+                            dq.op_type,
+                            dq.name
+                        ));
+                    }
+                    let mut r = proto::node(
+                        OP_TYPE,
+                        &format!("{}_e4m3", dq.name),
+                        &[&n.input[0]],
+                        &[&dq.output[0]],
+                        vec![],
+                    );
+                    r.attribute.push(pb::AttributeProto {
+                        name: "scale".into(),
+                        r#type: pb::attribute_proto::AttributeType::Float as i32,
+                        f: s[0],
+                        ..Default::default()
+                    });
+                    nodes.push(r);
+                    replace.insert(c, vec![]);
+                }
+                replace.insert(i, nodes);
+            }
+            "DequantizeLinear" if g.initializer(&n.input[0]).is_some() => {
+                let (Some(t), Some(s)) = (g.initializer(&n.input[0]), fp8_scales(&g, n)) else {
+                    return Err(format!("{}: not an FP8 weight", what()));
+                };
+                let codes = fp8::tensor_codes(t).ok_or_else(|| format!("{}: no codes", what()))?;
+                let dims: Vec<usize> = t.dims.iter().map(|&d| d.max(0) as usize).collect();
+                let axis = proto::attr_i(n, "axis").unwrap_or(1);
+                let axis = if axis < 0 {
+                    axis + dims.len() as i64
+                } else {
+                    axis
+                } as usize;
+                let inner: usize = dims.iter().skip(axis + 1).product::<usize>().max(1);
+                let channels = dims.get(axis).copied().unwrap_or(1).max(1);
+                let data: Vec<f32> = codes
+                    .iter()
+                    .enumerate()
+                    .map(|(k, &c)| {
+                        let sc = if s.len() == 1 {
+                            s[0]
+                        } else {
+                            s[(k / inner) % channels]
+                        };
+                        fp8::e4m3_to_f32(c) * sc
+                    })
+                    .collect();
+                inits.push(proto::f32_tensor(&n.output[0], &dims, &data));
+                replace.insert(i, vec![]);
+            }
+            "DequantizeLinear" => {}
+            "Conv" | "ConvTranspose" | "Gemm" | "MatMul"
+                if n.input.iter().take(2).all(|t| quantized(t)) =>
+            {
+                fp8_nodes.push(n.name.clone())
+            }
+            _ => float_nodes.push(float_node(
+                n,
+                "FP8 simulation: runs in FP32 on E4M3-rounded inputs where they are quantized",
+            )),
+        }
+    }
+    let mut out = p.clone();
+    let og = out.graph.as_mut().ok_or("no graph")?;
+    og.node.clear();
+    for (i, n) in gp.node.iter().enumerate() {
+        match replace.remove(&i) {
+            Some(v) => og.node.extend(v),
+            None => og.node.push(n.clone()),
+        }
+    }
+    og.initializer.extend(inits);
+    remove_dead_nodes(og);
+    crate::model::drop_unused_initializers(og);
+    Ok(Lowered {
+        proto: out,
+        quantized_nodes: fp8_nodes,
         float_nodes,
     })
 }

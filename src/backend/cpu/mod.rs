@@ -16,8 +16,9 @@ use super::{
     LayerTime, Output, Precision,
 };
 use crate::model::{Model, proto};
+use crate::quant::QFormat;
 
-pub use lower::{Lowered, lower_qdq};
+pub use lower::{Lowered, lower_fp8, lower_qdq};
 
 pub struct CpuBackend;
 
@@ -114,7 +115,8 @@ impl TractModel {
         numerics: Numerics,
     ) -> TractResult<TractModel> {
         select_kernels();
-        let onnx = tract_onnx::onnx();
+        let mut onnx = tract_onnx::onnx();
+        fast_ops::fp8::register(&mut onnx);
         let parsed = onnx.parse(p, None)?;
         let mut m = parsed.model;
         if !outputs.is_empty() {
@@ -546,17 +548,24 @@ impl Backend for CpuBackend {
                 model.with_fixed_input(spec.batch, spec.hw)
             }
             BuildInput::Float { .. } => model.with_fixed_input(spec.batch, spec.hw),
-            BuildInput::Int8 { qdq, .. } => {
+            BuildInput::Quantized { qdq, .. } => {
                 let fixed = Model {
                     proto: qdq.proto.clone(),
                     ..model.clone()
                 }
                 .with_fixed_input(spec.batch, spec.hw);
-                let lowered = lower_qdq(&fixed).map_err(|e| BackendError::Build {
+                let lowered = match qdq.format {
+                    QFormat::Int8 => lower_qdq(&fixed),
+                    QFormat::Fp8E4M3 => {
+                        info.simulated = true;
+                        lower_fp8(&fixed)
+                    }
+                }
+                .map_err(|e| BackendError::Build {
                     precision,
                     reason: e,
                 })?;
-                info.int8_nodes = lowered.int8_nodes.len();
+                info.int8_nodes = lowered.quantized_nodes.len();
                 info.float_nodes = lowered.float_nodes;
                 lowered.proto
             }

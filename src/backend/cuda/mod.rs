@@ -161,7 +161,7 @@ impl Backend for CudaBackend {
         }
         let p = match &input {
             BuildInput::Float { .. } => model.with_fixed_input(spec.batch, spec.hw),
-            BuildInput::Int8 { qdq, .. } => crate::model::Model {
+            BuildInput::Quantized { qdq, .. } => crate::model::Model {
                 proto: qdq.proto.clone(),
                 ..model.clone()
             }
@@ -221,9 +221,10 @@ pub fn coverage(
     hw: [usize; 2],
     precision: Precision,
 ) -> Result<Vec<ops::Unsupported>, String> {
-    let p = if precision == Precision::Int8 {
+    let p = if let Some(format) = crate::quant::QFormat::of(precision) {
         let plan = crate::quant::plan(model, &[]);
-        let q = crate::quant::build_qdq(model, &plan, None).map_err(|e| e.to_string())?;
+        let q =
+            crate::quant::build_qdq_as(model, &plan, None, format).map_err(|e| e.to_string())?;
         crate::model::Model {
             proto: q.proto,
             ..model.clone()
@@ -255,4 +256,4 @@ pub fn coverage_all(model: &crate::model::Model, size: Option<[usize; 2]>) -> Co
 }
 
 /// Precisions the engine builds natively (none emulated).
-pub const PRECISIONS: [Precision; 3] = Precision::ALL;
+pub const PRECISIONS: [Precision; 4] = Precision::ALL;

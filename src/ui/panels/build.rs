@@ -38,9 +38,10 @@ pub fn build_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
         ui.label("Precisions:");
         for p in Precision::ALL {
             let mut on = exp.precisions.contains(&p);
-            let simulated = p == Precision::Fp16 && exp.backend == BackendKind::Cpu;
+            let simulated =
+                matches!(p, Precision::Fp16 | Precision::Fp8) && exp.backend == BackendKind::Cpu;
             let label = match simulated {
-                true => "FP16 (simulated)".to_string(),
+                true => format!("{} (simulated)", p.name().to_uppercase()),
                 false => p.name().to_uppercase(),
             };
             let tip = match p {
@@ -52,6 +53,15 @@ pub fn build_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
                 }
                 Precision::Fp16 => "Half precision on the GPU",
                 Precision::Int8 => "Q/DQ INT8 engines, one per calibration method",
+                Precision::Fp8 if simulated => {
+                    "FP8 E4M3 numerics on CPU: accuracy is real, latency is not an FP8 \
+                     device's (each quantized tensor rounded to E4M3 at amax / 448 from max \
+                     calibration, weights per channel, the rest FP32). Off by default"
+                }
+                Precision::Fp8 => {
+                    "FP8 E4M3 Q/DQ engine (max calibration, scale amax / 448): Hopper and Ada \
+                     GPUs (compute capability 8.9 and newer)"
+                }
             };
             if ui.checkbox(&mut on, label).on_hover_text(tip).changed() {
                 if on {

@@ -1,5 +1,6 @@
 //! Our own kernels for what tract runs slowly, put into tract's graph by rewrites, one module
-//! per op family: [`resize`] (2-tap Resize), [`f16`] (the FP16 engine's rounding), [`quant`]
+//! per op family: [`resize`] (2-tap Resize), [`f16`] (the FP16 engine's rounding), [`fp8`]
+//! (the FP8 engine's E4M3 rounding), [`quant`]
 //! (the INT8 engines' quantize, fused with what precedes it), [`depthwise`] (depthwise
 //! convolution).
 //!
@@ -8,6 +9,7 @@
 
 mod depthwise;
 mod f16;
+pub mod fp8;
 mod quant;
 mod resize;
 
