@@ -1189,7 +1189,7 @@ impl<'a> Rows<'a> {
             .notes
             .extend(self.ctx.batch_refused.borrow_mut().take());
         self.report.notes.extend(self.ctx.p.assumptions());
-        for note in crate::report::slower_int8_notes(&self.report.rows) {
+        for note in crate::report::slower_quantized_notes(&self.report.rows) {
             self.ctx.sink.log(&note);
             self.report.notes.push(note);
         }

@@ -10,7 +10,7 @@ use std::path::Path;
 
 mod common;
 
-use common::cuda::{cpu_int8_run, gpu, input_for, max_qdq, rel_err};
+use common::cuda::{cpu_int8_run, gpu, input_for, max_qdq, max_qdq_as, rel_err};
 
 use quantscope::backend::cpu::CpuBackend;
 use quantscope::backend::cuda::CudaBackend;
@@ -396,6 +396,117 @@ fn every_conv_implementation_matches_cpu_on_a_mobilenet_block() {
             "int8 [{family}]: max abs err {abs} over two steps of {step}"
         );
     }
+}
+
+/// FP8 (E4M3) engines against the CPU's FP8 simulation of the same Q/DQ model: each way of
+/// running an FP8 conv (the cuDNN graph's FP8 conv with its epilogue fused, the FP16 way
+/// through cuDNN, the depthwise and direct kernels reading FP8 input), forced on the
+/// MobileNet block, then the bundled classifier as the builder chooses. On a GPU without FP8
+/// tensor cores the build must fail and say why.
+#[test]
+fn fp8_engine_matches_the_cpu_fp8_simulation() {
+    use quantscope::backend::cuda::engine::Device;
+    use quantscope::backend::cuda::ops as plan;
+    use quantscope::quant::QFormat;
+    let Some(cuda) = gpu() else { return };
+    let m = mobilenet_block().model();
+    let (batch, hw) = (2, [14, 14]);
+    let spec = BuildSpec { batch, hw };
+    let x = input_for(&m, batch, hw, 11);
+    let qdq = max_qdq_as(&m, hw, 4, QFormat::Fp8E4M3).expect("fp8 qdq");
+    let compute = Device::new().expect("device").compute;
+    if compute < quantscope::backend::cuda::FP8_COMPUTE {
+        let e = cuda
+            .build(
+                BuildInput::Quantized {
+                    model: &m,
+                    qdq: &qdq,
+                },
+                spec,
+            )
+            .err()
+            .expect("no FP8 engine below compute capability 8.9");
+        assert!(e.to_string().contains("FP8"), "{e}");
+        eprintln!("skipped: {e}");
+        return;
+    }
+    let cpu8 = cpu_int8_run(&m, &qdq, spec, &x).expect("cpu fp8");
+    let fp32 = CpuBackend
+        .build(
+            BuildInput::Float {
+                model: &m,
+                precision: Precision::Fp32,
+            },
+            spec,
+        )
+        .and_then(|mut e| e.run(&x))
+        .expect("cpu fp32");
+    // The FP8 error itself: a GPU engine of the same numerics differs from the simulation by
+    // rounding flips (another summation order), a small part of it.
+    let fp8_err = rel_err(&cpu8.data, &fp32.data);
+    let tol = 0.5 * fp8_err + 1e-3;
+    let q = Model {
+        proto: qdq.proto.clone(),
+        ..m.clone()
+    }
+    .with_fixed_input(batch, hw);
+    let pl = plan::lower(&q, m.input_shape(batch, hw), Precision::Fp8).expect("fp8 plan");
+    for family in ["cudnng", "f16+cudnn", "dw", "direct"] {
+        let (mut eng, applied, n) = forced_engine(&pl, Precision::Fp8, batch, family);
+        let out = eng.run(&x).expect("cuda run");
+        let err = rel_err(&out.data, &cpu8.data);
+        eprintln!(
+            "fp8 [{family}]: forced on {applied} of {n} convs, rel err {err:.2e} vs the CPU's FP8 (FP8 vs FP32 {fp8_err:.2e})"
+        );
+        assert!(applied > 0, "fp8: {family} applied to no conv");
+        assert!(err <= tol, "fp8 [{family}]: rel err {err} over {tol}");
+    }
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("sample_models/fashion_resnet.onnx");
+    let m = Model::load(&path).expect("sample model loads");
+    let hw = m.input_hw(None).expect("fixed input size");
+    let spec = BuildSpec { batch: 4, hw };
+    let qdq = max_qdq_as(&m, hw, 4, QFormat::Fp8E4M3).expect("fp8 qdq");
+    let x = input_for(&m, 4, hw, 12);
+    let cpu8 = cpu_int8_run(&m, &qdq, spec, &x).expect("cpu fp8");
+    let mut eng = cuda
+        .build(
+            BuildInput::Quantized {
+                model: &m,
+                qdq: &qdq,
+            },
+            spec,
+        )
+        .expect("cuda fp8 engine");
+    let out = eng.run(&x).expect("cuda fp8 run");
+    let fp32 = CpuBackend
+        .build(
+            BuildInput::Float {
+                model: &m,
+                precision: Precision::Fp32,
+            },
+            spec,
+        )
+        .and_then(|mut e| e.run(&x))
+        .expect("cpu fp32");
+    // 22 FP8 layers: rounding flips compound (H100: 4.6e-2 to 6.7e-2 against FP8's own 9.4e-2
+    // from FP32, with the builder's timed choices); random inputs give near-tied classes, so
+    // the check is the distance, not the argmax.
+    let fp8_err = rel_err(&cpu8.data, &fp32.data);
+    let err = rel_err(&out.data, &cpu8.data);
+    let layers = eng.profile(&x).expect("profile");
+    eprintln!(
+        "fashion_resnet fp8: rel err {err:.2e} vs the CPU's FP8 (FP8 vs FP32 {fp8_err:.2e}), {} FP8 layers; precisions: {:?}",
+        eng.info().int8_nodes,
+        layers
+            .iter()
+            .filter_map(|l| l.precision.clone())
+            .collect::<std::collections::BTreeSet<_>>()
+    );
+    assert!(eng.info().int8_nodes > 0);
+    assert!(
+        err <= fp8_err,
+        "fashion_resnet fp8: rel err {err} over {fp8_err}"
+    );
 }
 
 /// A graph touching every op the backend lowers outside Conv/Gemm.

@@ -4,7 +4,8 @@
 #   BENCH_MODELS (comma-separated; default all): resnet50, mobilenet_v2, efficientnet_b0 (224,
 #   batch 1 and 32), deeplabv3_resnet50 (513, batch 1). torchvision, random weights, exported
 #   to ONNX (opset 13); 4 noise images for calibration. For each model, `quantscope eval
-#   --backend cuda` FP32 (TF32, the default) / FP16 / INT8 (max calibration on the noise), and
+#   --backend cuda` FP32 (TF32, the default) / FP16 / INT8 / FP8 (max calibration on the
+#   noise; BENCH_PRECISIONS overrides the list), and
 #   FP32 again with --fp32-math strict; then PyTorch at the same batch sizes: eager FP32/FP16
 #   (FP32 with PyTorch's defaults, recorded in bench.json: TF32 for cuDNN convolutions),
 #   the same replayed from a CUDA graph, and with --compile torch.compile
@@ -31,10 +32,10 @@ MODELS=${BENCH_MODELS:-resnet50,mobilenet_v2,efficientnet_b0,deeplabv3_resnet50}
 "$PY" "$HERE/bench_torch.py" --out "$OUT/torch.json" --export "$WORK" --export-only --models "$MODELS"
 for name in ${MODELS//,/ }; do
   bs=32; [ "$name" = deeplabv3_resnet50 ] && bs=1
-  "$QS" eval --model "$WORK/$name.onnx" --calib "$WORK/noise" --precisions fp32,fp16,int8 \
+  "$QS" eval --model "$WORK/$name.onnx" --calib "$WORK/noise" --precisions "${BENCH_PRECISIONS:-fp32,fp16,int8,fp8}" \
     --methods max --backend cuda --batch "$bs" --min-runs 20 --min-time-ms 300 \
     --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225 \
-    --report "$OUT/quantscope_$name.json" 2>&1 | grep -E "^(fp|int8)|ERROR|error" | tail -n 8 || true
+    --report "$OUT/quantscope_$name.json" 2>&1 | grep -E "^(fp|int8)|ERROR|error" | tail -n 10 || true
   "$QS" eval --model "$WORK/$name.onnx" --calib "$WORK/noise" --precisions fp32 --fp32-math strict \
     --backend cuda --batch "$bs" --min-runs 20 --min-time-ms 300 \
     --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225 \
@@ -68,15 +69,18 @@ for name in models:
                "torch_eager_fp32_graph_ms": tr.get("eager_fp32_graph_ms"), "torch_eager_fp16_graph_ms": tr.get("eager_fp16_graph_ms"),
                "torch_compile_fp16_ms": tr.get("compile_fp16_ms"), "torch_compile_note": tr.get("compile_error"),
                "qs_fp32_tf32_ms": qs.get(("fp32", bs)), "qs_fp32_strict_ms": qs.get(("fp32_strict", bs)),
-               "qs_fp16_ms": qs.get(("fp16", bs)), "qs_int8_ms": qs.get(("int8", bs))}
+               "qs_fp16_ms": qs.get(("fp16", bs)), "qs_int8_ms": qs.get(("int8", bs)),
+               "qs_fp8_ms": qs.get(("fp8", bs))}
         e32, t32 = row["qs_fp32_tf32_ms"], row["torch_eager_fp32_graph_ms"]
         row["fp32_tf32_over_torch_eager_fp32_graph"] = e32 / t32 if e32 and t32 else None
         i8, c16, f16 = row["qs_int8_ms"], row["torch_compile_fp16_ms"], row["qs_fp16_ms"]
         row["int8_over_compile_fp16"] = i8 / c16 if i8 and c16 else None
         row["int8_over_own_fp16"] = i8 / f16 if i8 and f16 else None
+        f8 = row["qs_fp8_ms"]
+        row["fp8_over_int8"] = f8 / i8 if f8 and i8 else None
         rows.append(row)
 f = lambda v: "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
-cols = ["model", "batch", "torch_eager_fp32_ms", "torch_eager_fp32_graph_ms", "torch_eager_fp16_graph_ms", "torch_compile_fp16_ms", "qs_fp32_tf32_ms", "qs_fp32_strict_ms", "qs_fp16_ms", "qs_int8_ms", "fp32_tf32_over_torch_eager_fp32_graph", "int8_over_compile_fp16", "int8_over_own_fp16"]
+cols = ["model", "batch", "torch_eager_fp32_ms", "torch_eager_fp32_graph_ms", "torch_eager_fp16_graph_ms", "torch_compile_fp16_ms", "qs_fp32_tf32_ms", "qs_fp32_strict_ms", "qs_fp16_ms", "qs_int8_ms", "qs_fp8_ms", "fp32_tf32_over_torch_eager_fp32_graph", "int8_over_compile_fp16", "int8_over_own_fp16", "fp8_over_int8"]
 print(" | ".join(cols))
 for r in rows: print(" | ".join(f(r[c]) for c in cols))
 json.dump({"date": datetime.date.today().isoformat(), "gpu": t["gpu"], "torch": t["torch"],

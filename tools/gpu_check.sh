@@ -7,7 +7,8 @@
 # `calib/` images for them. ZOO_MODELS (names of tools/zoo.py) are exported there for the zoo
 # test. Writes OUT/tests.txt, OUT/bench.txt and the reports (packed into OUT/reports.tar.xz). GPU_TESTS / GPU_BENCH=0 skip a
 # part; BENCH_MODELS (tools/bench_gpu.sh's torchvision models, none by default) and
-# BENCH_BATCHES (carried models; default "1 8") choose what is timed.
+# BENCH_BATCHES (carried models; default "1 8") and BENCH_PRECISIONS (default
+# fp32,fp16,int8) choose what is timed.
 set -uo pipefail
 CARRY=${1:?carry dir}; OUT=${2:?out dir}
 BIN=$(mktemp -d)
@@ -38,7 +39,7 @@ if [ "${GPU_BENCH:-1}" != 0 ]; then
     name=$(basename "$m" .onnx)
     for bs in ${BENCH_BATCHES:-1 8}; do
       "$BIN/quantscope" eval --model "$m" --calib "$CARRY/calib" --calib-count 8 \
-        --precisions fp32,fp16,int8 --methods max --backend cuda --batch "$bs" \
+        --precisions "${BENCH_PRECISIONS:-fp32,fp16,int8}" --methods max --backend cuda --batch "$bs" \
         --min-runs 20 --min-time-ms 300 --scale 0.0078431373 --offset -1 \
         --report "$OUT/${name}_b$bs.json" >"$OUT/${name}_b$bs.log" 2>&1
       echo "$name batch $bs exit $?"

@@ -90,12 +90,12 @@ impl Row {
     }
 }
 
-/// Notes for the INT8 engines that ran slower than the same run's FP16 engine, at batch 1 or
-/// at the timed batch, where FP16 ran on a device (a simulated FP16 latency says nothing about
-/// one). "INT8 is not faster than FP16" is the complaint users file most often against INT8
+/// Notes for the INT8 and FP8 engines that ran slower than the same run's FP16 engine, at
+/// batch 1 or at the timed batch, where both ran on a device (a simulated latency says nothing
+/// about one). "INT8 is not faster than FP16" is the complaint users file most often against INT8
 /// engines: the report says so in words, not only in the table, and says where to look.
 /// Differences under 2 % are left to the table (timing noise).
-pub fn slower_int8_notes(rows: &[Row]) -> Vec<String> {
+pub fn slower_quantized_notes(rows: &[Row]) -> Vec<String> {
     let ok = |r: &&Row, p: Precision| r.precision == Some(p) && r.error.is_none();
     let Some(f) = rows.iter().find(|r| ok(r, Precision::Fp16) && !r.simulated) else {
         return vec![];
@@ -105,7 +105,12 @@ pub fn slower_int8_notes(rows: &[Row]) -> Vec<String> {
         _ => None,
     };
     rows.iter()
-        .filter(|r| ok(r, Precision::Int8) && r.backend == f.backend)
+        .filter(|r| {
+            r.precision.is_some_and(|p| p.is_quantized())
+                && r.error.is_none()
+                && !r.simulated
+                && r.backend == f.backend
+        })
         .filter_map(|r| {
             let mut at = vec![];
             if let Some((a, b)) = slower(&r.latency_ms, &f.latency_ms) {
@@ -382,14 +387,24 @@ mod tests {
             ..Default::default()
         };
         let fp16 = row(Precision::Fp16, false, 0.403, 1.039);
-        let notes = slower_int8_notes(&[fp16.clone(), row(Precision::Int8, false, 0.425, 1.181)]);
+        let notes =
+            slower_quantized_notes(&[fp16.clone(), row(Precision::Int8, false, 0.425, 1.181)]);
         assert_eq!(notes.len(), 1, "{notes:?}");
         assert!(notes[0].starts_with("int8 max on cuda ran slower than FP16: 0.425 against 0.403 ms at batch 1, 1.181 against 1.039 ms at batch 8."), "{}", notes[0]);
         // Faster, or within 2 %: nothing said.
         let faster = row(Precision::Int8, false, 0.30, 1.04);
-        assert!(slower_int8_notes(&[fp16.clone(), faster]).is_empty());
+        assert!(slower_quantized_notes(&[fp16.clone(), faster]).is_empty());
         // A simulated FP16 (the CPU's) is no measure of a device's.
         let cpu = row(Precision::Fp16, true, 0.1, 0.5);
-        assert!(slower_int8_notes(&[cpu, row(Precision::Int8, false, 9.0, 9.0)]).is_empty());
+        assert!(slower_quantized_notes(&[cpu, row(Precision::Int8, false, 9.0, 9.0)]).is_empty());
+        // FP8 is held to the same rule; a simulated FP8 (the CPU's) is not.
+        let fp8 = row(Precision::Fp8, false, 0.64, 2.1);
+        let notes = slower_quantized_notes(&[fp16.clone(), fp8]);
+        assert!(
+            notes.len() == 1 && notes[0].starts_with("fp8 on cuda"),
+            "{notes:?}"
+        );
+        let sim = row(Precision::Fp8, true, 9.0, 9.0);
+        assert!(slower_quantized_notes(&[fp16, sim]).is_empty());
     }
 }

@@ -43,6 +43,16 @@ pub fn input_for(m: &Model, batch: usize, hw: [usize; 2], seed: u64) -> Vec<f32>
 
 /// The Q/DQ model of `m`, calibrated (max) on `images` random inputs (seeds 100, 101, ...).
 pub fn max_qdq(m: &Model, hw: [usize; 2], images: usize) -> Result<quant::QdqModel, String> {
+    max_qdq_as(m, hw, images, quant::QFormat::Int8)
+}
+
+/// [`max_qdq`] in `format` (INT8 or FP8 E4M3).
+pub fn max_qdq_as(
+    m: &Model,
+    hw: [usize; 2],
+    images: usize,
+    format: quant::QFormat,
+) -> Result<quant::QdqModel, String> {
     let plan = quant::plan(m, &[]);
     let tensors = plan.tensors();
     let probe = Probe::new(m, hw, &tensors).map_err(|e| format!("probe: {e:#}"))?;
@@ -54,10 +64,10 @@ pub fn max_qdq(m: &Model, hw: [usize; 2], images: usize) -> Result<quant::QdqMod
         stats.add(&tensors, &acts);
     }
     let ranges = stats.ranges(Method::Max, 99.99);
-    quant::build_qdq(m, &plan, Some(&ranges)).map_err(|e| format!("qdq: {e:#}"))
+    quant::build_qdq_as(m, &plan, Some(&ranges), format).map_err(|e| format!("qdq: {e:#}"))
 }
 
-/// The CPU INT8 engine of `m` built from `qdq`, run on `x`.
+/// The CPU engine of `m` built from `qdq` (INT8, or FP8 simulated), run on `x`.
 pub fn cpu_int8_run(
     m: &Model,
     qdq: &quant::QdqModel,

@@ -70,14 +70,15 @@ pub enum GraphAct {
 /// What one graph computes around its convolution.
 #[derive(Clone, Copy, Debug)]
 pub struct ConvSpec {
-    /// Type of x and w: int8 (int32 accumulation, then `scale`) or half (float accumulation).
+    /// Type of x and w: int8 (int32 accumulation, then `scale`), FP8 E4M3 (float
+    /// accumulation, then `scale`; Hopper and Ada) or half (float accumulation).
     pub input: Dt,
-    /// Multiply by a per-channel scale tensor after the conv (int8 graphs).
+    /// Multiply by a per-channel scale tensor after the conv (int8 and FP8 graphs).
     pub scale: bool,
     /// The residual's weight in output units and its type.
     pub residual: Option<(f32, Dt)>,
     pub act: GraphAct,
-    /// The output type (int8, half or float).
+    /// The output type (int8, FP8, half or float).
     pub out: Dt,
 }
 

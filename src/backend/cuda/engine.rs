@@ -959,6 +959,10 @@ struct DnnConv {
     /// Input channels the graph reads: the layer's, or more (zero channels appended into the
     /// input-copy scratch) where the layer's do not fill a 16-byte vector (a stem's 3).
     cin_pad: usize,
+    /// Where the residual is FP8 (cuDNN 9.14 has no engine for an FP8 operand in the fused
+    /// add): the graph writes the conv + bias in FP16 to the raw scratch and the epilogue
+    /// kernel adds the residual and the activation, with these unit alphas and zero biases.
+    split: Option<(DevBuf, DevBuf)>,
 }
 
 /// Channels a cuDNN graph conv of input type `t` reads: 16 bytes' worth at least.
@@ -1125,6 +1129,11 @@ pub struct CudaEngine {
 // The raw cuDNN / cuBLASLt handles are only used from the thread that owns the engine.
 unsafe impl Send for CudaEngine {}
 
+/// What the Layers tab calls a quantized type.
+fn quant_name(t: DType) -> &'static str {
+    if t == DType::F8 { "fp8" } else { "int8" }
+}
+
 fn round_up(v: usize, m: usize) -> usize {
     v.div_ceil(m) * m
 }
@@ -1177,7 +1186,7 @@ impl CudaEngine {
                 let kpad = round_up(c.reduction(), 16);
                 if c.groups == 1 {
                     let xd = &plan.tensors[c.input];
-                    if c.int8.is_some() {
+                    if c.quant.is_some() {
                         col_max = col_max.max(m * kpad);
                         f16_in_max = f16_in_max.max(xd.numel() * 2);
                     }
@@ -1188,14 +1197,14 @@ impl CudaEngine {
                         f16_in_max = f16_in_max.max(copy);
                     }
                     // Float GEMMs (an int8 layer's FP16 way included) need im2col columns.
-                    let esz = if c.int8.is_some() { 2 } else { float.bytes() };
+                    let esz = if c.quant.is_some() { 2 } else { float.bytes() };
                     if m * kpad * esz <= COL_MAX_BYTES {
                         col_max = col_max.max(m * kpad * esz);
                     }
-                } else if c.int8.is_some() {
+                } else if c.quant.is_some() {
                     f16_in_max = f16_in_max.max(plan.tensors[c.input].numel() * 2);
                 }
-                let alpha: Vec<f32> = match &c.int8 {
+                let alpha: Vec<f32> = match &c.quant {
                     Some(q) => q.w_scales.iter().map(|s| s * q.x_scale).collect(),
                     None => vec![1.0; c.cout],
                 };
@@ -1348,13 +1357,18 @@ impl CudaEngine {
             let rt = &self.convs[&si];
             (rt.step.clone(), rt.m)
         };
-        let int8 = step.int8.is_some();
+        let quant = step.quant.is_some();
+        // Int8 layers have integer library paths; FP8 layers have the cuDNN graph's FP8 conv
+        // and the float kernels reading FP8 (direct, depthwise, the FP16 way).
+        let int8 = step.quant.as_ref().is_some_and(|q| q.is_int8());
+        let fp8 = quant && !int8;
         let macs = (m * step.cout * step.reduction()) as f64;
         let name = step.name.clone();
         let note = |what: &str, e: String| log_msg(&format!("{name}: no {what} ({e})"));
         // Set up every applicable implementation, each in the layer's planned precision, and
         // for an int8 layer its FP16 way too ("FP16 vs INT8 where the plan allows").
         let gemm_ok = step.groups == 1
+            && !fp8
             && (int8
                 || step.is_pointwise()
                 || m * round_up(step.reduction(), 16) * float.bytes() <= COL_MAX_BYTES);
@@ -1380,13 +1394,13 @@ impl CudaEngine {
                 .ok();
         }
         let mut rt_cudnn = None;
-        if !int8 && symmetric_pads(&step) {
+        if !quant && symmetric_pads(&step) {
             rt_cudnn = self
                 .setup_cudnn(&step, float, self.ptr(step.input))
                 .map_err(|e| note("cuDNN conv", e))
                 .ok();
         }
-        let rt_f16 = if int8 {
+        let rt_f16 = if quant {
             self.setup_f16_path(&step, m)
                 .map_err(|e| note("FP16 way", e))
                 .ok()
@@ -1447,8 +1461,10 @@ impl CudaEngine {
             rt.f16 = rt_f16;
         }
         if cands.is_empty() || macs < DIRECT_MAX_MACS {
-            let w = match &step.int8 {
-                Some(q) => DevBuf::from_slice(&q.w)?,
+            let w = match &step.quant {
+                Some(q) if q.is_int8() => DevBuf::from_slice(&q.w)?,
+                // FP8: the kernel's float path reads the FP8 input; weights as their values.
+                Some(q) => DevBuf::from_slice(&q.values())?,
                 None => {
                     let v: Vec<f32> = if float == DType::F16 {
                         step.w
@@ -1533,8 +1549,9 @@ impl CudaEngine {
     /// residual of the output's type, and output channels that keep the rows 16-byte aligned.
     fn gemm_fused_ok(&self, c: &ConvStep, float: DType) -> bool {
         let od = &self.plan.tensors[c.out];
-        let out_t = if c.int8.is_some() { DType::I8 } else { float };
-        c.groups == 1
+        let out_t = if c.quant.is_some() { DType::I8 } else { float };
+        c.quant.as_ref().is_none_or(|q| q.is_int8())
+            && c.groups == 1
             && od.dtype == out_t
             && matches!(c.act, Act::None | Act::Relu)
             && (c.cout * out_t.bytes()).is_multiple_of(16)
@@ -1547,24 +1564,37 @@ impl CudaEngine {
     fn graph_act(&self, c: &ConvStep) -> Option<GraphAct> {
         let od = &self.plan.tensors[c.out];
         let unit = od.unit();
-        match c.act {
-            Act::None => Some(GraphAct::None),
-            Act::Relu => Some(GraphAct::Relu),
-            Act::Clip(lo, hi) if lo < hi => Some(GraphAct::Clip(lo / unit, hi / unit)),
-            _ => None,
+        let act = match c.act {
+            Act::None => GraphAct::None,
+            Act::Relu => GraphAct::Relu,
+            Act::Clip(lo, hi) if lo < hi => GraphAct::Clip(lo / unit, hi / unit),
+            _ => return None,
+        };
+        if od.dtype != DType::F8 {
+            return Some(act);
         }
+        // An FP8 output saturates at +-448 steps, as QuantizeLinear and the kernels' `st` do:
+        // the clip says so rather than trusting the library's conversion.
+        const MAX: f32 = crate::quant::fp8::E4M3_MAX;
+        Some(match act {
+            GraphAct::None => GraphAct::Clip(-MAX, MAX),
+            GraphAct::Relu => GraphAct::Clip(0.0, MAX),
+            GraphAct::Clip(lo, hi) => GraphAct::Clip(lo.max(-MAX), hi.min(MAX)),
+        })
     }
 
-    /// Whether the cuDNN graph conv can run this layer: an int8 layer (int8 or FP16 output)
-    /// or an FP16 one (FP16 output), ReLU, clip or no activation, a residual of either type,
-    /// and 16-byte aligned output rows (input channels are padded where they are not). FP32
+    /// Whether the cuDNN graph conv can run this layer: an int8 layer (int8 or FP16 output),
+    /// an FP8 one (FP8 or FP16 output) or an FP16 one (FP16 output), ReLU, clip or no
+    /// activation, a residual of int8 or FP16 (or FP8, in an FP8 layer), and 16-byte aligned
+    /// output rows (input channels are padded where they are not). FP32
     /// layers keep the legacy path: its algorithm
     /// list is what `--fp32-math strict` can hold to IEEE FP32.
     fn dnn_graph_ok(&self, c: &ConvStep) -> bool {
         let t = |t: usize| self.plan.tensors[t].dtype;
         let io = |x: usize| matches!(t(x), DType::I8 | DType::F16);
-        let out_ok = if c.int8.is_some() {
-            io(c.out)
+        let fp8 = c.quant.as_ref().is_some_and(|q| q.dtype == DType::F8);
+        let out_ok = if let Some(q) = &c.quant {
+            t(c.input) == q.dtype && (t(c.out) == q.dtype || t(c.out) == DType::F16)
         } else {
             t(c.input) == DType::F16 && t(c.out) == DType::F16
         };
@@ -1572,7 +1602,8 @@ impl CudaEngine {
             && out_ok
             && self.graph_act(c).is_some()
             && c.cout.is_multiple_of(16)
-            && c.residual.is_none_or(io)
+            && c.residual
+                .is_none_or(|r| io(r) || (fp8 && t(r) == DType::F8))
     }
 
     /// Whether the depthwise kernel takes this layer: one input channel per group and one
@@ -1581,8 +1612,8 @@ impl CudaEngine {
     fn depthwise_ok(&self, c: &ConvStep) -> bool {
         let xd = &self.plan.tensors[c.input];
         let input_ok = match xd.dtype {
-            DType::I8 => c.int8.is_some(),
-            DType::F16 | DType::F32 => c.int8.is_none(),
+            DType::I8 | DType::F8 => c.quant.as_ref().is_some_and(|q| q.dtype == xd.dtype),
+            DType::F16 | DType::F32 => c.quant.is_none(),
         };
         let fits_i32 = |t: usize| self.plan.tensors[t].numel() < i32::MAX as usize;
         c.groups > 1
@@ -1596,7 +1627,8 @@ impl CudaEngine {
     }
 
     /// The depthwise kernel's weights: int8 as `[ceil(KH * KW / 4), C, 4]`, float tap-major
-    /// `[KH * KW, C]` as the engine's float type would round them (kept in f32).
+    /// `[KH * KW, C]` as the engine's float type would round them (kept in f32), FP8 as their
+    /// values tap-major (the kernel's float path reads the FP8 input).
     fn depthwise_weights(&self, c: &ConvStep, float: DType) -> DevResult<DevBuf> {
         let taps = c.k[0] * c.k[1];
         let tap_major = |v: &dyn Fn(usize) -> f32| -> Vec<f32> {
@@ -1604,7 +1636,11 @@ impl CudaEngine {
                 .map(|i| v((i % c.cout) * taps + i / c.cout))
                 .collect()
         };
-        match &c.int8 {
+        match &c.quant {
+            Some(q) if !q.is_int8() => {
+                let v = q.values();
+                DevBuf::from_slice(&tap_major(&|i| v[i]))
+            }
             Some(q) => {
                 // [tap group of 4, C, 4], zeros past the last tap (the kernel's __dp4a order).
                 let groups = taps.div_ceil(4);
@@ -1649,27 +1685,35 @@ impl CudaEngine {
         };
         let dt = |t: DType| match t {
             DType::I8 => dnn::cudnnDataType_t::CUDNN_DATA_INT8,
+            DType::F8 => dnn::cudnnDataType_t::CUDNN_DATA_FP8_E4M3,
             DType::F16 => dnn::cudnnDataType_t::CUDNN_DATA_HALF,
             DType::F32 => dnn::cudnnDataType_t::CUDNN_DATA_FLOAT,
         };
         // OHWI rows of `cin` values, zero padded to `cin_pad`.
         let taps = c.cout * c.k[0] * c.k[1];
         let pad_in = |v: &[f32]| padded_rows(v, taps, c.cin, taps, cin_pad);
-        let unit = od.unit();
-        let residual = c.residual.map(|r| {
+        let split = c
+            .residual
+            .is_some_and(|r| self.plan.tensors[r].dtype == DType::F8);
+        let unit = if split { 1.0 } else { od.unit() };
+        let residual = c.residual.filter(|_| !split).map(|r| {
             let rd = &self.plan.tensors[r];
             (rd.unit() / unit, dt(rd.dtype))
         });
         let spec = ConvSpec {
             input: dt(xd.dtype),
-            scale: c.int8.is_some(),
+            scale: c.quant.is_some(),
             residual,
-            act: self.graph_act(c).ok_or("activation not fusable")?,
-            out: dt(od.dtype),
+            act: if split {
+                GraphAct::None
+            } else {
+                self.graph_act(c).ok_or("activation not fusable")?
+            },
+            out: dt(if split { DType::F16 } else { od.dtype }),
         };
         let graph = ConvGraph::new(self.dev.cudnn, g, spec, LIB_WORKSPACE_BYTES, 3)?;
         let bias: Vec<f32> = c.bias.iter().map(|b| b / unit).collect();
-        let (w, scale) = match &c.int8 {
+        let (w, scale) = match &c.quant {
             Some(q) => {
                 let scale: Vec<f32> = q.w_scales.iter().map(|s| s * q.x_scale / unit).collect();
                 let w = padded_rows(&q.w, taps, c.cin, taps, cin_pad);
@@ -1683,27 +1727,37 @@ impl CudaEngine {
                 (DevBuf::from_slice(&h)?, None)
             }
         };
+        let split = if split {
+            Some((
+                DevBuf::from_slice(&vec![1.0f32; c.cout])?,
+                DevBuf::from_slice(&vec![0.0f32; c.cout])?,
+            ))
+        } else {
+            None
+        };
         Ok(DnnConv {
             graph,
             w,
             scale,
             bias: DevBuf::from_slice(&bias)?,
             cin_pad,
+            split,
         })
     }
 
     /// The FP16 way of an int8 layer: the layer with dequantized weights, set up for the float
     /// implementations. `None` when none applies.
     fn setup_f16_path(&self, c: &ConvStep, m: usize) -> DevResult<Option<Box<F16Path>>> {
-        let q = c.int8.as_ref().ok_or("not an int8 layer")?;
+        let q = c.quant.as_ref().ok_or("not a quantized layer")?;
         let k = c.reduction();
         let mut fs = c.clone();
-        fs.w =
-            q.w.iter()
-                .enumerate()
-                .map(|(i, &v)| v as f32 * q.w_scales[i / k])
-                .collect();
-        fs.int8 = None;
+        fs.w = q
+            .values()
+            .iter()
+            .enumerate()
+            .map(|(i, &v)| v * q.w_scales[i / k])
+            .collect();
+        fs.quant = None;
         let gemm =
             if c.groups == 1 && (c.is_pointwise() || m * round_up(k, 16) * 2 <= COL_MAX_BYTES) {
                 Some(self.setup_gemm(&fs, m, DType::F16)?)
@@ -1726,7 +1780,7 @@ impl CudaEngine {
     }
 
     fn setup_gemm(&self, c: &ConvStep, m: usize, float: DType) -> DevResult<GemmSetup> {
-        let int8 = c.int8.is_some();
+        let int8 = c.quant.is_some();
         let k = c.reduction();
         let kpad = round_up(k, 16);
         let cout_pad = round_up(c.cout, 16);
@@ -1757,7 +1811,7 @@ impl CudaEngine {
             )
         };
         // Weights [cout_pad, kpad], zero padded.
-        let w = if let Some(q) = &c.int8 {
+        let w = if let Some(q) = &c.quant {
             DevBuf::from_slice(&padded_rows(&q.w, c.cout, k, cout_pad, kpad))?
         } else {
             let v = padded_rows(&c.w, c.cout, k, cout_pad, kpad);
@@ -1786,7 +1840,7 @@ impl CudaEngine {
         use lt::cublasLtMatmulDescAttributes_t as A;
         use lt::cublasLtPointerMode_t as M;
         use lt::cudaDataType_t as T;
-        let (desc, ab_t, w, fused, bias_t) = if let Some(q) = &c.int8 {
+        let (desc, ab_t, w, fused, bias_t) = if let Some(q) = &c.quant {
             let alpha: Vec<f32> = q.w_scales.iter().map(|s| s * q.x_scale / unit).collect();
             let fused = FusedOut {
                 alpha: Some(DevBuf::from_slice(&alpha)?),
@@ -1842,7 +1896,7 @@ impl CudaEngine {
         let bias_ptr = fused.bias.ptr as *const c_void;
         desc.set(A::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr)?;
         desc.set(A::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &(bias_t as i32))?;
-        let int8 = c.int8.is_some();
+        let int8 = c.quant.is_some();
         self.finish_gemm(desc, ab_t, ab_t, w, kpad, c.cout, m, int8, Some(fused))
     }
 
@@ -2090,10 +2144,15 @@ impl CudaEngine {
         for (si, s) in self.plan.steps.iter().enumerate() {
             let t = self.time_step(si, 3)?;
             let precision = match (s, self.convs.get(&si)) {
-                (Step::Conv(c), Some(rt)) => match (&c.int8, &rt.chosen) {
-                    (Some(_), ConvImpl::AsF16(_)) => "fp16, timed faster than int8".to_string(),
-                    (Some(_), _) => "int8".to_string(),
-                    (None, _) if engine == Precision::Int8 => {
+                (Step::Conv(c), Some(rt)) => match (&c.quant, &rt.chosen) {
+                    (Some(q), ConvImpl::AsF16(_)) => {
+                        format!("fp16, timed faster than {}", quant_name(q.dtype))
+                    }
+                    (Some(q), ConvImpl::Direct | ConvImpl::Depthwise) if !q.is_int8() => {
+                        "fp8 data, fp32 arithmetic (no fp8 kernel for this layer)".to_string()
+                    }
+                    (Some(q), _) => quant_name(q.dtype).to_string(),
+                    (None, _) if engine.is_quantized() => {
                         format!("{float_name}, float in the Q/DQ plan")
                     }
                     (None, _) => float_name.to_string(),
@@ -2101,18 +2160,19 @@ impl CudaEngine {
                 // Other steps compute in f32 registers; their data is in the output's type.
                 _ => match self.plan.tensors[s.output()].dtype {
                     DType::I8 => "int8 data".to_string(),
+                    DType::F8 => "fp8 data".to_string(),
                     DType::F16 => "fp16 data".to_string(),
                     DType::F32 => "fp32 data".to_string(),
                 },
             };
             let kernel = match (s, self.convs.get(&si)) {
                 (Step::Conv(c), Some(rt)) => {
-                    let p = if c.int8.is_some() { "int8" } else { "float" };
+                    let p = c.quant.as_ref().map_or("float", |q| quant_name(q.dtype));
                     let what = rt.chosen.describe();
-                    let out = if self.plan.tensors[c.out].dtype == DType::I8 {
-                        " -> int8"
-                    } else {
-                        ""
+                    let out = match self.plan.tensors[c.out].dtype {
+                        DType::I8 => " -> int8",
+                        DType::F8 => " -> fp8",
+                        _ => "",
                     };
                     format!("{p} {what}{out}")
                 }
@@ -2656,13 +2716,24 @@ impl CudaEngine {
                 let p = Ptrs {
                     x,
                     w: d.w.ptr,
-                    y: self.ptr(c.out),
+                    y: if d.split.is_some() {
+                        self.raw_ptr()
+                    } else {
+                        self.ptr(c.out)
+                    },
                     scale: d.scale.as_ref().map_or(0, |s| s.ptr),
                     bias: d.bias.ptr,
                     z: res_p,
                     workspace: self.ws_ptr(),
                 };
-                d.graph.execute(self.dev.cudnn, *plan, &p)
+                d.graph.execute(self.dev.cudnn, *plan, &p)?;
+                match &d.split {
+                    Some((ones, zeros)) => {
+                        launch!(st, k.epilogue, n_out; self.raw_ptr(), DType::F16.code(), c.cout as i64, ones.ptr, zeros.ptr,
+                            res_p, res_t, res_s, self.ptr(c.out), od.dtype.code(), od.scale, rt.m as i64, c.cout as i64, act, a0, a1)
+                    }
+                    None => Ok(()),
+                }
             }
             ConvImpl::AsF16(_) => Err("nested FP16 way".into()),
         }

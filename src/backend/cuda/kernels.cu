@@ -1,6 +1,7 @@
 // quantscope CUDA backend: every non-library kernel, compiled once per process with NVRTC
 // (C++17; the engine's unit test compiles it for compute_90 and compute_75 without a GPU).
-// Tensors carry a dtype code (0 = f32, 1 = f16, 2 = i8 with a scale, 3 = i32); kernels
+// Tensors carry a dtype code (0 = f32, 1 = f16, 2 = i8 with a scale, 3 = i32, 4 = FP8 E4M3
+// with a scale); kernels
 // branch on it uniformly, so one kernel serves every precision. Where an operand may be a
 // constant the host uploaded, dtype -1 means an f32 buffer (`ldc`). Argument structs
 // (`ViewArgs`, `NaryArgs`, `PadArgs`) are mirrored field for field in engine.rs. Linear
@@ -10,11 +11,34 @@
 typedef long long i64;
 #define QS_INF __int_as_float(0x7f800000)
 
+// FP8 E4M3 (ONNX float8e4m3fn) codes, bit for bit as quant::fp8 in Rust: round to nearest
+// even, saturate to +-448 (ONNX's QuantizeLinear default, CUDA's __NV_SATFINITE), NaN kept.
+// Below 2^-6 the code is the count of 2^-9 steps; above, (e + 7) << 3 plus the mantissa, and
+// a round-up to the next power of two carries into the exponent by plain addition.
+__device__ __forceinline__ unsigned char f8_from_f32(float x) {
+  if (isnan(x)) return 0x7f;
+  unsigned char sign = signbit(x) ? 0x80 : 0;
+  float a = fabsf(x);
+  if (a >= 448.f) return sign | 0x7e;
+  int e = ((__float_as_int(a) >> 23) & 0xff) - 127;
+  int code = e < -6 ? (int)rintf(a * 512.f) : ((e + 7) << 3) + (int)rintf(ldexpf(a, 3 - e)) - 8;
+  return sign | (unsigned char)min(code, 0x7e);
+}
+// Decoding is one multiply: the code's exponent and mantissa bits, placed at f32's exponent
+// and mantissa positions, read as 2^(e - 127) * (1 + m / 8), or as the f32 subnormal
+// m / 8 * 2^-126 where e = 0; times 2^120 (exact) that is E4M3's 2^(e - 7) * (1 + m / 8), or
+// its subnormal m * 2^-9. (The kernels keep f32 subnormals: no --use_fast_math.)
+__device__ __forceinline__ float f8_to_f32(unsigned char c) {
+  if ((c & 0x7f) == 0x7f) return __int_as_float(0x7fc00000);
+  return __int_as_float(((c & 0x80) << 24) | ((c & 0x7f) << 20)) * 1.329227995784916e36f;
+}
+
 __device__ __forceinline__ float ld(const void* p, int t, i64 i, float scale) {
   switch (t) {
     case 0: return ((const float*)p)[i];
     case 1: return __half2float(((const __half*)p)[i]);
     case 2: return (float)((const signed char*)p)[i] * scale;
+    case 4: return f8_to_f32(((const unsigned char*)p)[i]) * scale;
     default: return (float)((const int*)p)[i];
   }
 }
@@ -29,6 +53,7 @@ __device__ __forceinline__ void st(void* p, int t, i64 i, float v, float scale) 
       ((signed char*)p)[i] = (signed char)q;
       break;
     }
+    case 4: ((unsigned char*)p)[i] = f8_from_f32(v / scale); break;
     default: ((int*)p)[i] = (int)v; break;
   }
 }
@@ -47,6 +72,11 @@ __device__ __forceinline__ float4 ld4(const void* p, int t, i64 i, float scale) 
     return make_float4(lo.x, lo.y, hi.x, hi.y);
   }
   if (t == 0) return *(const float4*)((const float*)p + i);
+  if (t == 4) {
+    uchar4 q = *(const uchar4*)((const unsigned char*)p + i);
+    return make_float4(f8_to_f32(q.x) * scale, f8_to_f32(q.y) * scale, f8_to_f32(q.z) * scale,
+                       f8_to_f32(q.w) * scale);
+  }
   return make_float4(ld(p, t, i, scale), ld(p, t, i + 1, scale), ld(p, t, i + 2, scale),
                      ld(p, t, i + 3, scale));
 }
@@ -67,6 +97,10 @@ __device__ __forceinline__ void st4(void* p, int t, i64 i, float4 v, float scale
     *(uint2*)((__half*)p + i) = raw;
   } else if (t == 0) {
     *(float4*)((float*)p + i) = v;
+  } else if (t == 4) {
+    *(uchar4*)((unsigned char*)p + i) = make_uchar4(
+        f8_from_f32(v.x / scale), f8_from_f32(v.y / scale), f8_from_f32(v.z / scale),
+        f8_from_f32(v.w / scale));
   } else {
     st(p, t, i, v.x, scale);
     st(p, t, i + 1, v.y, scale);

@@ -33,6 +33,9 @@ impl CudaBackend {
     }
 }
 
+/// Oldest compute capability with FP8 (E4M3) tensor cores: Ada (8.9), Hopper (9.0) and newer.
+pub const FP8_COMPUTE: (i32, i32) = (8, 9);
+
 /// Oldest compute capability the engine supports (int8 tensor-core GEMMs, NHWC cuDNN).
 pub const MIN_COMPUTE: (i32, i32) = (7, 5);
 
@@ -190,6 +193,14 @@ impl Backend for CudaBackend {
             }
         })?;
         let dev = engine::Device::new().map_err(build_err)?;
+        if precision == Precision::Fp8 && dev.compute < FP8_COMPUTE {
+            return Err(build_err(format!(
+                "{} has compute capability {}.{}: FP8 (E4M3) tensor cores need {}.{} or newer \
+                 (Ada, Hopper, Blackwell). Its accuracy can still be measured: the CPU backend \
+                 simulates FP8 numerics (--backend cpu --precisions fp8)",
+                dev.name, dev.compute.0, dev.compute.1, FP8_COMPUTE.0, FP8_COMPUTE.1
+            )));
+        }
         // TF32 needs Ampere's tensor cores (compute capability 8.0).
         let tf32 = precision == Precision::Fp32
             && self.fp32_math == super::Fp32Math::Tf32

@@ -7,12 +7,15 @@ use std::collections::HashSet;
 
 use crate::backend::{FloatNode, Precision};
 
-/// Element type of a device tensor; the codes are the kernels' `dtype` arguments.
+/// Element type of a device tensor; the codes are the kernels' `dtype` arguments (3 is the
+/// kernels' int32, which no planned tensor has).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum DType {
     F32 = 0,
     F16 = 1,
     I8 = 2,
+    /// FP8 E4M3 (`float8e4m3fn`) with a scale, as I8 has one.
+    F8 = 4,
 }
 
 impl DType {
@@ -23,8 +26,12 @@ impl DType {
         match self {
             DType::F32 => 4,
             DType::F16 => 2,
-            DType::I8 => 1,
+            DType::I8 | DType::F8 => 1,
         }
+    }
+    /// A quantized type: values are stored steps of the tensor's scale.
+    pub fn is_quantized(self) -> bool {
+        matches!(self, DType::I8 | DType::F8)
     }
 }
 
@@ -43,17 +50,17 @@ pub struct TensorDesc {
     pub shape: Vec<usize>,
     pub layout: Layout,
     pub dtype: DType,
-    /// Quantization scale for int8 tensors (1.0 otherwise).
+    /// Quantization scale for int8 and FP8 tensors (1.0 otherwise).
     pub scale: f32,
     /// Tensor this one is a view of (reshape/flatten): shares its buffer.
     pub alias_of: Option<usize>,
 }
 
 impl TensorDesc {
-    /// What one stored step is worth: the scale of an int8 tensor, 1 for a float one (the
-    /// units a fused epilogue computes in when it writes or reads this tensor).
+    /// What one stored step is worth: the scale of an int8 or FP8 tensor, 1 for a float one
+    /// (the units a fused epilogue computes in when it writes or reads this tensor).
     pub fn unit(&self) -> f32 {
-        if self.dtype == DType::I8 {
+        if self.dtype.is_quantized() {
             self.scale
         } else {
             1.0
@@ -338,12 +345,33 @@ pub enum PadMode {
 /// Most dimensions a strided kernel (`view`, `nary`, `pad_nd`) takes.
 pub const MAX_RANK: usize = 8;
 
-/// Int8 form of a convolution: int8 weights (OHWI) and per-output-channel scales.
+/// Quantized form of a convolution: 8-bit weights (OHWI), per-output-channel scales, and
+/// the input's scale. `dtype` says what the bytes are: int8 values (I8), or E4M3 codes
+/// (F8, the codes' bit patterns held as i8).
 #[derive(Clone, Debug, PartialEq)]
-pub struct Int8Weights {
+pub struct QuantWeights {
     pub x_scale: f32,
     pub w: Vec<i8>,
     pub w_scales: Vec<f32>,
+    pub dtype: DType,
+}
+
+impl QuantWeights {
+    /// The weights' unscaled values (what a step is worth before `w_scales`).
+    pub fn values(&self) -> Vec<f32> {
+        match self.dtype {
+            DType::F8 => self
+                .w
+                .iter()
+                .map(|&v| crate::quant::fp8::e4m3_to_f32(v as u8))
+                .collect(),
+            _ => self.w.iter().map(|&v| v as f32).collect(),
+        }
+    }
+    /// Int8 weights, which the integer kernels (cuBLASLt int8, cuDNN int8, `__dp4a`) take.
+    pub fn is_int8(&self) -> bool {
+        self.dtype == DType::I8
+    }
 }
 
 /// A convolution (or Gemm/MatMul as a 1x1 convolution) with its fused epilogue.
@@ -357,7 +385,8 @@ pub struct ConvStep {
     /// Float weights, OHWI `[cout, kh, kw, cin / groups]`.
     pub w: Vec<f32>,
     pub bias: Vec<f32>,
-    pub int8: Option<Int8Weights>,
+    /// The quantized weights of a layer the Q/DQ plan quantizes (int8 or FP8).
+    pub quant: Option<QuantWeights>,
     pub cin: usize,
     pub cout: usize,
     pub k: [usize; 2],

@@ -1,7 +1,8 @@
 //! Convolutions and linear layers with constant weights: Conv (grouped, dilated), Gemm and
 //! MatMul against a constant B (as 1x1 convolutions over rows, any leading dims), with bias,
-//! a constant bias Add, a residual Add and an activation fused; int8 where the Q/DQ plan
-//! quantizes both inputs, with an int8 output where every reader quantizes at one scale.
+//! a constant bias Add, a residual Add and an activation fused; int8 (FP8 in an FP8 engine)
+//! where the Q/DQ plan quantizes both inputs, with a quantized output where every reader
+//! quantizes at one scale.
 //! Also BatchNormalization left unfolded and ConvTranspose.
 
 use tract_onnx::pb;
@@ -9,7 +10,7 @@ use tract_onnx::pb;
 use super::{Builder, OpFamily, Value, err};
 use crate::backend::FloatNode;
 use crate::backend::cuda::plan::{
-    Act, ConvStep, DType, Int8Weights, Layout, PlanResult, Step, oihw_to_ohwi,
+    Act, ConvStep, DType, Layout, PlanResult, QuantWeights, Step, oihw_to_ohwi,
 };
 use crate::model::proto;
 
@@ -99,10 +100,28 @@ pub(super) fn conv(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
             "the weights must be a constant (a computed weight input is not supported)",
         )
     })?;
-    let w_i8 = match b.values.get(&format!("{wname}#int8")) {
-        Some(Value::ConstI8 { data, dims, scales }) => {
+    // The quantized weights, in the engine's type (FP8 codes held as their i8 bit patterns).
+    let w_i8 = match (
+        b.quant,
+        b.values.get(&format!("{wname}#int8")),
+        b.values.get(&format!("{wname}#fp8")),
+    ) {
+        (Some(DType::I8), Some(Value::ConstI8 { data, dims, scales }), _) => {
             Some((data.clone(), dims.clone(), scales.clone()))
         }
+        (
+            Some(DType::F8),
+            _,
+            Some(Value::ConstF8 {
+                codes,
+                dims,
+                scales,
+            }),
+        ) => Some((
+            codes.iter().map(|&c| c as i8).collect(),
+            dims.clone(),
+            scales.clone(),
+        )),
         _ => None,
     };
     let bias_c = n
@@ -115,10 +134,12 @@ pub(super) fn conv(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
         })
         .transpose()?;
     let x_dq = match b.values.get(&n.input[0]) {
-        Some(Value::Dequant { src, scale }) => Some((*src, *scale)),
+        Some(Value::Dequant { src, scale }) if Some(b.desc(*src).dtype) == b.quant => {
+            Some((*src, *scale))
+        }
         _ => None,
     };
-    let use_int8 = b.int8 && x_dq.is_some() && w_i8.is_some();
+    let use_int8 = b.quant.is_some() && x_dq.is_some() && w_i8.is_some();
     let x = match x_dq {
         Some((src, _)) if use_int8 => src,
         _ => b.float_tensor_of(&n.input[0], "conv input")?,
@@ -158,7 +179,7 @@ pub(super) fn conv(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
         out: 0,
         w: vec![],
         bias: vec![],
-        int8: None,
+        quant: None,
         cin: 0,
         cout: 0,
         k: [1, 1],
@@ -303,17 +324,18 @@ pub(super) fn conv(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
         if ws.len() != step.cout {
             return Err(err(n, "weight scales do not match output channels"));
         }
-        step.int8 = Some(Int8Weights {
+        step.quant = Some(QuantWeights {
             x_scale: xs,
             w: w_i8_ordered.unwrap_or_default(),
             w_scales: ws,
+            dtype: b.quant.unwrap_or(DType::I8),
         });
         b.plan.int8_nodes.push(n.name.clone());
-    } else if b.int8 {
+    } else if b.quant.is_some() {
         b.plan.float_nodes.push(FloatNode {
             node: n.name.clone(),
             op: n.op_type.clone(),
-            reason: "inputs are not quantized (excluded, or not a symmetric int8 Q/DQ pattern)"
+            reason: "inputs are not quantized (excluded, or not a symmetric Q/DQ pattern of the engine's type)"
                 .into(),
         });
     }
@@ -356,7 +378,7 @@ pub(super) fn conv(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
             b.lower_early(other, 4)?;
             let res = match b.values.get(other).cloned() {
                 Some(Value::Tensor(t)) if t != b.plan.input => Some(t),
-                Some(Value::Dequant { src, .. }) if b.int8 => Some(src),
+                Some(Value::Dequant { src, .. }) if b.quant.is_some() => Some(src),
                 _ => None,
             };
             if let Some(r) = res
@@ -403,11 +425,11 @@ pub(super) fn conv(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
                 .iter()
                 .all(|&(ci, _)| !b.g.is_graph_output(&b.g.node(ci).output[0]))
         {
-            out_dtype = DType::I8;
+            out_dtype = b.quant.unwrap_or(DType::I8);
             out_scale = scales[0].unwrap_or(1.0);
             // Bias through int32 at x_scale * w_scale, as an int8-out conv (QLinearConv on
-            // the CPU, TensorRT's int32 bias) computes it.
-            if let Some(q) = &step.int8 {
+            // the CPU, TensorRT's int32 bias) computes it. FP8 layers keep a float bias.
+            if let Some(q) = step.quant.as_ref().filter(|q| q.is_int8()) {
                 for (c, v) in step.bias.iter_mut().enumerate() {
                     let s = q.x_scale * q.w_scales[c];
                     if s > 0.0 {
@@ -549,7 +571,7 @@ fn conv_transpose(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
         }
         None => vec![0.0; cout],
     };
-    if b.int8 {
+    if b.quant.is_some() {
         b.plan.float_nodes.push(crate::backend::FloatNode {
             node: n.name.clone(),
             op: n.op_type.clone(),

@@ -144,7 +144,7 @@ pub(super) fn matmul(
     let both_int8 = at == DType::I8 && bt == DType::I8;
     if both_int8 {
         b.plan.int8_nodes.push(step_name.into());
-    } else if b.int8 {
+    } else if b.quant.is_some() {
         b.plan.float_nodes.push(FloatNode {
             node: step_name.into(),
             op: n.op_type.clone(),

@@ -66,14 +66,20 @@ pub struct Unsupported {
 pub(crate) enum Value {
     /// A device tensor.
     Tensor(usize),
-    /// An int8 tensor seen through a DequantizeLinear: readers that take int8 read `src`
-    /// with its scale; float readers get a dequantized copy made on first use.
+    /// An int8 or FP8 tensor seen through a DequantizeLinear: readers that take it quantized
+    /// read `src` with its scale; float readers get a dequantized copy made on first use.
     Dequant { src: usize, scale: f32 },
     /// A float constant.
     Const(proto::F32Tensor),
     /// An int8 constant (a quantized weight) with its per-axis scales.
     ConstI8 {
         data: Vec<i8>,
+        dims: Vec<usize>,
+        scales: Vec<f32>,
+    },
+    /// An FP8 E4M3 constant (a quantized weight: its codes) with its per-axis scales.
+    ConstF8 {
+        codes: Vec<u8>,
         dims: Vec<usize>,
         scales: Vec<f32>,
     },
@@ -90,7 +96,8 @@ pub struct Builder<'a> {
     pub(crate) g: Graph<'a>,
     /// Float activation type of this engine.
     pub(crate) float: DType,
-    pub(crate) int8: bool,
+    /// The quantized type of a Q/DQ engine (I8 for INT8, F8 for FP8); `None` for float ones.
+    pub(crate) quant: Option<DType>,
     pub(crate) plan: Plan,
     pub(crate) values: HashMap<String, Value>,
     /// Float device copies of values that are not float tensors (dequantized int8 values,
@@ -182,7 +189,11 @@ impl<'a> Builder<'a> {
             opset,
             g: Graph::new(gp),
             float: float_type(precision),
-            int8: precision == Precision::Int8,
+            quant: match precision {
+                Precision::Int8 => Some(DType::I8),
+                Precision::Fp8 => Some(DType::F8),
+                _ => None,
+            },
             plan: Plan::default(),
             values: HashMap::new(),
             float_copies: HashMap::new(),
@@ -211,6 +222,12 @@ impl<'a> Builder<'a> {
                     .collect();
                 Value::ConstI8 {
                     data,
+                    dims,
+                    scales: vec![],
+                }
+            } else if let Some(codes) = crate::quant::fp8::tensor_codes(t) {
+                Value::ConstF8 {
+                    codes,
                     dims,
                     scales: vec![],
                 }
@@ -318,11 +335,11 @@ impl<'a> Builder<'a> {
         &self.plan.tensors[t]
     }
 
-    /// Whether `name` holds a build-time constant (float, int8 or host).
+    /// Whether `name` holds a build-time constant (float, int8, FP8 or host).
     pub(crate) fn is_const(&self, name: &str) -> bool {
         matches!(
             self.values.get(name),
-            Some(Value::Const(_) | Value::ConstI8 { .. } | Value::Host(_))
+            Some(Value::Const(_) | Value::ConstI8 { .. } | Value::ConstF8 { .. } | Value::Host(_))
         )
     }
 
@@ -375,7 +392,9 @@ impl<'a> Builder<'a> {
                 self.float_copies.insert(name.into(), o);
                 Ok(o)
             }
-            Some(Value::Const(_) | Value::Host(_) | Value::ConstI8 { .. }) => {
+            Some(
+                Value::Const(_) | Value::Host(_) | Value::ConstI8 { .. } | Value::ConstF8 { .. },
+            ) => {
                 let c = self
                     .const_f32(name)
                     .ok_or_else(|| format!("constant `{name}` ({why}) has no float value"))?;
@@ -517,7 +536,7 @@ impl<'a> Builder<'a> {
             Value::Tensor(t) => Some(self.desc(*t).shape.clone()),
             Value::Dequant { src, .. } => Some(self.desc(*src).shape.clone()),
             Value::Const(c) => Some(c.dims.clone()),
-            Value::ConstI8 { dims, .. } => Some(dims.clone()),
+            Value::ConstI8 { dims, .. } | Value::ConstF8 { dims, .. } => Some(dims.clone()),
             Value::Host(t) => Some(t.shape().to_vec()),
             Value::Failed => None,
         }

@@ -1,7 +1,8 @@
-//! QuantizeLinear / DequantizeLinear of the Q/DQ plan: symmetric int8 only (zero point 0),
-//! per-tensor for activations, per-axis for constant weights. A dequantized activation stays
-//! int8 (`Value::Dequant`) so readers that take int8 (convolutions, matmuls, elementwise)
-//! read it with its scale and only float-only readers get a dequantized copy.
+//! QuantizeLinear / DequantizeLinear of the Q/DQ plan: symmetric int8 (zero point 0) in INT8
+//! engines, FP8 E4M3 (`float8e4m3fn`, zero point 0) in FP8 ones; per-tensor for activations,
+//! per-axis for constant weights. A dequantized activation stays quantized (`Value::Dequant`)
+//! so readers that take it (convolutions, matmuls, elementwise) read it with its scale and only
+//! float-only readers get a dequantized copy.
 
 use super::{Builder, OpFamily, Value, err};
 use crate::backend::cuda::plan::{Act, DType, PlanResult, Step};
@@ -22,13 +23,29 @@ fn lower(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
     }
 }
 
-/// The per-tensor scale of Q node `n` when its zero point is a symmetric int8 0.
+/// The quantized type a zero-point initializer names when it is all zeros: I8 for int8, F8
+/// for `float8e4m3fn`; `None` for anything else (uint8, a non-zero zero point).
+fn zero_point_type(t: &pb::TensorProto) -> Option<DType> {
+    if t.data_type == pb::tensor_proto::DataType::Int8 as i32 {
+        proto::tensor_i64(t)?
+            .iter()
+            .all(|&v| v == 0)
+            .then_some(DType::I8)
+    } else {
+        crate::quant::fp8::tensor_codes(t)?
+            .iter()
+            .all(|&c| c & 0x7f == 0)
+            .then_some(DType::F8)
+    }
+}
+
+/// The per-tensor scale of Q node `n` when it quantizes to this engine's type with zero
+/// point 0.
 pub(super) fn q_scale(b: &Builder<'_>, n: &pb::NodeProto) -> Option<f32> {
     let s = b.const_of(n.input.get(1)?)?;
     let zp = b.g.initializer(n.input.get(2)?)?;
-    let zero = zp.data_type == pb::tensor_proto::DataType::Int8 as i32
-        && proto::tensor_i64(zp)?.iter().all(|&v| v == 0);
-    (s.len() == 1 && zero).then_some(s.data[0])
+    let same = b.quant.is_some() && zero_point_type(zp) == b.quant;
+    (s.len() == 1 && same).then_some(s.data[0])
 }
 
 fn quantize(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
@@ -38,29 +55,27 @@ fn quantize(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
         .filter(|s| s.len() == 1)
         .ok_or_else(|| err(n, "only per-tensor constant scales are supported"))?
         .data[0];
-    match n.input.get(2).filter(|s| !s.is_empty()) {
-        Some(zp) => {
-            let ok = b.g.initializer(zp).is_some_and(|t| {
-                t.data_type == pb::tensor_proto::DataType::Int8 as i32
-                    && proto::tensor_i64(t).is_some_and(|v| v.iter().all(|&z| z == 0))
-            });
-            if !ok {
-                return Err(err(n, "only symmetric int8 (zero point 0) is supported"));
-            }
-        }
-        None => {
-            return Err(err(
-                n,
-                "uint8 quantization (no zero point) is not supported",
-            ));
-        }
-    }
-    if !b.int8 {
+    let zp = n
+        .input
+        .get(2)
+        .filter(|s| !s.is_empty())
+        .ok_or_else(|| err(n, "uint8 quantization (no zero point) is not supported"))?;
+    let Some(engine_t) = b.quant else {
         return Err(err(n, "QuantizeLinear in a float engine"));
+    };
+    let t = b.g.initializer(zp).and_then(zero_point_type);
+    if t != Some(engine_t) {
+        return Err(err(
+            n,
+            match engine_t {
+                DType::F8 => "an FP8 engine takes FP8 E4M3 Q/DQ (float8e4m3fn, zero point 0)",
+                _ => "only symmetric int8 (zero point 0) is supported",
+            },
+        ));
     }
     let x = b.float_tensor_of(&n.input[0], "quantize input")?;
     let d = b.desc(x).clone();
-    let o = b.tensor(&n.output[0], d.shape, d.layout, DType::I8, scale);
+    let o = b.tensor(&n.output[0], d.shape, d.layout, engine_t, scale);
     b.emit(
         n,
         o,
@@ -116,7 +131,42 @@ fn dequantize(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
             );
             Ok(())
         }
-        Some(Value::Tensor(t)) if b.desc(t).dtype == DType::I8 => {
+        Some(Value::ConstF8 { codes, dims, .. }) => {
+            // An FP8 weight: its float value, and its codes for the layers that take FP8.
+            let axis = proto::attr_i(n, "axis").unwrap_or(1);
+            let axis = super::axis(n, axis, dims.len().max(1))?;
+            let per = scales.len() != 1;
+            if per && dims.get(axis) != Some(&scales.len()) {
+                return Err(err(n, "per-axis scales do not match the weight's axis"));
+            }
+            let inner: usize = dims.get(axis + 1..).map_or(1, |d| d.iter().product());
+            let f: Vec<f32> = codes
+                .iter()
+                .enumerate()
+                .map(|(k, &c)| {
+                    let s = if per {
+                        scales[(k / inner) % dims[axis]]
+                    } else {
+                        scales[0]
+                    };
+                    crate::quant::fp8::e4m3_to_f32(c) * s
+                })
+                .collect();
+            b.values.insert(
+                format!("{}#fp8", n.output[0]),
+                Value::ConstF8 {
+                    codes,
+                    dims: dims.clone(),
+                    scales,
+                },
+            );
+            b.values.insert(
+                n.output[0].clone(),
+                Value::Const(proto::F32Tensor { dims, data: f }),
+            );
+            Ok(())
+        }
+        Some(Value::Tensor(t)) if b.desc(t).dtype.is_quantized() => {
             if scales.len() != 1 {
                 return Err(err(n, "per-channel activation dequantization"));
             }
@@ -129,6 +179,9 @@ fn dequantize(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
             );
             Ok(())
         }
-        _ => Err(err(n, "input is not an int8 tensor or int8 constant")),
+        _ => Err(err(
+            n,
+            "input is not a quantized (int8 or FP8) tensor or constant",
+        )),
     }
 }

@@ -431,3 +431,65 @@ fn casts_and_quantizes_fold_into_the_step_before_them() {
     assert_eq!(plan.tensors[plan.output].dtype, DType::F32);
     assert!(last.name().ends_with("+output.cast"), "{}", last.name());
 }
+
+/// An FP8 Q/DQ model plans as the INT8 one does, in E4M3: every conv quantized with its FP8
+/// codes and scales, FP8 activations between layers, and an INT8 engine refuses FP8 Q/DQ.
+#[test]
+fn fp8_plan_keeps_e4m3_tensors_and_weights() {
+    use crate::quant::{QFormat, build_qdq_as, fp8};
+    let b = residual_classifier(10);
+    let m = b.model();
+    let qp = crate::quant::plan(&m, &[]);
+    let ranges = crate::calib::Ranges {
+        method: crate::calib::Method::Max,
+        percentile: 99.99,
+        amax: qp.tensors().into_iter().map(|t| (t, 4.0)).collect(),
+        bias_correction: Default::default(),
+    };
+    let qdq = build_qdq_as(&m, &qp, Some(&ranges), QFormat::Fp8E4M3).expect("fp8 qdq");
+    let fixed = crate::model::Model {
+        proto: qdq.proto.clone(),
+        ..m.clone()
+    }
+    .with_fixed_input(1, [16, 16]);
+    let plan = lower(&fixed, [1, 3, 16, 16], Precision::Fp8).expect("fp8 lowers");
+    let convs: Vec<&ConvStep> = plan
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Conv(c) => Some(c),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(convs.len(), 4, "three convs and the Gemm");
+    for c in &convs {
+        let q = c
+            .quant
+            .as_ref()
+            .unwrap_or_else(|| panic!("{} not quantized", c.name));
+        assert_eq!(q.dtype, DType::F8, "{}", c.name);
+        assert_eq!(q.x_scale, 4.0 / 448.0, "{}", c.name);
+        // The largest weight of each channel is code 0x7e (448) or its negative.
+        let vals = q.values();
+        let per = vals.len() / c.cout;
+        for ch in 0..c.cout {
+            let m = vals[ch * per..(ch + 1) * per]
+                .iter()
+                .fold(0f32, |a, v| a.max(v.abs()));
+            assert!(m == 448.0 || m == 0.0, "{} channel {ch}: {m}", c.name);
+        }
+        assert!(vals.iter().all(|v| fp8::round_e4m3(*v) == *v));
+    }
+    assert_eq!(plan.tensors[convs[0].input].dtype, DType::F8);
+    assert!(
+        plan.tensors.iter().all(|t| t.dtype != DType::I8),
+        "no int8 tensor in an FP8 engine"
+    );
+    let refused = lower(&fixed, [1, 3, 16, 16], Precision::Int8).err();
+    assert!(
+        refused
+            .as_deref()
+            .is_some_and(|e| e.contains("symmetric int8")),
+        "{refused:?}"
+    );
+}
