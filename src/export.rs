@@ -267,6 +267,15 @@ pub fn export_mixed(
     Ok(out)
 }
 
+/// Writes the FP8 Q/DQ model as `<model>_fp8_<method>.onnx` in `dir` (the window's export
+/// and [`export_fp8`]); `model_path` (the user's file) is never overwritten.
+pub fn write_fp8(dir: &Path, model_path: &Path, qdq: &QdqModel) -> Result<PathBuf, String> {
+    let m = qdq.method.map(|m| m.name()).unwrap_or("max");
+    let file = dir.join(format!("{}_fp8_{m}.onnx", stem(model_path)));
+    save(&file, qdq.to_bytes(), model_path)?;
+    Ok(file)
+}
+
 /// Writes `<model>_fp8_<method>.onnx` (the FP8 E4M3 Q/DQ model, opset 19) and checks it in
 /// ONNX Runtime against the backend's FP8 engine of the same model. There is no calibration
 /// cache: TensorRT reads FP8 only from Q/DQ (`--stronglyTyped`).
@@ -279,9 +288,7 @@ pub fn export_fp8(
     backend: &dyn Backend,
     input: &[f32],
 ) -> Result<ExportedModel, String> {
-    let m = qdq.method.map(|m| m.name()).unwrap_or("max");
-    let file = dir.join(format!("{}_fp8_{m}.onnx", stem(model_path)));
-    save(&file, qdq.to_bytes(), model_path)?;
+    let file = write_fp8(dir, model_path, qdq)?;
     let spec = InputSpec::new(&model.info, &model.input_shape(1, hw));
     let mut out = ExportedModel {
         kind: "fp8".into(),

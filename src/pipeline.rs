@@ -1111,6 +1111,11 @@ impl<'a> Rows<'a> {
         };
         let ev = self.ctx.row(input, Some(reference), &mut None, "FP8 max");
         self.push(ev, Precision::Fp8, Some(Method::Max), &[]);
+        self.artifacts.qdq.push(QdqArtifact {
+            method: Some(Method::Max),
+            suffix: "",
+            model: qdq,
+        });
     }
 
     /// Writes the INT8 Q/DQ model and cache (as `export_qdq` always has) and the mixed

@@ -161,6 +161,46 @@ fn compare_tab_labels_simulated_rows() {
     assert!(h.get_all_by_label("INT8 entropy").count() >= 1);
 }
 
+/// An FP8 row: named in the Compare tab (simulated on the CPU), and set against the first
+/// INT8 engine in the mask views; the Build panel's FP8 box adds the precision.
+#[test]
+fn fp8_rows_show_and_the_mask_views_put_them_next_to_int8() {
+    let mut wb = sample_workbench();
+    let mut report = sample_report();
+    let mut fp8 = report.rows[2].clone();
+    fp8.precision = Some(Precision::Fp8);
+    fp8.simulated = true;
+    assert_eq!(fp8.label(), "fp8 max");
+    report.rows.push(fp8);
+    let mut artifacts = sample_artifacts();
+    let last = artifacts.predictions[2].clone();
+    artifacts.predictions.push(last);
+    wb.set_results(report, Some(artifacts));
+    assert_eq!(
+        wb.masks.engines,
+        [Some(2), Some(4)],
+        "the first INT8 engine against the FP8 one"
+    );
+    let mut h = harness(wb);
+    h.run();
+    h.get_by_label("FP8 max (simulated on CPU)");
+    h.get_all_by_role_and_label(egui::accesskit::Role::CheckBox, "FP8 (simulated)")
+        .next()
+        .expect("the FP8 checkbox, labelled simulated on the CPU")
+        .scroll_to_me();
+    h.run();
+    h.get_all_by_role_and_label(egui::accesskit::Role::CheckBox, "FP8 (simulated)")
+        .next()
+        .expect("the FP8 checkbox")
+        .click();
+    h.run();
+    assert!(
+        h.state().exp.precisions.contains(&Precision::Fp8),
+        "{:?}",
+        h.state().exp.precisions
+    );
+}
+
 #[test]
 fn tabs_switch_and_arrow_keys_step_images() {
     let mut h = harness(sample_workbench());

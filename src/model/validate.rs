@@ -75,6 +75,15 @@ pub fn check_tensor(t: &pb::TensorProto) -> Result<(), String> {
         DataType::Float16 | DataType::Bfloat16 | DataType::Int16 | DataType::Uint16 => 2,
         DataType::Int8 | DataType::Uint8 | DataType::Bool => 1,
         DataType::String => 0,
+        // float8e4m3fn, e4m3fnuz, e5m2, e5m2fnuz: an FP8 Q/DQ model.
+        _ if (17..=20).contains(&t.data_type) => {
+            return Err(
+                "float8 initializers: this is an FP8 Q/DQ model (such as quantscope's own FP8 \
+                 export), a deployment file for TensorRT or ONNX Runtime; quantscope builds FP8 \
+                 from the float model: load that and choose the fp8 precision"
+                    .into(),
+            );
+        }
         _ => {
             return Err(format!(
                 "element type {} is not supported in initializers",

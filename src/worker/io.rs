@@ -143,10 +143,15 @@ fn typed_exports(
     };
     let fp16 = typed::fp16_model(&model, None).map_err(|e| e.to_string())?;
     let mut files = vec![write(format!("{stem}_fp16.onnx"), fp16.to_bytes())?];
-    let mixed_source = qdq
+    // The mixed model is INT8 where INT8: FP8 Q/DQ models are not its source.
+    let int8: Vec<&crate::pipeline::QdqArtifact> = qdq
+        .iter()
+        .filter(|q| q.model.format == crate::quant::QFormat::Int8)
+        .collect();
+    let mixed_source = int8
         .iter()
         .find(|q| !q.suffix.is_empty())
-        .or_else(|| qdq.first());
+        .or_else(|| int8.first());
     if let Some(q) = mixed_source {
         let name = model_path.display().to_string();
         let mixed = typed::mixed_model(&q.model, &name, None).map_err(|e| e.to_string())?;
@@ -216,8 +221,16 @@ pub(super) fn answer(job: JobId, req: IoRequest) -> Event {
             job,
             result: qdq
                 .iter()
-                .map(|q| crate::pipeline::export_qdq(&dir, &model, &q.model, q.method, q.suffix))
-                .collect::<Result<Vec<[PathBuf; 2]>, String>>()
+                .map(|q| match q.model.format {
+                    crate::quant::QFormat::Int8 => {
+                        crate::pipeline::export_qdq(&dir, &model, &q.model, q.method, q.suffix)
+                            .map(Vec::from)
+                    }
+                    crate::quant::QFormat::Fp8E4M3 => {
+                        crate::export::write_fp8(&dir, &model, &q.model).map(|f| vec![f])
+                    }
+                })
+                .collect::<Result<Vec<Vec<PathBuf>>, String>>()
                 .map(|v| v.into_iter().flatten().collect())
                 .and_then(|mut files: Vec<PathBuf>| {
                     files.extend(typed_exports(&dir, &model, &qdq)?);
@@ -361,5 +374,78 @@ fn run_dialog(d: FileDialog) -> Option<PathBuf> {
         DialogKind::OpenFile => dlg.pick_file(),
         DialogKind::PickFolder => dlg.pick_folder(),
         DialogKind::SaveFile => dlg.save_file(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::calib::{Method, Ranges};
+    use crate::pipeline::QdqArtifact;
+    use crate::quant::{self, QFormat};
+
+    /// The window's export writes each INT8 model with its cache, the FP8 model without one
+    /// (TensorRT reads FP8 only from Q/DQ), and the FP16 and mixed models; the mixed one comes
+    /// from an INT8 model even when the FP8 one is listed first.
+    #[test]
+    fn window_export_writes_fp8_without_a_cache() {
+        let dir = std::env::temp_dir().join(format!("qs-io-export-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let path = dir.join("net.onnx");
+        let b = crate::model::testing::residual_classifier(4);
+        std::fs::write(&path, b.to_bytes(13)).expect("model");
+        let model = Model::load(&path).expect("loads");
+        let plan = quant::plan(&model, &[]);
+        let ranges = Ranges {
+            method: Method::Max,
+            percentile: 99.99,
+            amax: plan.tensors().into_iter().map(|t| (t, 2.0)).collect(),
+            bias_correction: Default::default(),
+        };
+        let art = |format| QdqArtifact {
+            method: Some(Method::Max),
+            suffix: "",
+            model: quant::build_qdq_as(&model, &plan, Some(&ranges), format).expect("qdq"),
+        };
+        let qdq = vec![art(QFormat::Fp8E4M3), art(QFormat::Int8)];
+        let files = match answer(
+            1,
+            IoRequest::ExportQdq {
+                dir: dir.clone(),
+                model: path.clone(),
+                qdq,
+            },
+        ) {
+            Event::Exported { result, .. } => result.expect("exported"),
+            e => panic!("unexpected {e:?}"),
+        };
+        let names: Vec<String> = files
+            .iter()
+            .filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .collect();
+        for want in [
+            "net_fp8_max.onnx",
+            "net_int8_max.onnx",
+            "net_int8_max.cache",
+            "net_fp16.onnx",
+            "net_mixed_int8_fp16_max.onnx",
+        ] {
+            assert!(names.iter().any(|n| n == want), "{want} in {names:?}");
+        }
+        assert!(
+            !names
+                .iter()
+                .any(|n| n.starts_with("net_fp8") && n.ends_with(".cache"))
+        );
+        // The FP8 file is for deployment: loading it back says what it is and what to do.
+        let e = Model::load(&dir.join("net_fp8_max.onnx"))
+            .err()
+            .expect("an FP8 Q/DQ file is not an input");
+        let e = format!("{e:?}");
+        assert!(
+            e.contains("FP8 Q/DQ model") && e.contains("float model"),
+            "{e}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

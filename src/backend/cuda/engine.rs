@@ -1,10 +1,10 @@
 //! Device side of the CUDA backend: allocates the plan's buffers and weights, picks each
 //! convolution's implementation by timing the candidates (cuDNN's algorithms through
 //! `cudnnFindConvolutionForwardAlgorithmEx`, cuBLASLt GEMM over NHWC rows (with im2col for
-//! k x k), cuDNN's graph-API conv with the epilogue fused (`dnn_graph`: int8 with the
+//! k x k), cuDNN's graph-API conv with the epilogue fused (`dnn_graph`: int8 or FP8 with the
 //! requantization, or FP16), a cuBLASLt GEMM that writes the layer's output from its own
-//! epilogue, the vectorized depthwise kernel, the direct NVRTC kernel; for int8 layers also
-//! the layer run in FP16), captures the whole run in a CUDA graph, and times it with CUDA
+//! epilogue, the vectorized depthwise kernel, the direct NVRTC kernel; for int8 and FP8 layers
+//! also the layer run in FP16), captures the whole run in a CUDA graph, and times it with CUDA
 //! events. Every other step runs on an NVRTC kernel of `kernels.cu`; each step's sizes are
 //! checked against its tensors before anything is allocated (`check_step`), and its
 //! `Step::constants()` are uploaded once (counted in `weights_bytes`).
@@ -869,8 +869,8 @@ pub enum ConvImpl {
     },
     /// Depthwise conv on the vectorized kernel (`conv_dw4`), epilogue fused.
     Depthwise,
-    /// A layer the Q/DQ plan lets run in int8, run in FP16 because that timed faster: the int8
-    /// input is dequantized into a scratch FP16 copy, the inner float implementation runs on
+    /// A layer the Q/DQ plan lets run in int8 (or FP8), run in FP16 because that timed faster:
+    /// the quantized input is dequantized into a scratch FP16 copy, the inner float implementation runs on
     /// dequantized weights, and the epilogue writes the planned output type.
     AsF16(Box<ConvImpl>),
 }
@@ -970,7 +970,7 @@ fn graph_cin(cin: usize, t: DType) -> usize {
     round_up(cin, 16 / t.bytes())
 }
 
-/// The FP16 way of running an int8 layer (`ConvImpl::AsF16`): dequantized weights for the
+/// The FP16 way of running an int8 or FP8 layer (`ConvImpl::AsF16`): dequantized weights for the
 /// float implementations and unit alphas (the FP16 conv already computes real units).
 struct F16Path {
     gemm: Option<GemmSetup>,
@@ -1780,6 +1780,9 @@ impl CudaEngine {
     }
 
     fn setup_gemm(&self, c: &ConvStep, m: usize, float: DType) -> DevResult<GemmSetup> {
+        if c.quant.as_ref().is_some_and(|q| !q.is_int8()) {
+            return Err("no cuBLASLt GEMM for FP8 layers (their FP16 way has one)".into());
+        }
         let int8 = c.quant.is_some();
         let k = c.reduction();
         let kpad = round_up(k, 16);
@@ -1831,6 +1834,9 @@ impl CudaEngine {
     /// per-channel alpha is a device vector and everything is in the output's int8 units; a
     /// float layer's bias is in the output's type (cuBLASLt's default for FP16 / FP32 D).
     fn setup_gemm_fused(&self, c: &ConvStep, m: usize, float: DType) -> DevResult<GemmSetup> {
+        if c.quant.as_ref().is_some_and(|q| !q.is_int8()) {
+            return Err("no cuBLASLt GEMM for FP8 layers".into());
+        }
         let od = &self.plan.tensors[c.out];
         let unit = od.unit();
         let k = c.reduction();
