@@ -439,8 +439,7 @@ mod tests {
         );
         // The FP8 file is for deployment: loading it back says what it is and what to do.
         let e = Model::load(&dir.join("net_fp8_max.onnx"))
-            .err()
-            .expect("an FP8 Q/DQ file is not an input");
+            .expect_err("an FP8 Q/DQ file is not an input");
         let e = format!("{e:?}");
         assert!(
             e.contains("FP8 Q/DQ model") && e.contains("float model"),
