@@ -34,7 +34,8 @@ pub fn build_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
             exp.backend = BackendKind::Cuda;
         }
     });
-    ui.horizontal(|ui| {
+    // Wrapped: four precisions, two of them "(simulated)", would widen the side panel.
+    ui.horizontal_wrapped(|ui| {
         ui.label("Precisions:");
         for p in Precision::ALL {
             let mut on = exp.precisions.contains(&p);
