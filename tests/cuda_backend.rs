@@ -10,7 +10,7 @@ use std::path::Path;
 
 mod common;
 
-use common::cuda::{cpu_int8_run, gpu, input_for, max_qdq, max_qdq_as, rel_err};
+use common::cuda::{cpu_fp32_run, cpu_int8_run, gpu, input_for, max_qdq, max_qdq_as, rel_err};
 
 use quantscope::backend::cpu::CpuBackend;
 use quantscope::backend::cuda::CudaBackend;
@@ -343,17 +343,7 @@ fn every_conv_implementation_matches_cpu_on_a_mobilenet_block() {
     let p = m.with_fixed_input(batch, hw);
     let x = input_for(&m, batch, hw, 11);
     let spec = BuildSpec { batch, hw };
-    let reference = CpuBackend
-        .build(
-            BuildInput::Float {
-                model: &m,
-                precision: Precision::Fp32,
-            },
-            spec,
-        )
-        .expect("cpu fp32")
-        .run(&x)
-        .expect("cpu fp32 run");
+    let reference = cpu_fp32_run(&m, spec, &x);
     for (precision, tol) in [(Precision::Fp16, 2e-2), (Precision::Fp32, 1e-3)] {
         let pl = plan::lower(&p, m.input_shape(batch, hw), precision).expect("float plan");
         for family in ["cudnng", "gemmf", "gemm", "cudnn", "dw", "direct"] {
@@ -431,16 +421,7 @@ fn fp8_engine_matches_the_cpu_fp8_simulation() {
         return;
     }
     let cpu8 = cpu_int8_run(&m, &qdq, spec, &x).expect("cpu fp8");
-    let fp32 = CpuBackend
-        .build(
-            BuildInput::Float {
-                model: &m,
-                precision: Precision::Fp32,
-            },
-            spec,
-        )
-        .and_then(|mut e| e.run(&x))
-        .expect("cpu fp32");
+    let fp32 = cpu_fp32_run(&m, spec, &x);
     // The FP8 error itself: a GPU engine of the same numerics differs from the simulation by
     // rounding flips (another summation order), a small part of it.
     let fp8_err = rel_err(&cpu8.data, &fp32.data);
@@ -478,16 +459,7 @@ fn fp8_engine_matches_the_cpu_fp8_simulation() {
         )
         .expect("cuda fp8 engine");
     let out = eng.run(&x).expect("cuda fp8 run");
-    let fp32 = CpuBackend
-        .build(
-            BuildInput::Float {
-                model: &m,
-                precision: Precision::Fp32,
-            },
-            spec,
-        )
-        .and_then(|mut e| e.run(&x))
-        .expect("cpu fp32");
+    let fp32 = cpu_fp32_run(&m, spec, &x);
     // 22 FP8 layers: rounding flips compound (H100: 4.6e-2 to 6.7e-2 against FP8's own 9.4e-2
     // from FP32, with the builder's timed choices); random inputs give near-tied classes, so
     // the check is the distance, not the argmax.

@@ -19,6 +19,15 @@ fn calibrated_model(
     model: quantscope::model::Model,
     method: Method,
 ) -> (quantscope::model::Model, quant::QdqModel) {
+    calibrated_as(model, method, quant::QFormat::Int8)
+}
+
+/// `model` calibrated on 24 generated inputs, its Q/DQ model in `format`.
+fn calibrated_as(
+    model: quantscope::model::Model,
+    method: Method,
+    format: quant::QFormat,
+) -> (quantscope::model::Model, quant::QdqModel) {
     let plan = quant::plan(&model, &[]);
     let probe = Probe::new(&model, [16, 16], &plan.tensors()).expect("probe");
     let mut stats = Stats::new("test".into(), &plan.tensors());
@@ -27,7 +36,16 @@ fn calibrated_model(
         stats.add(&plan.tensors(), &acts);
     }
     let ranges = stats.ranges(method, 99.99);
-    let qdq = quant::build_qdq(&model, &plan, Some(&ranges)).expect("qdq");
+    let qdq = quant::build_qdq_as(&model, &plan, Some(&ranges), format).expect("qdq");
+    if format == quant::QFormat::Fp8E4M3 {
+        for (t, s) in &qdq.scales {
+            let amax = ranges.amax[t];
+            assert!(
+                (s * 448.0 - amax).abs() <= 1e-6 * amax,
+                "{t}: scale {s}, amax {amax}"
+            );
+        }
+    }
     (model, qdq)
 }
 
@@ -208,28 +226,13 @@ fn fp16_simulation_rounds_through_half() {
     assert!(err < 2e-2 * max, "but only at half precision: {err}");
 }
 
-/// The FP8 E4M3 Q/DQ model: opset 19, `float8e4m3fn` zero points and weights, scales
-/// amax / 448, and the CPU's simulated FP8 engine on it.
+/// The FP8 E4M3 Q/DQ model of the residual classifier (scales amax / 448, checked).
 fn fp8_calibrated() -> (quantscope::model::Model, quant::QdqModel) {
-    let model = residual_classifier(10).model();
-    let plan = quant::plan(&model, &[]);
-    let probe = Probe::new(&model, [16, 16], &plan.tensors()).expect("probe");
-    let mut stats = Stats::new("test".into(), &plan.tensors());
-    for i in 0..24 {
-        let (_, acts) = probe.run(&values(3 * 16 * 16, 500 + i)).expect("probe run");
-        stats.add(&plan.tensors(), &acts);
-    }
-    let ranges = stats.ranges(Method::Max, 99.99);
-    let qdq = quant::build_qdq_as(&model, &plan, Some(&ranges), quant::QFormat::Fp8E4M3)
-        .expect("fp8 qdq");
-    for (t, s) in &qdq.scales {
-        let amax = ranges.amax[t];
-        assert!(
-            (s * 448.0 - amax).abs() <= 1e-6 * amax,
-            "{t}: scale {s}, amax {amax}"
-        );
-    }
-    (model, qdq)
+    calibrated_as(
+        residual_classifier(10).model(),
+        Method::Max,
+        quant::QFormat::Fp8E4M3,
+    )
 }
 
 #[test]

@@ -249,6 +249,37 @@ pub fn quantize_weight_floored(
     (q, scales)
 }
 
+/// The float values of a tensor quantized along `axis`: `values[k]` (its unscaled steps) times
+/// its channel's scale, or the one scale of a per-tensor quantization. `None` when the scales
+/// match neither.
+pub fn dequantize_per_axis(
+    values: &[f32],
+    dims: &[usize],
+    axis: usize,
+    scales: &[f32],
+) -> Option<Vec<f32>> {
+    let channels = dims.get(axis).copied().unwrap_or(1).max(1);
+    if scales.len() != 1 && scales.len() != channels {
+        return None;
+    }
+    let inner: usize = dims
+        .get(axis + 1..)
+        .map_or(1, |d| d.iter().product::<usize>().max(1));
+    Some(
+        values
+            .iter()
+            .enumerate()
+            .map(|(k, &v)| {
+                v * scales[if scales.len() == 1 {
+                    0
+                } else {
+                    (k / inner) % channels
+                }]
+            })
+            .collect(),
+    )
+}
+
 /// Activation scale from amax (a dead, all-zero tensor gets scale 1: any scale maps 0 to 0).
 pub fn act_scale(amax: f32) -> f32 {
     if amax > 0.0 && amax.is_finite() {

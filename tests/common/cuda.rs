@@ -79,3 +79,17 @@ pub fn cpu_int8_run(
         .and_then(|mut e| e.run(x))
         .map_err(|e| format!("cpu int8: {e:#}"))
 }
+
+/// The CPU FP32 engine of `m`, run on `x`: the reference the quantized engines are held to.
+pub fn cpu_fp32_run(m: &Model, spec: BuildSpec, x: &[f32]) -> Output {
+    CpuBackend
+        .build(
+            BuildInput::Float {
+                model: m,
+                precision: quantscope::backend::Precision::Fp32,
+            },
+            spec,
+        )
+        .and_then(|mut e| e.run(x))
+        .expect("cpu fp32")
+}

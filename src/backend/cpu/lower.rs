@@ -231,24 +231,33 @@ pub fn lower_qdq(p: &pb::ModelProto) -> Result<Lowered, String> {
     }
 
     lower_quantize_pairs(&g, &mut replace, &mut inits);
+    Ok(Lowered {
+        proto: rewritten(p, replace, inits)?,
+        quantized_nodes: int8_nodes,
+        float_nodes,
+    })
+}
 
+/// `p` with node `i` replaced by `replace[i]` where there is one, `inits` added, and what the
+/// replacements left unread dropped.
+fn rewritten(
+    p: &pb::ModelProto,
+    mut replace: HashMap<usize, Vec<pb::NodeProto>>,
+    inits: Vec<pb::TensorProto>,
+) -> Result<pb::ModelProto, String> {
     let mut out = p.clone();
     let og = out.graph.as_mut().ok_or("no graph")?;
-    og.node.clear();
-    for (i, n) in gp.node.iter().enumerate() {
+    let nodes = std::mem::take(&mut og.node);
+    for (i, n) in nodes.into_iter().enumerate() {
         match replace.remove(&i) {
             Some(v) => og.node.extend(v),
-            None => og.node.push(n.clone()),
+            None => og.node.push(n),
         }
     }
     og.initializer.extend(inits);
     remove_dead_nodes(og);
     crate::model::drop_unused_initializers(og);
-    Ok(Lowered {
-        proto: out,
-        quantized_nodes: int8_nodes,
-        float_nodes,
-    })
+    Ok(out)
 }
 
 /// The scales of a Q or DQ node to `float8e4m3fn` (zero point absent or FP8 zeros), or
@@ -324,20 +333,9 @@ pub fn lower_fp8(p: &pb::ModelProto) -> Result<Lowered, String> {
                 } else {
                     axis
                 } as usize;
-                let inner: usize = dims.iter().skip(axis + 1).product::<usize>().max(1);
-                let channels = dims.get(axis).copied().unwrap_or(1).max(1);
-                let data: Vec<f32> = codes
-                    .iter()
-                    .enumerate()
-                    .map(|(k, &c)| {
-                        let sc = if s.len() == 1 {
-                            s[0]
-                        } else {
-                            s[(k / inner) % channels]
-                        };
-                        fp8::e4m3_to_f32(c) * sc
-                    })
-                    .collect();
+                let values: Vec<f32> = codes.iter().map(|&c| fp8::e4m3_to_f32(c)).collect();
+                let data = crate::quant::dequantize_per_axis(&values, &dims, axis, &s)
+                    .ok_or_else(|| format!("{}: scales do not match the axis", what()))?;
                 inits.push(proto::f32_tensor(&n.output[0], &dims, &data));
                 replace.insert(i, vec![]);
             }
@@ -353,20 +351,8 @@ pub fn lower_fp8(p: &pb::ModelProto) -> Result<Lowered, String> {
             )),
         }
     }
-    let mut out = p.clone();
-    let og = out.graph.as_mut().ok_or("no graph")?;
-    og.node.clear();
-    for (i, n) in gp.node.iter().enumerate() {
-        match replace.remove(&i) {
-            Some(v) => og.node.extend(v),
-            None => og.node.push(n.clone()),
-        }
-    }
-    og.initializer.extend(inits);
-    remove_dead_nodes(og);
-    crate::model::drop_unused_initializers(og);
     Ok(Lowered {
-        proto: out,
+        proto: rewritten(p, replace, inits)?,
         quantized_nodes: fp8_nodes,
         float_nodes,
     })

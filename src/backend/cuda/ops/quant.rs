@@ -94,78 +94,32 @@ fn dequantize(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
         .const_of(&n.input[1])
         .ok_or_else(|| err(n, "scale must be a constant"))?
         .data;
-    match b.values.get(&n.input[0]).cloned() {
-        Some(Value::ConstI8 { data, dims, .. }) => {
-            // A quantized weight: keep the int8 data and also its float value.
-            let axis = proto::attr_i(n, "axis").unwrap_or(1);
-            let axis = super::axis(n, axis, dims.len().max(1))?;
-            let per = scales.len() != 1;
-            if per && dims.get(axis) != Some(&scales.len()) {
-                return Err(err(n, "per-axis scales do not match the weight's axis"));
-            }
-            let inner: usize = dims.get(axis + 1..).map_or(1, |d| d.iter().product());
-            let f: Vec<f32> = data
+    // A quantized weight: its unscaled values, and its quantized form, kept under the DQ
+    // output's name (`#int8` / `#fp8`) for the layers that take it.
+    let (values, dims, key, quantized) = match b.values.get(&n.input[0]).cloned() {
+        Some(Value::ConstI8 { data, dims, .. }) => (
+            data.iter().map(|&v| v as f32).collect::<Vec<f32>>(),
+            dims.clone(),
+            "int8",
+            Value::ConstI8 {
+                data,
+                dims,
+                scales: scales.clone(),
+            },
+        ),
+        Some(Value::ConstF8 { codes, dims, .. }) => (
+            codes
                 .iter()
-                .enumerate()
-                .map(|(k, &v)| {
-                    let s = if per {
-                        scales[(k / inner) % dims[axis]]
-                    } else {
-                        scales[0]
-                    };
-                    v as f32 * s
-                })
-                .collect();
-            // Keep the int8 form under the DQ output's name for the layers that take it.
-            b.values.insert(
-                format!("{}#int8", n.output[0]),
-                Value::ConstI8 {
-                    data,
-                    dims: dims.clone(),
-                    scales,
-                },
-            );
-            b.values.insert(
-                n.output[0].clone(),
-                Value::Const(proto::F32Tensor { dims, data: f }),
-            );
-            Ok(())
-        }
-        Some(Value::ConstF8 { codes, dims, .. }) => {
-            // An FP8 weight: its float value, and its codes for the layers that take FP8.
-            let axis = proto::attr_i(n, "axis").unwrap_or(1);
-            let axis = super::axis(n, axis, dims.len().max(1))?;
-            let per = scales.len() != 1;
-            if per && dims.get(axis) != Some(&scales.len()) {
-                return Err(err(n, "per-axis scales do not match the weight's axis"));
-            }
-            let inner: usize = dims.get(axis + 1..).map_or(1, |d| d.iter().product());
-            let f: Vec<f32> = codes
-                .iter()
-                .enumerate()
-                .map(|(k, &c)| {
-                    let s = if per {
-                        scales[(k / inner) % dims[axis]]
-                    } else {
-                        scales[0]
-                    };
-                    crate::quant::fp8::e4m3_to_f32(c) * s
-                })
-                .collect();
-            b.values.insert(
-                format!("{}#fp8", n.output[0]),
-                Value::ConstF8 {
-                    codes,
-                    dims: dims.clone(),
-                    scales,
-                },
-            );
-            b.values.insert(
-                n.output[0].clone(),
-                Value::Const(proto::F32Tensor { dims, data: f }),
-            );
-            Ok(())
-        }
+                .map(|&c| crate::quant::fp8::e4m3_to_f32(c))
+                .collect(),
+            dims.clone(),
+            "fp8",
+            Value::ConstF8 {
+                codes,
+                dims,
+                scales: scales.clone(),
+            },
+        ),
         Some(Value::Tensor(t)) if b.desc(t).dtype.is_quantized() => {
             if scales.len() != 1 {
                 return Err(err(n, "per-channel activation dequantization"));
@@ -177,11 +131,23 @@ fn dequantize(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
                     scale: scales[0],
                 },
             );
-            Ok(())
+            return Ok(());
         }
-        _ => Err(err(
-            n,
-            "input is not a quantized (int8 or FP8) tensor or constant",
-        )),
-    }
+        _ => {
+            return Err(err(
+                n,
+                "input is not a quantized (int8 or FP8) tensor or constant",
+            ));
+        }
+    };
+    let axis = proto::attr_i(n, "axis").unwrap_or(1);
+    let axis = super::axis(n, axis, dims.len().max(1))?;
+    let f = crate::quant::dequantize_per_axis(&values, &dims, axis, &scales)
+        .ok_or_else(|| err(n, "per-axis scales do not match the weight's axis"))?;
+    b.values.insert(format!("{}#{key}", n.output[0]), quantized);
+    b.values.insert(
+        n.output[0].clone(),
+        Value::Const(proto::F32Tensor { dims, data: f }),
+    );
+    Ok(())
 }

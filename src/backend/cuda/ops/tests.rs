@@ -16,6 +16,16 @@ fn plan_of(b: &GraphBuilder, shape: [usize; 4], p: Precision) -> Plan {
     .expect("lowers")
 }
 
+/// Max ranges of `amax` for every tensor the plan quantizes.
+fn amax_everywhere(qp: &crate::quant::QuantPlan, amax: f32) -> crate::calib::Ranges {
+    crate::calib::Ranges {
+        method: crate::calib::Method::Max,
+        percentile: 99.99,
+        amax: qp.tensors().into_iter().map(|t| (t, amax)).collect(),
+        bias_correction: Default::default(),
+    }
+}
+
 /// A bottleneck as torchvision orders it: the main branch's last conv comes before the
 /// shortcut conv, both feed the Add.
 fn shortcut_after_main() -> GraphBuilder {
@@ -37,12 +47,7 @@ fn residual_add_fuses_when_the_shortcut_comes_later() {
     let b = shortcut_after_main();
     let m = b.model();
     let qp = crate::quant::plan(&m, &[]);
-    let ranges = crate::calib::Ranges {
-        method: crate::calib::Method::Max,
-        percentile: 99.99,
-        amax: qp.tensors().into_iter().map(|t| (t, 4.0)).collect(),
-        bias_correction: Default::default(),
-    };
+    let ranges = amax_everywhere(&qp, 4.0);
     let qdq = crate::quant::build_qdq(&m, &qp, Some(&ranges)).expect("qdq");
     let fp32 = plan_of(&b, [1, 8, 8, 8], Precision::Fp32);
     let int8 = lower(
@@ -440,12 +445,7 @@ fn fp8_plan_keeps_e4m3_tensors_and_weights() {
     let b = residual_classifier(10);
     let m = b.model();
     let qp = crate::quant::plan(&m, &[]);
-    let ranges = crate::calib::Ranges {
-        method: crate::calib::Method::Max,
-        percentile: 99.99,
-        amax: qp.tensors().into_iter().map(|t| (t, 4.0)).collect(),
-        bias_correction: Default::default(),
-    };
+    let ranges = amax_everywhere(&qp, 4.0);
     let qdq = build_qdq_as(&m, &qp, Some(&ranges), QFormat::Fp8E4M3).expect("fp8 qdq");
     let fixed = crate::model::Model {
         proto: qdq.proto.clone(),
