@@ -261,6 +261,12 @@ pub struct EvalArgs {
     /// per-channel Max/Min, exact) or skip (leave such pairs alone).
     #[arg(long, value_enum, default_value_t = CleClipArg::PerChannel)]
     pub cle_clip: CleClipArg,
+    /// Activation centering of the model the INT8 engines are built from: each ReLU/ReLU6
+    /// output read only by unpadded (1x1) convs is shifted by half its calibration range, so
+    /// symmetric int8 spends all 255 steps on it instead of 128 (exact in float: the convs'
+    /// biases absorb the shift; FP32 rows keep the original). off = quantize them as they are.
+    #[arg(long, value_enum, default_value_t = CenterArg::On)]
+    pub center_activations: CenterArg,
     /// How the INT8 engines' weights are rounded: nearest (each weight to its nearest int8
     /// step), or gptq (GPTQ: rounded together so each layer's output on the calibration images
     /// stays closest to FP32; same scales, same Q/DQ format; best with --bias-correction).
@@ -347,6 +353,13 @@ pub enum TaskArg {
     Auto,
     Classification,
     Segmentation,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default)]
+pub enum CenterArg {
+    #[default]
+    On,
+    Off,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default)]
@@ -462,6 +475,10 @@ impl EvalArgs {
         e.cle_scales = match self.cle_scales {
             CleScalesArg::Activations => crate::quant::cle::ScaleRule::Activations,
             CleScalesArg::Weights => crate::quant::cle::ScaleRule::Weights,
+        };
+        e.center = match self.center_activations {
+            CenterArg::On => crate::quant::center::CenterSetting::On,
+            CenterArg::Off => crate::quant::center::CenterSetting::Off,
         };
         e.weight_rounding = match self.weight_rounding {
             WeightRoundingArg::Nearest => crate::quant::gptq::WeightRounding::Nearest,

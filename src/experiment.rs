@@ -134,6 +134,10 @@ pub struct Experiment {
     /// How CLE picks each channel's scale: from the calibration images' activation ranges
     /// (default) or from weight ranges only (the paper's data-free rule).
     pub cle_scales: crate::quant::cle::ScaleRule,
+    /// Activation centering of the model the INT8 engines are built from: non-negative
+    /// activations read by unpadded convs shifted by half their range, so symmetric int8 uses
+    /// all its steps on them (`--center-activations`; exact in float).
+    pub center: crate::quant::center::CenterSetting,
     /// How the INT8 engines' weights are rounded: nearest, or GPTQ (`--weight-rounding`).
     pub weight_rounding: crate::quant::gptq::WeightRounding,
     /// A mixed-precision plan (from `quantscope sensitivity` or `--budget-*`): built as one
@@ -174,6 +178,7 @@ impl Default for Experiment {
             cle: Default::default(),
             cle_clip: Default::default(),
             cle_scales: Default::default(),
+            center: Default::default(),
             weight_rounding: Default::default(),
             mixed_precision: None,
             output: OutputSpec::default(),

@@ -51,6 +51,26 @@ pub fn isolated_model(
                     .and_then(proto::tensor_f32)
                     .ok_or("weight unreadable")?;
                 let (q, s) = quant::quantize_weight(&w, axis);
+                // A centered input: the twin's bias folds the shift for its rounded weights,
+                // as the Q/DQ build does.
+                if let Some(&c) = plan.centered.get(&n.input[0]) {
+                    let values: Vec<f32> = q.iter().map(|&v| v as f32).collect();
+                    let rounded = quant::dequantize_per_axis(&values, &w.dims, axis, &s)
+                        .ok_or("weight scales do not match its channels")?;
+                    let channels = w.dims.first().copied().unwrap_or(1);
+                    let fold = quant::center::rounding_fold(c, &rounded, &w.data, channels);
+                    let bias = n
+                        .input
+                        .get(2)
+                        .and_then(|b| g.initializer(b))
+                        .and_then(proto::tensor_f32)
+                        .map_or(vec![0.0; fold.len()], |b| b.data);
+                    let b: Vec<f32> = bias.iter().zip(&fold).map(|(x, y)| x + y).collect();
+                    let bn = format!("{}_bias", twin.name);
+                    gp.initializer.push(proto::f32_tensor(&bn, &[b.len()], &b));
+                    twin.input.resize(3, String::new());
+                    twin.input[2] = bn;
+                }
                 let (qn, sn, zn) = (format!("{dq}_q"), format!("{dq}_s"), format!("{dq}_z"));
                 gp.initializer.push(proto::i8_tensor(&qn, &w.dims, &q));
                 gp.initializer.push(proto::f32_tensor(&sn, &[s.len()], &s));

@@ -843,6 +843,7 @@ impl<'a> Rows<'a> {
             incomplete: false,
             notes: vec![],
             equalization: None,
+            centering: None,
             exports: vec![],
         };
         let artifacts = Artifacts {
@@ -1126,9 +1127,11 @@ impl<'a> Rows<'a> {
         let (exp, p) = (self.exp, self.ctx.p);
         let wants = |e: ExportPrecision| exp.output.export_precisions.contains(&e);
         if wants(ExportPrecision::Int8) {
-            let equalized = self.report.equalization.as_ref().is_some_and(|e| e.applied);
+            // The cache's ranges belong to the prepared graph when a rewrite changed it.
+            let rewritten = self.report.equalization.as_ref().is_some_and(|e| e.applied)
+                || self.report.centering.as_ref().is_some_and(|c| c.applied());
             let written = export_qdq(dir, &exp.model, qdq, v.method, suffix).and_then(|files| {
-                let fp32 = export::fp32_for_cache(dir, &exp.model, &p.model, equalized)?;
+                let fp32 = export::fp32_for_cache(dir, &exp.model, &p.model, rewritten)?;
                 let spec = crate::quant::trtexec::InputSpec::new(
                     &p.model.info,
                     &p.model.input_shape(1, p.hw),
@@ -1274,10 +1277,16 @@ pub fn run_with_cache(
             rows.report.notes.push(summary);
         }
         rows.report.equalization = equalized.1;
+        let (centered, summary) = center_for_int8(&equalized.0, exp);
+        if centered.1.as_ref().is_some_and(|c| c.applied()) {
+            sink.log(&summary);
+            rows.report.notes.push(summary);
+        }
+        rows.report.centering = centered.1;
         int8_prepared = match exp.weight_rounding {
-            quant::gptq::WeightRounding::Nearest => equalized.0,
+            quant::gptq::WeightRounding::Nearest => centered.0,
             quant::gptq::WeightRounding::Gptq => {
-                let (rounded, note) = round_weights_for_int8(&equalized.0, exp, sink);
+                let (rounded, note) = round_weights_for_int8(&centered.0, exp, sink);
                 sink.log(&note);
                 rows.report.notes.push(note);
                 rounded
@@ -1415,7 +1424,15 @@ fn cle_activation_ranges(
     p: &Prepared,
     exp: &Experiment,
 ) -> Result<HashMap<String, Vec<f32>>, String> {
-    let between = quant::cle::between_tensors(&p.model, exp.cle_clip);
+    channel_maxima(p, &quant::cle::between_tensors(&p.model, exp.cle_clip))
+}
+
+/// Per channel, max |x| over the calibration images (an FP32 pass of `p`'s model) of each
+/// (NCHW tensor, channel count); one channel gives the tensor's max |x|.
+fn channel_maxima(
+    p: &Prepared,
+    between: &[(String, usize)],
+) -> Result<HashMap<String, Vec<f32>>, String> {
     if between.is_empty() || p.calib_images.is_empty() {
         return Ok(HashMap::new());
     }
@@ -1473,6 +1490,43 @@ pub fn equalize_for_int8(
         ),
     };
     ((p.with_model(model), summary), note)
+}
+
+/// The INT8 path's model after activation centering (per the experiment's `center`), with
+/// what was done and the line for the report's notes. The shifts come from each tensor's
+/// largest value on the calibration images; a failure keeps the model as it came and says so.
+pub fn center_for_int8(
+    p: &Prepared,
+    exp: &Experiment,
+) -> ((Prepared, Option<quant::center::CenterSummary>), String) {
+    use quant::center::{self, CenterSetting};
+    let maxima = match exp.center {
+        CenterSetting::Off => Ok(HashMap::new()),
+        CenterSetting::On => {
+            let tensors: Vec<(String, usize)> = center::tensors(&p.model)
+                .into_iter()
+                .map(|t| (t, 1))
+                .collect();
+            channel_maxima(p, &tensors).map(|m| {
+                m.into_iter()
+                    .map(|(t, v)| (t, v.first().copied().unwrap_or(0.0)))
+                    .collect()
+            })
+        }
+    };
+    let applied = maxima
+        .map_err(|e| format!("activation centering: calibration pass failed ({e})"))
+        .and_then(|m| center::apply(&p.model, exp.center, &m).map_err(|e| format!("{e:#}")));
+    match applied {
+        Ok((m, s)) => {
+            let note = s.note();
+            ((p.with_model(m), Some(s)), note)
+        }
+        Err(e) => (
+            (p.with_model(p.model.clone()), None),
+            format!("{e}; the INT8 engines use the model without centering"),
+        ),
+    }
 }
 
 /// Refuses, before the run, an output that would destroy an input (the model, the labels, the

@@ -1,7 +1,8 @@
-//! Cross-layer equalization end to end on the bundled segmenter: with `cle: On` the INT8
-//! engines are built from the equalized model and the report says what was equalized, while
-//! the FP32 row stays the original model's; with `Off` nothing is equalized; `Auto` leaves this
-//! model (no depthwise conv) alone.
+//! Cross-layer equalization and activation centering end to end on the bundled segmenter:
+//! with `cle: On` the INT8 engines are built from the equalized model and the report says what
+//! was equalized, while the FP32 row stays the original model's; with `Off` nothing is
+//! equalized; `Auto` leaves this model (no depthwise conv) alone. Centering shifts its one
+//! ReLU read by a 1x1 conv, and the export carries the float model the cache belongs to.
 
 mod common;
 
@@ -12,6 +13,7 @@ use quantscope::calib::{Method, StatsCache};
 use quantscope::data::Selection;
 use quantscope::experiment::Experiment;
 use quantscope::pipeline::{self, CancelToken, Sink};
+use quantscope::quant::center::CenterSetting;
 use quantscope::quant::cle::CleSetting;
 use quantscope::report::Report;
 
@@ -22,10 +24,16 @@ impl Sink for Quiet {
 }
 
 fn run(cle: CleSetting) -> Report {
+    run_with(cle, CenterSetting::On, None)
+}
+
+fn run_with(cle: CleSetting, center: CenterSetting, qdq_dir: Option<&Path>) -> Report {
     let path =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("sample_models/fashion_scenes_deeplab.ron");
     let mut exp = Experiment::load(&path).expect("sample experiment loads");
     exp.cle = cle;
+    exp.center = center;
+    exp.output.qdq_dir = qdq_dir.map(Path::to_path_buf);
     exp.methods = vec![Method::Max];
     exp.precisions = vec![Precision::Fp32, Precision::Int8];
     exp.evaluation.count = Some(6);
@@ -35,7 +43,7 @@ fn run(cle: CleSetting) -> Report {
     exp.bench.warmup_runs = 0;
     exp.bench.batch = 1;
     let cache = StatsCache {
-        dir: common::temp_dir(&format!("cle-cache-{cle}")),
+        dir: common::temp_dir(&format!("cle-cache-{cle}-{center}")),
     };
     let out = pipeline::run_with_cache(&exp, &cache, &Quiet, &CancelToken::default())
         .expect("sample runs");
@@ -108,5 +116,45 @@ fn cle_on_equalizes_the_int8_model_and_reports_it() {
     assert_eq!(
         auto.rows.iter().map(|r| r.sqnr_db).collect::<Vec<_>>(),
         off.rows.iter().map(|r| r.sqnr_db).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn centering_shifts_the_relu_read_by_a_1x1_conv_and_exports_its_float_model() {
+    let dir = common::temp_dir("center-export");
+    let on = run_with(CleSetting::Off, CenterSetting::On, Some(&dir));
+    let c = on
+        .centering
+        .as_ref()
+        .expect("the report says what centering did");
+    assert_eq!(c.centered.len(), 1, "{c:?}");
+    assert!(c.centered[0].shift > 0.0, "{c:?}");
+    assert!(
+        on.notes.iter().any(|n| n.contains("activation centering")),
+        "{:?}",
+        on.notes
+    );
+    let int8 = on
+        .rows
+        .iter()
+        .find(|r| r.precision == Some(Precision::Int8))
+        .expect("int8 row");
+    assert!(int8.error.is_none(), "{:?}", int8.error);
+    assert!(
+        int8.agreement.unwrap_or(0.0) >= 0.95,
+        "{:?}",
+        int8.agreement
+    );
+    // The cache's ranges are the centered tensor's: the implicit line gets the prepared graph.
+    assert!(
+        dir.join("fashion_scenes_deeplab_fp32_for_cache.onnx")
+            .exists(),
+        "the float model the cache belongs to is written"
+    );
+    let off = run_with(CleSetting::Off, CenterSetting::Off, None);
+    assert!(off.centering.as_ref().is_some_and(|c| !c.applied()));
+    assert_eq!(
+        on.fp32().and_then(|r| r.miou),
+        off.fp32().and_then(|r| r.miou)
     );
 }

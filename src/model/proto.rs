@@ -187,6 +187,15 @@ pub fn int_attr(name: &str, v: i64) -> AttributeProto {
     }
 }
 
+pub fn float_attr(name: &str, v: f32) -> AttributeProto {
+    AttributeProto {
+        name: name.into(),
+        r#type: pb::attribute_proto::AttributeType::Float as i32,
+        f: v,
+        ..Default::default()
+    }
+}
+
 pub fn ints_attr(name: &str, v: &[i64]) -> AttributeProto {
     AttributeProto {
         name: name.into(),

@@ -210,15 +210,7 @@ impl GraphBuilder {
     }
 }
 
-/// A float attribute (`proto` has int, ints and string ones).
-pub fn float_attr(name: &str, v: f32) -> pb::AttributeProto {
-    pb::AttributeProto {
-        name: name.into(),
-        r#type: pb::attribute_proto::AttributeType::Float as i32,
-        f: v,
-        ..Default::default()
-    }
-}
+pub use super::proto::float_attr;
 
 /// A small residual classifier: conv-bn-relu, a residual block, a strided conv, a head.
 pub fn residual_classifier(classes: usize) -> GraphBuilder {

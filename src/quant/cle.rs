@@ -174,7 +174,7 @@ const DEAD: f32 = 1e-4;
 /// Scales are kept in this range so a dead channel (range 0 on one side) cannot blow up.
 const SCALE_LIMITS: (f32, f32) = (1e-4, 1e4);
 
-fn is_conv(n: &pb::NodeProto) -> bool {
+pub(super) fn is_conv(n: &pb::NodeProto) -> bool {
     n.op_type == "Conv" && n.domain.is_empty()
 }
 
@@ -183,7 +183,7 @@ fn group(n: &pb::NodeProto) -> usize {
 }
 
 /// A float32 initializer read by exactly one node input (so rescaling it changes that node only).
-fn private_f32<'a>(g: &Graph<'a>, name: &str) -> Result<&'a pb::TensorProto, String> {
+pub(super) fn private_f32<'a>(g: &Graph<'a>, name: &str) -> Result<&'a pb::TensorProto, String> {
     let t = g
         .initializer(name)
         .ok_or_else(|| format!("`{name}` is not a constant"))?;
@@ -206,7 +206,7 @@ fn scalar_of(g: &Graph<'_>, name: &str) -> Option<f32> {
 
 /// Clip's bounds, from its inputs (opset ≥ 11) or attributes (older). `None` when a bound is
 /// not a constant.
-fn clip_bounds(g: &Graph<'_>, n: &pb::NodeProto) -> Option<(f32, f32)> {
+pub(super) fn clip_bounds(g: &Graph<'_>, n: &pb::NodeProto) -> Option<(f32, f32)> {
     let from_input = |slot: usize, default: f32| match n.input.get(slot) {
         None => Some(default),
         Some(s) if s.is_empty() => Some(default),

@@ -82,6 +82,10 @@ pub struct Layer {
     pub weight: String,
     /// The activation tensor the layer reads (its H comes from it).
     pub input: String,
+    /// The shift c when `input` is centered (holds t - c, see `quant::center`), else 0. The
+    /// INT8 engine's rounding error meets t (the bias folds c × Σ rounded weights), so H is
+    /// taken on t and the bias absorbs c × Σ(rounded - float).
+    pub center: f32,
     shape: Shape,
 }
 
@@ -182,10 +186,15 @@ pub fn layers(
                 continue;
             }
         };
+        let center = match shape {
+            Shape::Conv { .. } => plan.centered.get(x.0).copied().unwrap_or(0.0),
+            Shape::Dense { .. } => 0.0,
+        };
         let layer = Layer {
             node: n.name.clone(),
             weight: wq.tensor.clone(),
             input: x.0.clone(),
+            center,
             shape,
         };
         if layer.row() > MAX_ROW {
@@ -284,6 +293,7 @@ fn samples(layer: &Layer, x: &[f32], g: usize, want: usize) -> Vec<f64> {
                                 x.get(base + iy as usize * in_hw[1] + ix as usize)
                                     .copied()
                                     .unwrap_or(0.0)
+                                    + layer.center
                             } else {
                                 0.0
                             };
@@ -465,7 +475,29 @@ pub fn round_layer(model: &mut pb::ModelProto, layer: &Layer, m: Moments) -> Res
         }
         _ => rows,
     };
+    let fold = (layer.center != 0.0).then(|| {
+        let channels = w.dims.first().copied().unwrap_or(1);
+        super::center::rounding_fold(layer.center, &data, &w.data, channels)
+    });
     *t = proto::f32_tensor(&layer.weight, &w.dims, &data);
+    if let Some(fold) = fold {
+        let bias = g
+            .node
+            .iter()
+            .find(|n| n.name == layer.node)
+            .and_then(|n| n.input.get(2))
+            .filter(|b| !b.is_empty())
+            .cloned()
+            .ok_or("a centered input's conv has no bias")?;
+        let t = g
+            .initializer
+            .iter_mut()
+            .find(|t| t.name == bias)
+            .ok_or("bias not found")?;
+        let mut b = proto::tensor_f32(t).ok_or("bias unreadable")?;
+        b.data.iter_mut().zip(&fold).for_each(|(v, d)| *v += d);
+        *t = proto::f32_tensor(&bias, &b.dims, &b.data);
+    }
     Ok(())
 }
 

@@ -1,6 +1,7 @@
 //! Q/DQ placement by TensorRT's explicit-quantization rules, writing the Q/DQ ONNX model and
 //! the TensorRT calibration cache. Depends on no backend: backends read the Q/DQ model.
 
+pub mod center;
 pub mod cle;
 pub mod fp8;
 pub mod gptq;
@@ -54,6 +55,10 @@ pub struct QuantPlan {
     pub quantized_nodes: Vec<String>,
     /// Quantizable nodes left in float, with the reason.
     pub float_nodes: Vec<(String, String)>,
+    /// Activation tensors that hold t - c (activation centering, [`center`]), by tensor: the
+    /// readers' biases fold c × Σ(rounded weights) where the float model folds c × Σ(weights).
+    #[serde(default)]
+    pub centered: BTreeMap<String, f32>,
 }
 
 impl QuantPlan {
@@ -122,7 +127,10 @@ pub fn plan(model: &Model, exclude: &[String]) -> QuantPlan {
     let g = Graph::new(gp);
     let mut acts: BTreeMap<String, Vec<(usize, usize)>> = BTreeMap::new();
     let mut weights: BTreeMap<String, (usize, Vec<(usize, usize)>)> = BTreeMap::new();
-    let mut out = QuantPlan::default();
+    let mut out = QuantPlan {
+        centered: center::shifts(&model.proto),
+        ..Default::default()
+    };
     if model.info.prequantized {
         return out;
     }
@@ -449,6 +457,8 @@ pub fn build_qdq_as(
             rename.insert(u, dq.clone());
         }
     }
+    // Per node, the bias change that makes activation centering exact for its rounded weights.
+    let mut folds: HashMap<String, Vec<f32>> = HashMap::new();
     for wq in &plan.weights {
         let Some(w) = g
             .initializer
@@ -467,6 +477,7 @@ pub fn build_qdq_as(
             QFormat::Int8 => {
                 let floor = bias_scale_floor(&nodes, g, wq, &scales, ranges);
                 let (q, s) = quantize_weight_floored(&w, wq.axis, &floor);
+                centered_folds(&nodes, wq, &plan.centered, &w, &q, &s, &mut folds);
                 let q_name = format!("{}_int8", wq.tensor);
                 g.initializer.push(proto::i8_tensor(&q_name, &w.dims, &q));
                 g.initializer
@@ -500,11 +511,18 @@ pub fn build_qdq_as(
     let corrections = ranges.map(|r| &r.bias_correction);
     for (i, mut n) in nodes.into_iter().enumerate() {
         // Only quantized layers carry a quantization shift; layers kept in float keep theirs.
-        if let Some(shift) = corrections
+        let bc = corrections
             .and_then(|c| c.get(&n.name))
-            .filter(|_| plan.quantized_nodes.contains(&n.name))
-        {
-            correct_bias(g, &mut n, shift);
+            .filter(|_| plan.quantized_nodes.contains(&n.name));
+        let shift: Option<Vec<f32>> = match (bc, folds.remove(&n.name)) {
+            (Some(b), Some(f)) if b.len() == f.len() => {
+                Some(b.iter().zip(&f).map(|(x, y)| x + y).collect())
+            }
+            (Some(b), _) => Some(b.clone()),
+            (None, f) => f,
+        };
+        if let Some(shift) = shift {
+            correct_bias(g, &mut n, &shift);
         }
         if let Some(v) = before.remove(&i) {
             g.node.extend(v);
@@ -524,6 +542,37 @@ pub fn build_qdq_as(
         method: ranges.map(|r| r.method),
         plan: plan.clone(),
     })
+}
+
+/// For each Conv reading weight `wq` on a centered tensor (shift c), the bias change
+/// c × Σ(dequantized - float weights) per output channel, into `folds` by node name: the
+/// float model folded c × Σ(float weights), the INT8 engine multiplies by the rounded ones.
+fn centered_folds(
+    nodes: &[pb::NodeProto],
+    wq: &WeightQuant,
+    centered: &BTreeMap<String, f32>,
+    w: &proto::F32Tensor,
+    q: &[i8],
+    scales: &[f32],
+    folds: &mut HashMap<String, Vec<f32>>,
+) {
+    for &(i, slot) in &wq.uses {
+        let Some(n) = nodes.get(i).filter(|n| n.op_type == "Conv" && slot == 1) else {
+            continue;
+        };
+        let Some(&c) = n.input.first().and_then(|x| centered.get(x)) else {
+            continue;
+        };
+        let values: Vec<f32> = q.iter().map(|&v| v as f32).collect();
+        let Some(rounded) = dequantize_per_axis(&values, &w.dims, wq.axis, scales) else {
+            continue;
+        };
+        let channels = w.dims.first().copied().unwrap_or(1);
+        folds.insert(
+            n.name.clone(),
+            center::rounding_fold(c, &rounded, &w.data, channels),
+        );
+    }
 }
 
 /// Largest |bias / (input scale × weight scale)| a weight scale may give: runtimes that add the

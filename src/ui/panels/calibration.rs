@@ -1,10 +1,11 @@
 //! The Calibration panel: method (max, percentile with its p, MSE, entropy), how many
-//! calibration images, "compare all methods", cross-layer equalization (auto/on/off), weight
-//! rounding (nearest/GPTQ) and bias correction.
+//! calibration images, "compare all methods", cross-layer equalization (auto/on/off),
+//! activation centering, weight rounding (nearest/GPTQ) and bias correction.
 
 use crate::calib::Method;
 use crate::data::Selection;
 use crate::experiment::Experiment;
+use crate::quant::center::CenterSetting;
 use crate::quant::cle::CleSetting;
 use crate::quant::gptq::WeightRounding;
 use crate::ui::Workbench;
@@ -66,6 +67,17 @@ pub fn calibration_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::U
                  convs so their weight ranges match (the FP32 rows keep the original model). \
                  auto: on where a depthwise conv is in a pair with no Clip (ReLU6) between",
             );
+        let mut on = exp.center == CenterSetting::On;
+        ui.checkbox(&mut on, "center ReLU").on_hover_text(
+            "Activation centering: each ReLU/ReLU6 output read only by 1x1 (unpadded) convs is \
+             shifted by half its calibration range, so int8 spends all 255 steps on it instead \
+             of 128; exact in float (the convs' biases absorb the shift)",
+        );
+        exp.center = if on {
+            CenterSetting::On
+        } else {
+            CenterSetting::Off
+        };
     });
     ui.horizontal(|ui| {
         ui.label("Weights:");
