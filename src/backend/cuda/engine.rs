@@ -32,6 +32,12 @@ const KERNELS: &str = include_str!("kernels.cu");
 const LIB_WORKSPACE_BYTES: usize = 64 << 20;
 /// Direct kernel is only timed below this many MACs (it is a correctness fallback).
 const DIRECT_MAX_MACS: f64 = 2e8;
+/// Rounds in which every conv candidate is timed once; the median of its rounds decides.
+const CHOICE_ROUNDS: usize = 3;
+/// Each candidate timing launches the layer back to back for about this long ...
+const CHOICE_BATCH_MS: f64 = 0.2;
+/// ... and at most this many times.
+const CHOICE_MAX_LAUNCHES: usize = 20;
 /// Largest im2col buffer a float GEMM candidate may ask for (int8 GEMMs always get theirs).
 const COL_MAX_BYTES: usize = 256 << 20;
 
@@ -1491,21 +1497,35 @@ impl CudaEngine {
         } else if cands.len() == 1 {
             cands[0].clone()
         } else {
-            let mut best = (f64::INFINITY, cands[0].clone());
-            for c in &cands {
-                self.convs.get_mut(&si).expect("conv").chosen = c.clone();
-                let t = match self.time_step(si, 5) {
-                    Ok(t) => t,
-                    Err(e) => {
-                        log_msg(&format!("{}: candidate {} failed: {e}", step.name, c.key()));
-                        continue;
+            // Candidates are timed in rounds, each round every candidate once, so that clock
+            // changes during the build weigh on all of them alike; each timing averages
+            // back-to-back launches (a layer of 10-20 µs timed launch by launch picked
+            // different cuDNN plans from one build to the next, 5 % apart end to end).
+            let mut times: Vec<Option<Vec<f64>>> = vec![Some(vec![]); cands.len()];
+            for _ in 0..CHOICE_ROUNDS {
+                for (c, ts) in cands.iter().zip(times.iter_mut()) {
+                    let Some(v) = ts else { continue };
+                    self.convs.get_mut(&si).expect("conv").chosen = c.clone();
+                    match self.time_launches(si) {
+                        Ok(t) => v.push(t),
+                        Err(e) => {
+                            log_msg(&format!("{}: candidate {} failed: {e}", step.name, c.key()));
+                            *ts = None;
+                        }
                     }
-                };
-                if t < best.0 {
-                    best = (t, c.clone());
                 }
             }
-            best.1
+            let median = |v: &Vec<f64>| {
+                let mut v = v.clone();
+                v.sort_by(f64::total_cmp);
+                v.get(v.len() / 2).copied().unwrap_or(f64::INFINITY)
+            };
+            cands
+                .iter()
+                .zip(&times)
+                .filter_map(|(c, t)| t.as_ref().map(|t| (median(t), c)))
+                .min_by(|a, b| a.0.total_cmp(&b.0))
+                .map_or_else(|| cands[0].clone(), |(_, c)| c.clone())
         };
         let rt = self.convs.get_mut(&si).expect("conv");
         rt.chosen = pick.clone();
@@ -2119,6 +2139,28 @@ impl CudaEngine {
     }
 
     /// Times step `si` alone (median of `reps` runs, ms).
+    /// Milliseconds per launch of step `si`, averaged over enough back-to-back launches to fill
+    /// about [`CHOICE_BATCH_MS`] (at most [`CHOICE_MAX_LAUNCHES`]) after one warm-up launch.
+    fn time_launches(&self, si: usize) -> DevResult<f64> {
+        let ctx = &self.dev.ctx;
+        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
+        let (e0, e1) = (
+            drv(ctx.new_event(flags), "event")?,
+            drv(ctx.new_event(flags), "event")?,
+        );
+        let timed = |n: usize| -> DevResult<f64> {
+            drv(e0.record(&self.dev.stream), "event record")?;
+            for _ in 0..n {
+                self.run_step(si)?;
+            }
+            drv(e1.record(&self.dev.stream), "event record")?;
+            Ok(drv(e0.elapsed_ms(&e1), "event elapsed")? as f64 / n as f64)
+        };
+        let once = timed(1)?;
+        let n = ((CHOICE_BATCH_MS / once.max(1e-4)) as usize).clamp(1, CHOICE_MAX_LAUNCHES);
+        timed(n)
+    }
+
     fn time_step(&self, si: usize, reps: usize) -> DevResult<f64> {
         let ctx = &self.dev.ctx;
         let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
