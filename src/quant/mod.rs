@@ -155,10 +155,21 @@ pub fn plan(model: &Model, exclude: &[String]) -> QuantPlan {
             continue;
         }
         if residual_add {
-            let slot = if g.producer_op(&n.input[0]) == Some("Conv") {
-                1
-            } else {
-                0
+            // The Add fuses into the conv whose output only it reads (TensorRT's conv + add
+            // fusion, and the CUDA engine's): that input stays unquantized and the other is
+            // quantized. Where both inputs are conv outputs (the first block of each
+            // torchvision MobileNetV2 stage adds the previous block's projection, which the
+            // next conv also reads), only the private one can fuse.
+            let fusable = |t: &String| {
+                g.producer_op(t) == Some("Conv")
+                    && g.consumers(t).len() == 1
+                    && !g.is_graph_output(t)
+            };
+            let slot = match (fusable(&n.input[0]), fusable(&n.input[1])) {
+                (true, _) => 1,
+                (false, true) => 0,
+                _ if g.producer_op(&n.input[0]) == Some("Conv") => 1,
+                _ => 0,
             };
             acts.entry(n.input[slot].clone())
                 .or_default()

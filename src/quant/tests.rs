@@ -27,6 +27,33 @@ fn ranges_for(plan: &QuantPlan) -> Ranges {
     }
 }
 
+/// torchvision's MobileNetV2 stage opening: `x + conv(x)` where x is itself the previous
+/// block's projection conv, which the next block's conv also reads. Only conv(x) can take
+/// the Add into its epilogue, so x is the input quantized.
+#[test]
+fn a_residual_add_of_two_conv_outputs_quantizes_the_shared_one() {
+    let mut b = GraphBuilder::new(&[1, 4, 8, 8]);
+    let x = b.conv("prev.project", "x", 4, 8, 1);
+    let e = b.conv("expand", &x, 8, 8, 1);
+    let e = b.op("Relu", "expand.relu", &[&e]);
+    let p = b.conv("project", &e, 8, 8, 1);
+    let y = b.op("Add", "add", &[&x, &p]);
+    b.output(&y);
+    let plan = plan(&b.model(), &[]);
+    let x_q = plan
+        .activations
+        .iter()
+        .find(|a| a.tensor == x)
+        .expect("the shared conv output is quantized");
+    // Read quantized by the expand conv (slot 0) and by the Add (slot 0).
+    assert_eq!(x_q.uses.len(), 2, "{x_q:?}");
+    assert!(
+        !plan.tensors().contains(&p),
+        "the projection's output fuses into the Add: {:?}",
+        plan.tensors()
+    );
+}
+
 #[test]
 fn residual_block_quantizes_conv_inputs_and_the_residual_branch() {
     let m = residual_classifier(4).model();
