@@ -54,11 +54,8 @@ pub fn isolated_model(
                 // A centered input: the twin's bias folds the shift for its rounded weights,
                 // as the Q/DQ build does.
                 if let Some(&c) = plan.centered.get(&n.input[0]) {
-                    let values: Vec<f32> = q.iter().map(|&v| v as f32).collect();
-                    let rounded = quant::dequantize_per_axis(&values, &w.dims, axis, &s)
+                    let fold = quant::center::int8_fold(c, &w, &q, &s, axis)
                         .ok_or("weight scales do not match its channels")?;
-                    let channels = w.dims.first().copied().unwrap_or(1);
-                    let fold = quant::center::rounding_fold(c, &rounded, &w.data, channels);
                     let bias = n
                         .input
                         .get(2)

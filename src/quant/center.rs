@@ -216,6 +216,21 @@ pub fn shifts(p: &pb::ModelProto) -> BTreeMap<String, f32> {
         .unwrap_or_default()
 }
 
+/// [`rounding_fold`] for int8 weights `q` with per-channel `scales` along `axis`; `None` when
+/// the scales do not match the weight's channels.
+pub fn int8_fold(
+    c: f32,
+    w: &proto::F32Tensor,
+    q: &[i8],
+    scales: &[f32],
+    axis: usize,
+) -> Option<Vec<f32>> {
+    let values: Vec<f32> = q.iter().map(|&v| v as f32).collect();
+    let rounded = super::dequantize_per_axis(&values, &w.dims, axis, scales)?;
+    let channels = w.dims.first().copied().unwrap_or(1);
+    Some(rounding_fold(c, &rounded, &w.data, channels))
+}
+
 /// Per output channel of a Conv weight `[Cout, ...]` read on a tensor shifted by `c`, the bias
 /// change that makes the shift exact for `rounded` weights when the bias folded it for
 /// `float` ones: c × Σ(rounded - float) over the channel's window.

@@ -574,15 +574,9 @@ fn centered_folds(
         let Some(&c) = n.input.first().and_then(|x| centered.get(x)) else {
             continue;
         };
-        let values: Vec<f32> = q.iter().map(|&v| v as f32).collect();
-        let Some(rounded) = dequantize_per_axis(&values, &w.dims, wq.axis, scales) else {
-            continue;
-        };
-        let channels = w.dims.first().copied().unwrap_or(1);
-        folds.insert(
-            n.name.clone(),
-            center::rounding_fold(c, &rounded, &w.data, channels),
-        );
+        if let Some(fold) = center::int8_fold(c, w, q, scales, wq.axis) {
+            folds.insert(n.name.clone(), fold);
+        }
     }
 }
 

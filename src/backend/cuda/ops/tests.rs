@@ -16,6 +16,17 @@ fn plan_of(b: &GraphBuilder, shape: [usize; 4], p: Precision) -> Plan {
     .expect("lowers")
 }
 
+/// The plan's conv steps, in order.
+fn conv_steps(plan: &Plan) -> Vec<&ConvStep> {
+    plan.steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Conv(c) => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Max ranges of `amax` for every tensor the plan quantizes.
 fn amax_everywhere(qp: &crate::quant::QuantPlan, amax: f32) -> crate::calib::Ranges {
     crate::calib::Ranges {
@@ -107,14 +118,7 @@ fn residual_add_fuses_when_the_shortcut_comes_later() {
 fn residual_classifier_fuses_conv_bias_add_relu() {
     let b = residual_classifier(5);
     let plan = plan_of(&b, [2, 3, 16, 16], Precision::Fp32);
-    let convs: Vec<&ConvStep> = plan
-        .steps
-        .iter()
-        .filter_map(|s| match s {
-            Step::Conv(c) => Some(c),
-            _ => None,
-        })
-        .collect();
+    let convs = conv_steps(&plan);
     assert_eq!(convs.len(), 4, "stem, two block convs, fc");
     // stem: BN folded by Model::load, relu fused.
     assert_eq!(convs[0].act, Act::Relu);
@@ -453,14 +457,7 @@ fn fp8_plan_keeps_e4m3_tensors_and_weights() {
     }
     .with_fixed_input(1, [16, 16]);
     let plan = lower(&fixed, [1, 3, 16, 16], Precision::Fp8).expect("fp8 lowers");
-    let convs: Vec<&ConvStep> = plan
-        .steps
-        .iter()
-        .filter_map(|s| match s {
-            Step::Conv(c) => Some(c),
-            _ => None,
-        })
-        .collect();
+    let convs = conv_steps(&plan);
     assert_eq!(convs.len(), 4, "three convs and the Gemm");
     for c in &convs {
         let q = c
