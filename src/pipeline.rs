@@ -737,12 +737,17 @@ impl RowCtx<'_> {
                 .first()
                 .copied()
                 .flatten()
-                .map(|d| format!(" (its input declares batch {d})"))
+                .filter(|&d| d != b as i64)
+                .map(|d| {
+                    format!(
+                        " Its input declares batch {d}: if the batch is what failed, export the \
+                         model with a dynamic batch to measure larger batches."
+                    )
+                })
                 .unwrap_or_default();
             let note = format!(
-                "{} does not run at batch {b}{declared}, so throughput is measured at batch 1 only. \
-                 Export the model with a dynamic batch to measure larger batches (the backend \
-                 said: {})",
+                "{}: no engine at batch {b} (the backend said: {}), so throughput is measured \
+                 at batch 1 only.{declared}",
                 self.p.model.path.display(),
                 e.cause.lines().next().unwrap_or_default()
             );

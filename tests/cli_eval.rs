@@ -432,7 +432,7 @@ fn a_batch_the_model_cannot_run_is_explained_once() {
     args[i + 1] = "8".into();
     let err = eval_ok(&dir, &args);
     assert_eq!(
-        err.matches("does not run at batch 8").count(),
+        err.matches("no engine at batch 8").count(),
         1,
         "one explanation, not one error per engine: {err}"
     );

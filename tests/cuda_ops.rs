@@ -1239,6 +1239,27 @@ fn grouped_and_dilated_conv_cases() -> Vec<Case> {
             )
         },
     ));
+    // Stems: 3 input channels at stride 2 or 4, which the planner regroups into blocks
+    // (space to depth) so the conv runs at stride 1 over 16 channels.
+    let rgb = [2, 3, 17, 15];
+    for (what, k, st, pads) in [
+        ("Stem 7x7/2 pad 3", 7, 2, [3, 3, 3, 3]),
+        ("Stem 3x3/2 pad 1", 3, 2, [1, 1, 1, 1]),
+        ("Stem 3x3/2 SAME pads", 3, 2, [0, 0, 1, 1]),
+        ("Patchify 4x4/4", 4, 4, [0, 0, 0, 0]),
+    ] {
+        cases.push(graph(what, &rgb, 13, |b, x| {
+            let y = conv_node(
+                b,
+                "stem",
+                x,
+                [16, 3, k, k],
+                true,
+                vec![ints("strides", &[st, st]), ints("pads", &pads)],
+            );
+            b.op("Relu", "relu", &[&y])
+        }));
+    }
     cases.push(graph("Conv 1x5 then 5x1", &s, 13, |b, x| {
         let a = conv_node(
             b,

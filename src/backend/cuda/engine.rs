@@ -105,6 +105,7 @@ struct ViewArgs {
     offset: i64,
     rank: i32,
     pad: i32,
+    div: FastDiv,
 }
 unsafe impl DeviceRepr for ViewArgs {}
 
@@ -120,6 +121,7 @@ struct NaryArgs {
     scale: [f32; 3],
     rank: i32,
     nin: i32,
+    div: FastDiv,
 }
 unsafe impl DeviceRepr for NaryArgs {}
 
@@ -132,8 +134,36 @@ struct PadArgs {
     begin: [i64; MAX_RANK],
     rank: i32,
     mode: i32,
+    div: FastDiv,
 }
 unsafe impl DeviceRepr for PadArgs {}
+
+/// `FastDiv` of kernels.cu: per dim, the multiplier and shift that divide an index below 2^31
+/// by the dim as `umulhi(n, magic) >> shift` (magic 0: a dim of 1, or one no fast index meets).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct FastDiv {
+    magic: [u32; MAX_RANK],
+    shift: [u32; MAX_RANK],
+}
+
+impl FastDiv {
+    /// With l = ceil(log2 d) and magic = ceil(2^(31 + l) / d) < 2^32 (e = magic * d -
+    /// 2^(31 + l) < d), n * magic / 2^(31 + l) exceeds n / d by n * e / (d * 2^(31 + l)),
+    /// below 2^-l <= 1 / d for n < 2^31: the floor is n / d's (Granlund and Montgomery 1994,
+    /// for 31-bit dividends). The shift is l - 1 because umulhi already drops 32 bits.
+    fn of(dims: &[i64]) -> FastDiv {
+        let mut f = FastDiv::default();
+        for (k, &d) in dims.iter().enumerate().take(MAX_RANK) {
+            if (2..=1 << 31).contains(&d) {
+                let l = 64 - (d as u64 - 1).leading_zeros();
+                f.magic[k] = (1u128 << (31 + l)).div_ceil(d as u128) as u32;
+                f.shift[k] = l - 1;
+            }
+        }
+        f
+    }
+}
 
 struct Kernels {
     epilogue: CudaFunction,
@@ -158,11 +188,12 @@ struct Kernels {
     gap: CudaFunction,
     concat: CudaFunction,
     resize: CudaFunction,
+    space_to_depth: CudaFunction,
 }
 
 /// Names of the kernels the engine loads (the compile check makes sure each is in the PTX).
 #[cfg(test)]
-const KERNEL_NAMES: [&str; 22] = [
+const KERNEL_NAMES: [&str; 23] = [
     "epilogue",
     "conv_direct",
     "conv_dw4",
@@ -185,6 +216,7 @@ const KERNEL_NAMES: [&str; 22] = [
     "global_avg_pool",
     "concat_part",
     "resize",
+    "space_to_depth",
 ];
 
 /// Compiles `kernels.cu` for `arch` (`compute_XY`) with NVRTC: (PTX, compiler log). The log
@@ -377,6 +409,7 @@ fn view_args(
     };
     a.dims[..d.len()].copy_from_slice(&d);
     a.strides[..d.len()].copy_from_slice(&s[0]);
+    a.div = FastDiv::of(&a.dims[..d.len()]);
     Ok(a)
 }
 
@@ -416,6 +449,7 @@ fn nary_args(
         ..Default::default()
     };
     a.dims[..d.len()].copy_from_slice(&d);
+    a.div = FastDiv::of(&a.dims[..d.len()]);
     for (j, (o, s)) in inputs.iter().zip(&ss).enumerate() {
         in_bounds(&format!("input {j}"), &d, s, 0, operand_len(plan, o))?;
         a.strides[j][..s.len()].copy_from_slice(s);
@@ -460,6 +494,7 @@ fn pad_args(
         a.in_dims[d] = in_dims[d] as i64;
         a.begin[d] = begin[d];
     }
+    a.div = FastDiv::of(&a.out_dims[..r]);
     Ok(a)
 }
 
@@ -712,6 +747,22 @@ fn check_step(plan: &Plan, s: &Step) -> Result<(), String> {
             mode,
             ..
         } => pad_args(plan, *input, *out, in_dims, begin, *mode).map(|_| ()),
+        Step::SpaceToDepth {
+            input, out, block, ..
+        } => {
+            rank4(*input, None)?;
+            rank4(*out, Some(Layout::Nhwc))?;
+            positive("block", &[*block])?;
+            let (i, o) = (&td(*input).shape, &td(*out).shape);
+            let cells = block * block;
+            ensure(
+                o[0] == i[0]
+                    && o[1] % cells == 0
+                    && o[1] / cells >= i[1]
+                    && (o[1] / cells).is_multiple_of(4),
+                || format!("{i:?} cannot regroup into {o:?} by blocks of {block}"),
+            )
+        }
         Step::ConvTranspose {
             input,
             out,
@@ -827,6 +878,7 @@ impl Device {
             gap: f("global_avg_pool")?,
             concat: f("concat_part")?,
             resize: f("resize")?,
+            space_to_depth: f("space_to_depth")?,
         };
         let mut cudnn = std::ptr::null_mut();
         dnn_ok(unsafe { dnn::cudnnCreate(&mut cudnn) }, "cudnnCreate")?;
@@ -1373,11 +1425,12 @@ impl CudaEngine {
         let note = |what: &str, e: String| log_msg(&format!("{name}: no {what} ({e})"));
         // Set up every applicable implementation, each in the layer's planned precision, and
         // for an int8 layer its FP16 way too ("FP16 vs INT8 where the plan allows").
-        let gemm_ok = step.groups == 1
-            && !fp8
-            && (int8
-                || step.is_pointwise()
-                || m * round_up(step.reduction(), 16) * float.bytes() <= COL_MAX_BYTES);
+        // A GEMM that is not a plain 1x1 reads im2col columns from the scratch, which `build`
+        // sized for float columns up to COL_MAX_BYTES only (int8 columns always).
+        let cols_fit = int8
+            || step.is_pointwise()
+            || m * round_up(step.reduction(), 16) * float.bytes() <= COL_MAX_BYTES;
+        let gemm_ok = step.groups == 1 && !fp8 && cols_fit;
         let mut rt_gemm = None;
         if gemm_ok {
             rt_gemm = self
@@ -1386,7 +1439,7 @@ impl CudaEngine {
                 .ok();
         }
         let mut rt_gemm_fused = None;
-        if self.gemm_fused_ok(&step, float) {
+        if cols_fit && self.gemm_fused_ok(&step, float) {
             rt_gemm_fused = self
                 .setup_gemm_fused(&step, m, float)
                 .map_err(|e| note("fused-epilogue cuBLASLt GEMM", e))
@@ -2534,6 +2587,28 @@ impl CudaEngine {
                 launch!(st, k.pad_nd, n; self.ptr(*input), code(*input), sc(*input), self.ptr(*out), code(*out), sc(*out),
                     n as i64, a, *value)
             }
+            Step::SpaceToDepth {
+                input,
+                out,
+                block,
+                pads,
+                ..
+            } => {
+                let (xd, od) = (td(*input), td(*out));
+                let [_, c, h, w] = [xd.shape[0], xd.shape[1], xd.shape[2], xd.shape[3]];
+                // (b, c, h, w) element strides of the input as stored.
+                let s: [i64; 4] = if xd.layout == Layout::Nhwc {
+                    [h * w * c, 1, w * c, c]
+                } else {
+                    [c * h * w, h * w, w, 1]
+                }
+                .map(|v| v as i64);
+                let (nb, c2, hs, ws) = (od.shape[0], od.shape[1], od.shape[2], od.shape[3]);
+                let i = |v: usize| v as i32;
+                launch!(st, k.space_to_depth, nb * hs * ws * c2 / 4; self.ptr(*input), code(*input), sc(*input),
+                    s[0], s[1], s[2], s[3], i(h), i(w), i(c), self.ptr(*out), code(*out), sc(*out),
+                    i(nb), i(hs), i(ws), i(*block), i(c2 / (block * block)), i(pads[0]), i(pads[1]))
+            }
             Step::ConvTranspose {
                 input,
                 out,
@@ -2756,6 +2831,7 @@ impl CudaEngine {
                     };
                     a.out_dims[..2].copy_from_slice(&[pixels, d.cin_pad as i64]);
                     a.in_dims[..2].copy_from_slice(&[pixels, c.cin as i64]);
+                    a.div = FastDiv::of(&a.out_dims[..2]);
                     let n = pixels * d.cin_pad as i64;
                     let (t, sc) = (way.in_t.code(), way.in_scale);
                     launch!(st, k.pad_nd, n as usize; x, t, sc, self.f16_in_ptr(), t, sc, n, a, 0.0f32)?;
@@ -2913,17 +2989,69 @@ mod tests {
 
     #[test]
     fn argument_structs_match_kernels_cu() {
-        // i64 arrays then ints, padded to 8 bytes, as the C++ compiler lays them out.
-        assert_eq!(std::mem::size_of::<ViewArgs>(), 8 * 8 * 2 + 8 + 8);
+        // i64 arrays then ints, padded to 8 bytes, then the FastDiv's two u32 arrays, as the
+        // C++ compiler lays them out.
+        let div = 2 * 4 * 8;
+        assert_eq!(std::mem::size_of::<FastDiv>(), div);
+        assert_eq!(std::mem::size_of::<ViewArgs>(), 8 * 8 * 2 + 8 + 8 + div);
         assert_eq!(
             std::mem::size_of::<NaryArgs>(),
-            8 * 8 * 4 + 3 * 8 + 3 * 4 * 2 + 8
+            8 * 8 * 4 + 3 * 8 + 3 * 4 * 2 + 8 + div
         );
-        assert_eq!(std::mem::size_of::<PadArgs>(), 8 * 8 * 3 + 8);
-        for src in ["struct ViewArgs", "struct NaryArgs", "struct PadArgs"] {
+        assert_eq!(std::mem::size_of::<PadArgs>(), 8 * 8 * 3 + 8 + div);
+        for src in [
+            "struct ViewArgs",
+            "struct NaryArgs",
+            "struct PadArgs",
+            "struct FastDiv",
+            "  FastDiv div;\n};",
+        ] {
             assert!(KERNELS.contains(src), "{src}");
         }
         assert!(KERNELS.contains(&format!("#define QS_MAX_RANK {MAX_RANK}")));
+    }
+
+    /// The kernels' `next_idx_fast`: umulhi(n, magic) >> shift, on the host.
+    fn fast_quotient(f: &FastDiv, k: usize, n: u32) -> u32 {
+        if f.magic[k] == 0 {
+            n
+        } else {
+            ((n as u64 * f.magic[k] as u64) >> 32) as u32 >> f.shift[k]
+        }
+    }
+
+    #[test]
+    fn fast_division_is_exact_below_2_pow_31() {
+        let divisors: Vec<i64> = (1..=300)
+            .chain([511, 512, 513, 3 * 224 * 224, 12544, 65535, 65536, 1 << 20])
+            .chain([(1 << 30) + 1, (1 << 31) - 1, 1 << 31])
+            .collect();
+        let mut seed = 1u64;
+        for chunk in divisors.chunks(MAX_RANK) {
+            let f = FastDiv::of(chunk);
+            for (k, &d) in chunk.iter().enumerate() {
+                assert_eq!(f.magic[k] == 0, d == 1, "divisor {d}");
+                // Edges (0, multiples of d and their neighbours, the top) and random values.
+                let mut ns = vec![0u32, 1, (1 << 31) - 1, (1 << 31) - 2];
+                for m in [1i64, 2, 3, (((1i64 << 31) - 1) / d).max(1)] {
+                    for delta in [-1i64, 0, 1] {
+                        let v = m * d + delta;
+                        if (0..1 << 31).contains(&v) {
+                            ns.push(v as u32);
+                        }
+                    }
+                }
+                for _ in 0..2000 {
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    ns.push((seed >> 33) as u32);
+                }
+                for n in ns {
+                    assert_eq!(fast_quotient(&f, k, n) as i64, n as i64 / d, "{n} / {d}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -559,6 +559,18 @@ pub enum Step {
         mode: PadMode,
         value: f32,
     },
+    /// A stem conv's input regrouped into `block` x `block` pixel blocks: out (NHWC, `[N,
+    /// block^2 * cp, Hs, Ws]`) at (j, i), channel (bh * block + bw) * cp + c, holds the input
+    /// (any layout) at (c, block * j + bh - pads[0], block * i + bw - pads[1]), zero outside it
+    /// and for c at or past the input's channels.
+    SpaceToDepth {
+        name: String,
+        input: usize,
+        out: usize,
+        block: usize,
+        /// top, left.
+        pads: [usize; 2],
+    },
     /// 2-D transposed convolution, input and output plain NCHW, weights `[cin, cout / groups,
     /// kh, kw]` as in ONNX; `pads` top, left, bottom, right.
     ConvTranspose {
@@ -593,6 +605,7 @@ impl Step {
             | Step::Resize { name, .. }
             | Step::Softmax { name, .. }
             | Step::Pad { name, .. }
+            | Step::SpaceToDepth { name, .. }
             | Step::ConvTranspose { name, .. } => name,
         }
     }
@@ -618,6 +631,7 @@ impl Step {
             | Step::Resize { input, .. }
             | Step::Softmax { input, .. }
             | Step::Pad { input, .. }
+            | Step::SpaceToDepth { input, .. }
             | Step::ConvTranspose { input, .. } => vec![*input],
         }
     }
@@ -637,6 +651,7 @@ impl Step {
             | Step::Resize { out, .. }
             | Step::Softmax { out, .. }
             | Step::Pad { out, .. }
+            | Step::SpaceToDepth { out, .. }
             | Step::ConvTranspose { out, .. } => *out,
         }
     }
@@ -657,6 +672,7 @@ impl Step {
             | Step::Resize { name, out, .. }
             | Step::Softmax { name, out, .. }
             | Step::Pad { name, out, .. }
+            | Step::SpaceToDepth { name, out, .. }
             | Step::ConvTranspose { name, out, .. } => (name, out),
         };
         *out = to;
@@ -679,6 +695,7 @@ impl Step {
             Step::Resize { .. } => "resize",
             Step::Softmax { .. } => "softmax",
             Step::Pad { .. } => "pad",
+            Step::SpaceToDepth { .. } => "space_to_depth",
             Step::ConvTranspose { .. } => "conv_transpose",
         }
     }
@@ -806,6 +823,31 @@ pub fn squeeze_dims(input: &[usize], axes: &[i64], squeeze: bool) -> Option<Vec<
             })
             .collect()
     }
+}
+
+/// Drops steps whose output nothing reads (the plan's output aside), last first so a chain
+/// of them goes: copies a reader that converts as it reads made redundant (the stem's input
+/// layout copy). A tensor read through an alias counts as read.
+pub fn prune_dead(plan: &mut Plan) {
+    let root = |t: usize| plan.tensors[t].alias_of.unwrap_or(t);
+    let mut readers = vec![0usize; plan.tensors.len()];
+    for s in &plan.steps {
+        for t in s.inputs() {
+            readers[root(t)] += 1;
+        }
+    }
+    let mut keep = vec![true; plan.steps.len()];
+    for si in (0..plan.steps.len()).rev() {
+        let out = root(plan.steps[si].output());
+        if readers[out] == 0 && out != root(plan.output) {
+            keep[si] = false;
+            for t in plan.steps[si].inputs() {
+                readers[root(t)] -= 1;
+            }
+        }
+    }
+    let mut k = keep.into_iter();
+    plan.steps.retain(|_| k.next().unwrap_or(true));
 }
 
 /// Folds each cast or quantize (a `Unary` without activation: f16 -> f32, float -> int8) into

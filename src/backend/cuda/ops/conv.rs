@@ -193,7 +193,7 @@ pub(super) fn conv(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
     // The logical output shape, and the shape the step computes (rows x M for linear layers).
     let (out_shape, step_shape): (Vec<usize>, Vec<usize>);
     let w_scales: Vec<f32>;
-    let w_i8_ordered: Option<Vec<i8>>;
+    let mut w_i8_ordered: Option<Vec<i8>>;
     if op == "Conv" {
         if w.dims.len() != 4 || xd.shape.len() != 4 {
             return Err(err(
@@ -241,6 +241,7 @@ pub(super) fn conv(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
             Some(_) => return Err(err(n, "bias length differs from output channels")),
             None => vec![0.0; co],
         };
+        space_to_depth_stem(b, &mut step, w_i8_ordered.as_mut(), [oh, ow]);
     } else {
         // Gemm / MatMul with a constant B: rows of the (flattened) input times B, as a 1x1
         // convolution over H = W = 1.
@@ -462,6 +463,97 @@ pub(super) fn conv(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
     }
     b.plan.steps.push(Step::Conv(step));
     Ok(())
+}
+
+/// Input channels at most which a strided conv is a stem `space_to_depth_stem` regroups: an
+/// image's 3 (or 4) channels, a quarter of a tensor-core step or less per tap.
+const STEM_MAX_CIN: usize = 4;
+
+/// A stem conv (stride s >= 2 in both axes, no dilation, one group, at most `STEM_MAX_CIN`
+/// input channels) rewritten as a stride-1 conv over its input regrouped into s x s blocks,
+/// as MLPerf's ResNet-50 submissions run it. With 3 channels a tap is 6 bytes of FP16 or 3 of
+/// int8, and cuDNN found only slow kernels for ResNet-50's 7x7/2 stem (0.24 ms of a 1.16 ms
+/// FP16 batch-32 engine on an H200): blocks of s x s pixels times 4 or 8 channels (zero
+/// channels after the input's; 32 bytes or more in all) make it a ceil(k / s)-tap conv.
+/// One `Step::SpaceToDepth` does the regrouping, the conv's top/left pads and the zero
+/// channels, reading the tensor the conv input was converted from (the host input, not its
+/// NHWC or quantized copy, which then has no reader and is dropped). Exact: every added
+/// product has a zero factor. `w_q` are the quantized OHWI weights (regrouped with the float
+/// ones), `[oh, ow]` the conv's output size; a step that is not a stem is left as it is.
+fn space_to_depth_stem(
+    b: &mut Builder<'_>,
+    step: &mut ConvStep,
+    w_q: Option<&mut Vec<i8>>,
+    [oh, ow]: [usize; 2],
+) {
+    let s = step.stride[0];
+    let xd = b.desc(step.input).clone();
+    // Channels per pixel: a multiple of 4 (the regrouping kernel stores four at a time),
+    // enough that a tap is 32 bytes, one tensor-core k-step (16 FP16 or 32 int8 channels:
+    // with 16, cuDNN's int8 and FP8 kernels ran ResNet-50's stem no faster than before).
+    let cp = (32 / (s * s * xd.dtype.bytes()).max(1))
+        .max(4)
+        .next_multiple_of(4);
+    if step.cin > STEM_MAX_CIN
+        || !(s * s * cp).is_multiple_of(16)
+        || s < 2
+        || step.stride[1] != s
+        || step.dilation != [1, 1]
+        || step.groups != 1
+        || xd.layout != Layout::Nhwc
+        || xd.shape.len() != 4
+    {
+        return;
+    }
+    let (kh, kw, cin) = (step.k[0], step.k[1], step.cin);
+    let (ah, aw) = (kh.div_ceil(s), kw.div_ceil(s));
+    let c2 = s * s * cp;
+    let blocks = b.tensor(
+        &format!("{}.space_to_depth", xd.name),
+        vec![xd.shape[0], c2, oh + ah - 1, ow + aw - 1],
+        Layout::Nhwc,
+        xd.dtype,
+        xd.scale,
+    );
+    b.plan.steps.push(Step::SpaceToDepth {
+        name: format!("{}.space_to_depth", step.name),
+        input: b.conversion_source(step.input),
+        out: blocks,
+        block: s,
+        pads: [step.pads[0], step.pads[1]],
+    });
+    // OHWI [cout, kh, kw, cin] -> [cout, ah, aw, (bh, bw, c)], tap (s * a + b) or zero.
+    fn regroup<T: Copy + Default>(
+        w: &[T],
+        cout: usize,
+        [kh, kw, cin]: [usize; 3],
+        [ah, aw, s, cp]: [usize; 4],
+    ) -> Vec<T> {
+        let c2 = s * s * cp;
+        let mut out = vec![T::default(); cout * ah * aw * c2];
+        for o in 0..cout {
+            for y in 0..kh {
+                for x in 0..kw {
+                    for c in 0..cin {
+                        let (a, by, ax, bx) = (y / s, y % s, x / s, x % s);
+                        let dst = ((o * ah + a) * aw + ax) * c2 + (by * s + bx) * cp + c;
+                        out[dst] = w[((o * kh + y) * kw + x) * cin + c];
+                    }
+                }
+            }
+        }
+        out
+    }
+    let (from, to) = ([kh, kw, cin], [ah, aw, s, cp]);
+    step.w = regroup(&step.w, step.cout, from, to);
+    if let Some(q) = w_q {
+        *q = regroup(q, step.cout, from, to);
+    }
+    step.input = blocks;
+    step.cin = c2;
+    step.k = [ah, aw];
+    step.stride = [1, 1];
+    step.pads = [0; 4];
 }
 
 /// BatchNormalization not folded into a convolution: a per-channel multiply-add.

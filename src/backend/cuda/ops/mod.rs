@@ -277,6 +277,7 @@ impl<'a> Builder<'a> {
             o
         };
         self.plan.output = fin;
+        crate::backend::cuda::plan::prune_dead(&mut self.plan);
         crate::backend::cuda::plan::fold_casts(&mut self.plan);
         Ok(self.plan)
     }
@@ -487,6 +488,37 @@ impl<'a> Builder<'a> {
         self.plan.steps.push(step);
         self.converted.insert((t, to_nhwc), o);
         Ok(o)
+    }
+
+    /// The tensor `t` was converted from elementwise (a layout change, cast, quantize or
+    /// dequantize, or a chain of them): a reader that converts as it reads can take that one
+    /// and leave the copies without a reader (`prune_dead` then drops them).
+    pub(crate) fn conversion_source(&self, mut t: usize) -> usize {
+        loop {
+            let from_layout = self
+                .converted
+                .iter()
+                .find(|&(_, &o)| o == t)
+                .map(|(&(src, _), _)| src);
+            let from_unary = self.plan.steps.iter().find_map(|s| match s {
+                Step::Unary {
+                    input,
+                    out,
+                    act: Act::None,
+                    ..
+                } if *out == t
+                    && self.desc(*input).shape == self.desc(t).shape
+                    && self.desc(*input).layout == self.desc(t).layout =>
+                {
+                    Some(*input)
+                }
+                _ => None,
+            });
+            match from_layout.or(from_unary) {
+                Some(src) => t = src,
+                None => return t,
+            }
+        }
     }
 
     /// The float constant `name` (float, int8 dequantized, or host values cast to f32).

@@ -37,6 +37,23 @@ fn amax_everywhere(qp: &crate::quant::QuantPlan, amax: f32) -> crate::calib::Ran
     }
 }
 
+/// The INT8 plan of `b` at `shape`, every quantized tensor at amax `amax`.
+fn int8_plan_of(b: &GraphBuilder, shape: [usize; 4], amax: f32) -> Plan {
+    let m = b.model();
+    let qp = crate::quant::plan(&m, &[]);
+    let qdq = crate::quant::build_qdq(&m, &qp, Some(&amax_everywhere(&qp, amax))).expect("qdq");
+    lower(
+        &crate::model::Model {
+            proto: qdq.proto.clone(),
+            ..m.clone()
+        }
+        .with_fixed_input(shape[0], [shape[2], shape[3]]),
+        shape,
+        Precision::Int8,
+    )
+    .expect("int8 lowers")
+}
+
 /// A bottleneck as torchvision orders it: the main branch's last conv comes before the
 /// shortcut conv, both feed the Add.
 fn shortcut_after_main() -> GraphBuilder {
@@ -56,21 +73,8 @@ fn shortcut_after_main() -> GraphBuilder {
 #[test]
 fn residual_add_fuses_when_the_shortcut_comes_later() {
     let b = shortcut_after_main();
-    let m = b.model();
-    let qp = crate::quant::plan(&m, &[]);
-    let ranges = amax_everywhere(&qp, 4.0);
-    let qdq = crate::quant::build_qdq(&m, &qp, Some(&ranges)).expect("qdq");
     let fp32 = plan_of(&b, [1, 8, 8, 8], Precision::Fp32);
-    let int8 = lower(
-        &crate::model::Model {
-            proto: qdq.proto.clone(),
-            ..m.clone()
-        }
-        .with_fixed_input(1, [8, 8]),
-        [1, 8, 8, 8],
-        Precision::Int8,
-    )
-    .expect("int8 lowers");
+    let int8 = int8_plan_of(&b, [1, 8, 8, 8], 4.0);
     let residual_conv = |plan: &Plan| {
         plan.steps.iter().find_map(|s| match s {
             Step::Conv(c) if c.residual.is_some() => Some(c.clone()),
@@ -489,4 +493,195 @@ fn fp8_plan_keeps_e4m3_tensors_and_weights() {
             .is_some_and(|e| e.contains("symmetric int8")),
         "{refused:?}"
     );
+}
+
+/// The `space_to_depth` kernel on the host: NCHW `x` of `[n, c, h, w]` into NHWC blocks.
+fn host_space_to_depth(
+    x: &[f32],
+    [n, c, h, w]: [usize; 4],
+    out: &[usize],
+    block: usize,
+    [pt, pl]: [usize; 2],
+) -> Vec<f32> {
+    let (c2, hs, ws) = (out[1], out[2], out[3]);
+    let cp = c2 / (block * block);
+    let mut y = vec![0f32; n * hs * ws * c2];
+    for b in 0..n {
+        for j in 0..hs {
+            for i in 0..ws {
+                for q in 0..c2 {
+                    let (ch, cell) = (q % cp, q / cp);
+                    let yy = (block * j + cell / block) as i64 - pt as i64;
+                    let xx = (block * i + cell % block) as i64 - pl as i64;
+                    if ch < c && (0..h as i64).contains(&yy) && (0..w as i64).contains(&xx) {
+                        y[((b * hs + j) * ws + i) * c2 + q] =
+                            x[((b * c + ch) * h + yy as usize) * w + xx as usize];
+                    }
+                }
+            }
+        }
+    }
+    y
+}
+
+fn to_nhwc(x: &[f32], [n, c, h, w]: [usize; 4]) -> Vec<f32> {
+    let mut y = vec![0f32; x.len()];
+    for b in 0..n {
+        for ch in 0..c {
+            for p in 0..h * w {
+                y[(b * h * w + p) * c + ch] = x[(b * c + ch) * h * w + p];
+            }
+        }
+    }
+    y
+}
+
+/// A one-group conv step over an NHWC input `[n, h, w, cin]` (OHWI weights), NHWC out.
+fn host_conv(c: &ConvStep, x: &[f32], [n, h, w]: [usize; 3]) -> Vec<f32> {
+    let [kh, kw] = c.k;
+    let oh = (h + c.pads[0] + c.pads[2] - kh) / c.stride[0] + 1;
+    let ow = (w + c.pads[1] + c.pads[3] - kw) / c.stride[1] + 1;
+    let mut y = vec![0f32; n * oh * ow * c.cout];
+    for b in 0..n {
+        for oy in 0..oh {
+            for ox in 0..ow {
+                for o in 0..c.cout {
+                    let mut acc = c.bias[o];
+                    for ky in 0..kh {
+                        for kx in 0..kw {
+                            let iy = (oy * c.stride[0] + ky) as i64 - c.pads[0] as i64;
+                            let ix = (ox * c.stride[1] + kx) as i64 - c.pads[1] as i64;
+                            if iy < 0 || ix < 0 || iy >= h as i64 || ix >= w as i64 {
+                                continue;
+                            }
+                            let xi = ((b * h + iy as usize) * w + ix as usize) * c.cin;
+                            let wi = ((o * kh + ky) * kw + kx) * c.cin;
+                            for ci in 0..c.cin {
+                                acc += x[xi + ci] * c.w[wi + ci];
+                            }
+                        }
+                    }
+                    y[((b * oh + oy) * ow + ox) * c.cout + o] = acc;
+                }
+            }
+        }
+    }
+    y
+}
+
+/// Stems (ResNet's 7x7/2 pad 3, MobileNet's 3x3/2 pad 1, ConvNeXt's 4x4/4 patchify, an
+/// asymmetric SAME pad) on odd input sizes: the plan regroups the host input into s x s
+/// blocks in one step and runs a stride-1 conv whose result, with the regrouping as the kernel
+/// does it, equals the original conv's. An int8 plan quantizes in that same step (no layout
+/// copy or quantize left) and regroups its int8 weights the same way.
+#[test]
+fn stem_convs_run_as_space_to_depth_and_compute_the_same() {
+    let stems: [(&str, [usize; 2], usize, [i64; 4]); 4] = [
+        ("resnet 7x7/2", [7, 7], 2, [3, 3, 3, 3]),
+        ("mobilenet 3x3/2", [3, 3], 2, [1, 1, 1, 1]),
+        ("patchify 4x4/4", [4, 4], 4, [0, 0, 0, 0]),
+        ("same-upper 3x3/2", [3, 3], 2, [0, 0, 1, 1]),
+    ];
+    let [n, cin, h, w] = [2, 3, 13, 11];
+    for (what, k, s, pads) in stems {
+        let mut b = GraphBuilder::new(&[n, cin, h, w]);
+        let wt = b.random("stem.w", &[8, cin, k[0], k[1]], 0.3);
+        let bias = b.random("stem.b", &[8], 0.1);
+        let y = b.node(
+            "Conv",
+            "stem",
+            &["x", &wt, &bias],
+            vec![
+                proto::ints_attr("kernel_shape", &[k[0] as i64, k[1] as i64]),
+                proto::ints_attr("strides", &[s as i64, s as i64]),
+                proto::ints_attr("pads", &pads),
+            ],
+        );
+        b.output(&y);
+        let plan = plan_of(&b, [n, cin, h, w], Precision::Fp32);
+        let conv = conv_steps(&plan)[0].clone();
+        assert_eq!(conv.stride, [1, 1], "{what}: stride");
+        assert_eq!(conv.pads, [0; 4], "{what}: pads");
+        assert_eq!(conv.cin % 16, 0, "{what}: {} channels", conv.cin);
+        // One regrouping step reads the host input itself (no layout copy left), then the conv.
+        let (src, block, spads) = match plan.steps.as_slice() {
+            [
+                Step::SpaceToDepth {
+                    input, block, pads, ..
+                },
+                Step::Conv(_),
+                ..,
+            ] => (*input, *block, *pads),
+            steps => panic!(
+                "{what}: steps {:?}",
+                steps.iter().map(|s| s.name()).collect::<Vec<_>>()
+            ),
+        };
+        assert_eq!(src, plan.input, "{what}: reads the host input");
+        // The original conv, NHWC, from the graph's own weights.
+        let x: Vec<f32> = crate::model::testing::values(n * cin * h * w, 5);
+        let m = b.model();
+        let wc = m.initializer("stem.w").expect("weights");
+        let bc = m.initializer("stem.b").expect("bias");
+        let p = pads.map(|v| v as usize);
+        let original = ConvStep {
+            w: oihw_to_ohwi(&wc.data, 8, cin, k[0], k[1]),
+            bias: bc.data.clone(),
+            cin,
+            k,
+            stride: [s, s],
+            pads: p,
+            ..conv.clone()
+        };
+        let want = host_conv(&original, &to_nhwc(&x, [n, cin, h, w]), [n, h, w]);
+        let blocks = host_space_to_depth(
+            &x,
+            [n, cin, h, w],
+            &plan.tensors[conv.input].shape,
+            block,
+            spads,
+        );
+        let sd = super::stored_dims(&plan.tensors[conv.input]);
+        let got = host_conv(&conv, &blocks, [sd[0], sd[1], sd[2]]);
+        assert_eq!(got.len(), want.len(), "{what}: output size");
+        let err = got
+            .iter()
+            .zip(&want)
+            .fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(err < 1e-5, "{what}: max error {err}");
+    }
+    // Int8: the quantized weights are regrouped with the float ones.
+    let mut b = GraphBuilder::new(&[1, 3, 16, 16]);
+    let wt = b.random("stem.w", &[16, 3, 3, 3], 0.3);
+    let y = b.node(
+        "Conv",
+        "stem",
+        &["x", &wt],
+        vec![
+            proto::ints_attr("strides", &[2, 2]),
+            proto::ints_attr("pads", &[1, 1, 1, 1]),
+        ],
+    );
+    let y = b.op("Relu", "relu", &[&y]);
+    b.output(&y);
+    let int8 = int8_plan_of(&b, [1, 3, 16, 16], 4.0);
+    match int8.steps.first() {
+        Some(Step::SpaceToDepth { input, out, .. }) => {
+            assert_eq!(*input, int8.input, "reads the host input");
+            assert_eq!(int8.tensors[*out].dtype, DType::I8, "writes int8");
+        }
+        other => panic!("first step {:?}", other.map(|s| s.name())),
+    }
+    let c = conv_steps(&int8)[0];
+    let q = c.quant.as_ref().expect("int8 stem");
+    assert_eq!((c.k, c.cin), ([2, 2], 32), "2x2 taps of 32 int8 channels");
+    assert_eq!(q.w.len(), c.w.len());
+    let per_out = c.w.len() / c.cout;
+    for (i, (qv, fv)) in q.w.iter().zip(&c.w).enumerate() {
+        let scale = q.w_scales[i / per_out];
+        assert!(
+            (*qv as f32 * scale - fv).abs() <= scale * 0.5 + 1e-6,
+            "weight {i}: int8 {qv} x {scale} against {fv}"
+        );
+    }
 }
