@@ -312,51 +312,39 @@ pub fn apply(
     Ok((reloaded, summary))
 }
 
-/// Adds `delta(channel)` to conv `node`'s bias, creating the bias when it has none.
-fn add_to_bias(gp: &mut pb::GraphProto, node: usize, delta: impl Fn(usize) -> f32) {
-    let n = &gp.node[node];
-    let w_name = n.input[1].clone();
-    let cout = gp
-        .initializer
+/// Output channels of conv `node` (its weight's first dim) and, per channel, the sum of its
+/// weights over the input window.
+fn channel_sums(gp: &pb::GraphProto, node: usize) -> Vec<f32> {
+    let w_name = &gp.node[node].input[1];
+    gp.initializer
         .iter()
-        .find(|t| t.name == w_name)
-        .and_then(|w| w.dims.first())
-        .map_or(0, |&d| d.max(0) as usize);
-    let b_name = n.input.get(2).filter(|b| !b.is_empty()).cloned();
-    let old = b_name
-        .as_ref()
-        .and_then(|b| gp.initializer.iter().find(|t| &t.name == b))
+        .find(|t| &t.name == w_name)
         .and_then(proto::tensor_f32)
-        .map_or(vec![0.0; cout], |b| b.data);
-    let new: Vec<f32> = old.iter().enumerate().map(|(c, v)| v + delta(c)).collect();
-    let name = b_name.unwrap_or_else(|| format!("{}_centered_bias", n.name));
-    let t = proto::f32_tensor(&name, &[new.len()], &new);
-    match gp.initializer.iter_mut().find(|i| i.name == name) {
-        Some(slot) => *slot = t,
-        None => {
-            gp.initializer.push(t);
-            let n = &mut gp.node[node];
-            n.input.resize(2, String::new());
-            n.input.push(name);
-        }
+        .map_or(vec![], |w| {
+            let channels = w.dims.first().copied().unwrap_or(1).max(1);
+            let per = (w.data.len() / channels).max(1);
+            w.data.chunks(per).map(|k| k.iter().sum()).collect()
+        })
+}
+
+/// `super::add_to_bias` on node `node` of `gp` (nothing for a conv without float weights).
+fn shift_bias(gp: &mut pb::GraphProto, node: usize, shift: &[f32]) {
+    if shift.is_empty() {
+        return;
     }
+    let mut n = std::mem::take(&mut gp.node[node]);
+    super::add_to_bias(gp, &mut n, shift, "centered_bias");
+    gp.node[node] = n;
 }
 
 /// The rewrite of one site: t - c written by the conv and the activation, + c folded into
 /// each reader's bias.
 fn shift_graph(gp: &mut pb::GraphProto, site: &Site, c: f32, opset: i64) {
-    add_to_bias(gp, site.producer, |_| -c);
+    let down = vec![-c; channel_sums(gp, site.producer).len()];
+    shift_bias(gp, site.producer, &down);
     for &r in &site.readers {
-        let w_name = gp.node[r].input[1].clone();
-        let w = gp
-            .initializer
-            .iter()
-            .find(|t| t.name == w_name)
-            .and_then(proto::tensor_f32);
-        let Some(w) = w else { continue };
-        let per = w.data.len() / w.dims.first().copied().unwrap_or(1).max(1);
-        let sums: Vec<f32> = w.data.chunks(per.max(1)).map(|k| k.iter().sum()).collect();
-        add_to_bias(gp, r, |o| c * sums.get(o).copied().unwrap_or(0.0));
+        let up: Vec<f32> = channel_sums(gp, r).iter().map(|s| c * s).collect();
+        shift_bias(gp, r, &up);
     }
     // The activation becomes Clip(x, -c, hi - c), in the form the model's opset reads.
     let n = &gp.node[site.act];

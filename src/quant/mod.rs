@@ -533,7 +533,7 @@ pub fn build_qdq_as(
             (None, f) => f,
         };
         if let Some(shift) = shift {
-            correct_bias(g, &mut n, &shift);
+            add_to_bias(g, &mut n, &shift, "bias_corrected");
         }
         if let Some(v) = before.remove(&i) {
             g.node.extend(v);
@@ -624,9 +624,10 @@ fn bias_scale_floor(
     floor
 }
 
-/// Adds `shift` (one value per output channel) to the node's float bias, as a new initializer
-/// (a bias may be shared), creating the bias when the node has none (Conv and Gemm only).
-fn correct_bias(g: &mut pb::GraphProto, n: &mut pb::NodeProto, shift: &[f32]) {
+/// Adds `shift` (one value per output channel) to the node's float bias, creating the bias
+/// when the node has none (Conv and Gemm only). The result is a new initializer
+/// `{node}_{tag}` (a bias may be shared), replaced when a shift with the same tag came first.
+pub(crate) fn add_to_bias(g: &mut pb::GraphProto, n: &mut pb::NodeProto, shift: &[f32], tag: &str) {
     if !matches!(n.op_type.as_str(), "Conv" | "ConvTranspose" | "Gemm") {
         return;
     }
@@ -645,8 +646,12 @@ fn correct_bias(g: &mut pb::GraphProto, n: &mut pb::NodeProto, shift: &[f32]) {
     for (v, d) in b.iter_mut().zip(shift) {
         *v += d;
     }
-    let name = format!("{}_bias_corrected", n.name);
-    g.initializer.push(proto::f32_tensor(&name, &[b.len()], &b));
+    let name = format!("{}_{tag}", n.name);
+    let t = proto::f32_tensor(&name, &[b.len()], &b);
+    match g.initializer.iter_mut().find(|i| i.name == name) {
+        Some(slot) => *slot = t,
+        None => g.initializer.push(t),
+    }
     n.input.resize(3, String::new());
     n.input[2] = name;
 }
