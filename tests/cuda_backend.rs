@@ -234,7 +234,8 @@ fn fp32_tf32_is_said_and_stays_close_to_strict_fp32() {
 /// Each way the builder can run an int8 conv, forced on every conv it applies to (a cached
 /// choice naming only the family), against the CPU INT8 engine on the bundled classifier:
 /// the cuDNN graph int8 conv, the fused int8-out cuBLASLt GEMM, the raw int32 GEMM +
-/// epilogue, the FP16 way through cuDNN and through cuBLASLt, and the direct kernel.
+/// epilogue, the FP16 way through cuDNN and through cuBLASLt, and the direct kernel (its
+/// convs take no int8 pointwise kernel: the MobileNet block's test forces that one).
 #[test]
 fn every_int8_conv_implementation_matches_cpu() {
     use quantscope::backend::cuda::ops as plan;
@@ -260,28 +261,29 @@ fn every_int8_conv_implementation_matches_cpu() {
     }
 }
 
-/// A MobileNetV2 block and a ResNet tail on [1, 16, 14, 14]: 1x1 expansion + ReLU6 (Clip),
+/// A MobileNetV2 block and a ResNet tail on [1, 16, 14, 14]: 1x1 expansion (to 24 channels:
+/// the int8 pointwise kernel's 4-byte reads and a partial block of output channels) + ReLU6 (Clip),
 /// 3x3 depthwise + ReLU6, 1x1 projection + the block's residual, then a 3x3 conv + ReLU.
 /// Every fused epilogue the builder has (bias, clip, ReLU, residual) and the depthwise path.
 fn mobilenet_block() -> GraphBuilder {
     let mut b = GraphBuilder::new(&[1, 16, 14, 14]);
     let lo = b.constant("zero", &[], &[0.0]);
     let hi = b.constant("six", &[], &[6.0]);
-    let e = b.conv("expand", "x", 16, 32, 1);
+    let e = b.conv("expand", "x", 16, 24, 1);
     let e6 = b.op("Clip", "expand.relu6", &[&e, &lo, &hi]);
-    let dw_w = b.random("dw.w", &[32, 1, 3, 3], 0.5);
-    let dw_b = b.random("dw.b", &[32], 0.1);
+    let dw_w = b.random("dw.w", &[24, 1, 3, 3], 0.5);
+    let dw_b = b.random("dw.b", &[24], 0.1);
     let dw = b.node(
         "Conv",
         "dw",
         &[&e6, &dw_w, &dw_b],
         vec![
             proto::ints_attr("pads", &[1, 1, 1, 1]),
-            proto::int_attr("group", 32),
+            proto::int_attr("group", 24),
         ],
     );
     let d6 = b.op("Clip", "dw.relu6", &[&dw, &lo, &hi]);
-    let pr = b.conv("project", &d6, 32, 16, 1);
+    let pr = b.conv("project", &d6, 24, 16, 1);
     let add = b.op("Add", "block.add", &[&pr, "x"]);
     let c = b.conv("tail", &add, 16, 16, 3);
     let y = b.op("Relu", "tail.relu", &[&c]);
@@ -369,7 +371,7 @@ fn every_conv_implementation_matches_cpu_on_a_mobilenet_block() {
     let cpu8 = cpu_int8_run(&m, &qdq, spec, &x).expect("cpu int8");
     let step = cpu8.data.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
     let pl = plan::lower(&q, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
-    for family in ["cudnng", "gemmf", "gemm", "f16+cudnn", "dw", "direct"] {
+    for family in ["cudnng", "gemmf", "gemm", "f16+cudnn", "dw", "pw", "direct"] {
         let (mut eng, applied, n) = forced_engine(&pl, Precision::Int8, batch, family);
         let out = eng.run(&x).expect("cuda run");
         let abs = out

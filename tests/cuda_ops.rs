@@ -944,6 +944,28 @@ fn pooling_cases() -> Vec<Case> {
             )
         },
     ));
+    // ResNet's stem pool over 16 channels between convs: whole 16-byte vectors in FP32, FP16
+    // and int8, the raw max kernel's (int8 requantized where the output's scale differs).
+    cases.push(graph(
+        "MaxPool 3x3/2 pad 1 after conv, 16 channels",
+        &[2, 16, 9, 9],
+        13,
+        |b, x| {
+            let c = after_conv(b, x, 16);
+            let p = b.node(
+                "MaxPool",
+                "mp",
+                &[&c],
+                vec![
+                    ints("kernel_shape", &[3, 3]),
+                    ints("strides", &[2, 2]),
+                    ints("pads", &[1, 1, 1, 1]),
+                ],
+            );
+            // A conv reading the pool, so that in INT8 its output is int8 too.
+            b.conv("post", &p, 16, 16, 1)
+        },
+    ));
     // TensorFlow's image pooling: a window as large as the input (a global average pool).
     cases.push(graph(
         "AveragePool over the whole input",

@@ -40,6 +40,12 @@ const CHOICE_BATCH_MS: f64 = 0.2;
 const CHOICE_MAX_LAUNCHES: usize = 20;
 /// Largest im2col buffer a float GEMM candidate may ask for (int8 GEMMs always get theirs).
 const COL_MAX_BYTES: usize = 256 << 20;
+/// Output channels per thread of the int8 pointwise kernel (`PW_CO` in kernels.cu).
+const PW_CO: usize = 16;
+/// Threads (pixels) per block of the int8 pointwise kernel.
+const PW_THREADS: usize = 128;
+/// Shared memory the pointwise kernel may take per block (the default dynamic limit).
+const PW_MAX_SHARED_BYTES: usize = 48 << 10;
 
 pub type DevResult<T> = Result<T, String>;
 
@@ -189,11 +195,13 @@ struct Kernels {
     concat: CudaFunction,
     resize: CudaFunction,
     space_to_depth: CudaFunction,
+    max_pool16: CudaFunction,
+    conv_pw_i8: CudaFunction,
 }
 
 /// Names of the kernels the engine loads (the compile check makes sure each is in the PTX).
 #[cfg(test)]
-const KERNEL_NAMES: [&str; 23] = [
+const KERNEL_NAMES: [&str; 25] = [
     "epilogue",
     "conv_direct",
     "conv_dw4",
@@ -217,6 +225,8 @@ const KERNEL_NAMES: [&str; 23] = [
     "concat_part",
     "resize",
     "space_to_depth",
+    "max_pool16",
+    "conv_pw_i8",
 ];
 
 /// Compiles `kernels.cu` for `arch` (`compute_XY`) with NVRTC: (PTX, compiler log). The log
@@ -879,6 +889,8 @@ impl Device {
             concat: f("concat_part")?,
             resize: f("resize")?,
             space_to_depth: f("space_to_depth")?,
+            max_pool16: f("max_pool16")?,
+            conv_pw_i8: f("conv_pw_i8")?,
         };
         let mut cudnn = std::ptr::null_mut();
         dnn_ok(unsafe { dnn::cudnnCreate(&mut cudnn) }, "cudnnCreate")?;
@@ -927,6 +939,8 @@ pub enum ConvImpl {
     },
     /// Depthwise conv on the vectorized kernel (`conv_dw4`), epilogue fused.
     Depthwise,
+    /// Int8 1x1 conv (or Gemm / MatMul) on the `__dp4a` kernel (`conv_pw_i8`), epilogue fused.
+    Pointwise,
     /// A layer the Q/DQ plan lets run in int8 (or FP8), run in FP16 because that timed faster:
     /// the quantized input is dequantized into a scratch FP16 copy, the inner float implementation runs on
     /// dequantized weights, and the epilogue writes the planned output type.
@@ -946,6 +960,7 @@ impl ConvImpl {
             ConvImpl::Cudnn { algo } => format!("cudnn:{algo}"),
             ConvImpl::CudnnGraph { plan } => format!("cudnng:{plan}"),
             ConvImpl::Depthwise => "dw".into(),
+            ConvImpl::Pointwise => "pw".into(),
             ConvImpl::AsF16(inner) => format!("f16+{}", inner.key()),
         }
     }
@@ -974,6 +989,7 @@ impl ConvImpl {
                 format!("cuDNN graph conv, fused epilogue (plan {plan})")
             }
             ConvImpl::Depthwise => "depthwise kernel".into(),
+            ConvImpl::Pointwise => "pointwise dp4a kernel".into(),
             ConvImpl::AsF16(inner) => format!("run in fp16 (timed faster): {}", inner.describe()),
         }
     }
@@ -1135,8 +1151,9 @@ struct ConvRt {
     bias: DevBuf,
     /// Direct-kernel weights (f32 or i8, OHWI), kept only when chosen.
     direct_w: Option<DevBuf>,
-    /// Depthwise-kernel weights (`depthwise_weights`), kept only when chosen.
-    dw_w: Option<DevBuf>,
+    /// Weights of the depthwise kernel (`depthwise_weights`) or of the int8 pointwise kernel
+    /// (`pointwise_weights`; a conv has at most one of the two), kept only when chosen.
+    kernel_w: Option<DevBuf>,
     gemm: Option<GemmSetup>,
     gemm_fused: Option<GemmSetup>,
     cudnn: Option<CudnnSetup>,
@@ -1271,7 +1288,7 @@ impl CudaEngine {
                     alpha: DevBuf::from_slice(&alpha)?,
                     bias: DevBuf::from_slice(&c.bias)?,
                     direct_w: None,
-                    dw_w: None,
+                    kernel_w: None,
                     gemm: None,
                     gemm_fused: None,
                     cudnn: None,
@@ -1341,7 +1358,7 @@ impl CudaEngine {
         }
         for rt in eng.convs.values() {
             let f16 = rt.f16.as_deref();
-            weights_bytes += [rt.direct_w.as_ref(), rt.dw_w.as_ref()]
+            weights_bytes += [rt.direct_w.as_ref(), rt.kernel_w.as_ref()]
                 .iter()
                 .flatten()
                 .map(|b| b.bytes as u64)
@@ -1498,8 +1515,13 @@ impl CudaEngine {
         }
         if self.depthwise_ok(&step) {
             let w = self.depthwise_weights(&step, float)?;
-            self.convs.get_mut(&si).expect("conv").dw_w = Some(w);
+            self.convs.get_mut(&si).expect("conv").kernel_w = Some(w);
             cands.push(ConvImpl::Depthwise);
+        }
+        if self.pointwise_ok(&step, m) {
+            let w = self.pointwise_weights(&step)?;
+            self.convs.get_mut(&si).expect("conv").kernel_w = Some(w);
+            cands.push(ConvImpl::Pointwise);
         }
         if let Some(f) = &rt_f16 {
             let mut inner = vec![];
@@ -1573,10 +1595,22 @@ impl CudaEngine {
                 v.sort_by(f64::total_cmp);
                 v.get(v.len() / 2).copied().unwrap_or(f64::INFINITY)
             };
-            cands
+            let timed: Vec<(f64, &ConvImpl)> = cands
                 .iter()
                 .zip(&times)
                 .filter_map(|(c, t)| t.as_ref().map(|t| (median(t), c)))
+                .collect();
+            log_msg(&format!(
+                "{}: {}",
+                step.name,
+                timed
+                    .iter()
+                    .map(|(t, c)| format!("{} {:.1} us", c.key(), t * 1e3))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ));
+            timed
+                .into_iter()
                 .min_by(|a, b| a.0.total_cmp(&b.0))
                 .map_or_else(|| cands[0].clone(), |(_, c)| c.clone())
         };
@@ -1595,8 +1629,8 @@ impl CudaEngine {
         if !matches!(pick, ConvImpl::CudnnGraph { .. }) {
             rt.dnn = None;
         }
-        if pick != ConvImpl::Depthwise {
-            rt.dw_w = None;
+        if !matches!(pick, ConvImpl::Depthwise | ConvImpl::Pointwise) {
+            rt.kernel_w = None;
         }
         match &pick {
             ConvImpl::AsF16(inner) => {
@@ -1697,6 +1731,32 @@ impl CudaEngine {
             && input_ok
             && fits_i32(c.input)
             && fits_i32(c.out)
+    }
+
+    /// Whether the int8 pointwise kernel (`conv_pw_i8`) takes this layer: an int8 1x1 conv
+    /// (or Gemm / MatMul) reading int8, 4-byte rows in and out, a block's weight rows within
+    /// `PW_MAX_SHARED_BYTES`, and 32-bit indices (`m` rows).
+    fn pointwise_ok(&self, c: &ConvStep, m: usize) -> bool {
+        let xd = &self.plan.tensors[c.input];
+        c.quant.as_ref().is_some_and(|q| q.is_int8())
+            && xd.dtype == DType::I8
+            && c.is_pointwise()
+            && c.cin.is_multiple_of(4)
+            && c.cout.is_multiple_of(4)
+            && PW_CO * c.cin <= PW_MAX_SHARED_BYTES
+            && m.saturating_mul(c.cin.max(c.cout)) < i32::MAX as usize
+    }
+
+    /// The pointwise kernel's weights: int8 `[cout rounded up to PW_CO, cin]`, zero rows past
+    /// `cout` (each block reads PW_CO whole rows).
+    fn pointwise_weights(&self, c: &ConvStep) -> DevResult<DevBuf> {
+        let q = c
+            .quant
+            .as_ref()
+            .ok_or("pointwise kernel: not an int8 layer")?;
+        let mut w = q.w.clone();
+        w.resize(round_up(c.cout, PW_CO) * c.cin, 0);
+        DevBuf::from_slice(&w)
     }
 
     /// The depthwise kernel's weights: int8 as `[ceil(KH * KW / 4), C, 4]`, float tap-major
@@ -2496,7 +2556,24 @@ impl CudaEngine {
                 ..
             } => {
                 let (i, o) = (td(*input), td(*out));
-                // Four channels per thread where the channels allow (vector accesses).
+                // Max of raw 16-byte vectors where the output takes the input's type (and
+                // scale, but for int8's requantizing), else four channels per thread where the
+                // channels allow (vector accesses), else one.
+                let bytes = i.dtype.bytes();
+                let raw_max = *max
+                    && i.dtype == o.dtype
+                    && (i.scale == o.scale || i.dtype == DType::I8)
+                    && i.dtype != DType::F8
+                    && (i.shape[1] * bytes).is_multiple_of(16)
+                    && i.numel() * bytes / 16 < i32::MAX as usize;
+                if raw_max {
+                    let cv = i.shape[1] * bytes / 16;
+                    return launch!(st, k.max_pool16, o.numel() * bytes / 16; self.ptr(*input), i.dtype.code(), i.scale,
+                        self.ptr(*out), o.scale,
+                        u(i.shape[0]), u(i.shape[2]), u(i.shape[3]), u(cv), u(o.shape[2]), u(o.shape[3]),
+                        u(kk[0]), u(kk[1]), u(stride[0]), u(stride[1]), u(pads[0]), u(pads[1]),
+                        u(dilation[0]), u(dilation[1]));
+                }
                 let (f, n) = if i.shape[1] % 4 == 0 {
                     (&k.pool4, o.numel() / 4)
                 } else {
@@ -2712,7 +2789,7 @@ impl CudaEngine {
                     u(c.dilation[0]), u(c.dilation[1]), u(c.groups), act, a0, a1)
             }
             ConvImpl::Depthwise => {
-                let w_p = rt.dw_w.as_ref().ok_or("depthwise weights missing")?.ptr;
+                let w_p = rt.kernel_w.as_ref().ok_or("depthwise weights missing")?.ptr;
                 // Threads: four channels of DW_PX (4) adjacent outputs along x each.
                 let threads = n_out / rt.ow / 4 * rt.ow.div_ceil(4);
                 launch!(st, k.conv_dw4, threads; way.input, way.in_t.code(), w_p, way.alpha, rt.bias.ptr,
@@ -2720,6 +2797,22 @@ impl CudaEngine {
                     u(xd.shape[0]), u(h), u(w), u(c.cin), u(rt.oh), u(rt.ow),
                     u(c.k[0]), u(c.k[1]), u(c.stride[0]), u(c.stride[1]), u(c.pads[0]), u(c.pads[1]),
                     u(c.dilation[0]), u(c.dilation[1]), act, a0, a1)
+            }
+            ConvImpl::Pointwise => {
+                let w_p = rt.kernel_w.as_ref().ok_or("pointwise weights missing")?.ptr;
+                // x: pixels; y: blocks of PW_CO output channels.
+                let cfg = LaunchConfig {
+                    grid_dim: (
+                        rt.m.div_ceil(PW_THREADS) as u32,
+                        c.cout.div_ceil(PW_CO) as u32,
+                        1,
+                    ),
+                    block_dim: (PW_THREADS as u32, 1, 1),
+                    shared_mem_bytes: (PW_CO * c.cin) as u32,
+                };
+                launch!(st, k.conv_pw_i8, cfg cfg; way.input, w_p, way.alpha, rt.bias.ptr,
+                    res_p, res_t, res_s, self.ptr(c.out), od.dtype.code(), od.scale,
+                    u(rt.m), u(c.cin), u(c.cout), act, a0, a1)
             }
             ConvImpl::Gemm { algo, im2col } | ConvImpl::GemmFused { algo, im2col } => {
                 let g = way.gemm.ok_or("GEMM setup missing")?;

@@ -395,6 +395,68 @@ extern "C" __global__ void conv_dw4(const void* x, int x_t, const void* w, const
   }
 }
 
+// Pointwise (1x1, stride 1) int8 convolution, and Gemm / MatMul as one, on __dp4a: x int8
+// [m, k] (NHWC pixels or rows), weights int8 [cout rounded up to PW_CO, k] (zero rows past
+// cout), exact int32 sums, then conv_direct's epilogue. Each thread computes PW_CO output
+// channels of one pixel; grid (ceil(m / blockDim.x), ceil(cout / PW_CO)); the block's PW_CO
+// weight rows sit in shared memory (PW_CO * k bytes, dynamic), read as warp-wide broadcasts.
+// For some memory-bound 1x1 layers of MobileNets at high resolution (k and cout of 16 to
+// 144) cuBLASLt's int8 GEMMs took twice FP16's time on an H200 (a tile of 16 or 24 output
+// channels wastes most of an int8 tensor-core tile, and an unfused epilogue costs a pass);
+// the builder times this kernel against them. (Staging whole tiles of pixels in shared
+// memory for line-wide loads and stores timed slower on an H200.)
+// k % 4 == 0 (16-byte reads where k % 16 == 0), cout % 4 == 0, m * k and m * cout < 2^31.
+#define PW_CO 16
+extern "C" __global__ void conv_pw_i8(const signed char* x, const signed char* w,
+                                      const float* alpha, const float* bias, const void* res,
+                                      int res_t, float res_scale, void* y, int y_t, float y_scale,
+                                      int m, int k, int cout, int act, float a0, float a1) {
+  extern __shared__ int sw[];
+  int kw4 = k >> 2, co0 = blockIdx.y * PW_CO;
+  const int* wg = (const int*)(w + (i64)co0 * k);
+  for (int j = threadIdx.x; j < PW_CO * kw4; j += blockDim.x) sw[j] = wg[j];
+  __syncthreads();
+  int px = blockIdx.x * blockDim.x + threadIdx.x;
+  if (px >= m) return;
+  int acc[PW_CO];
+#pragma unroll
+  for (int o = 0; o < PW_CO; o++) acc[o] = 0;
+  if ((k & 15) == 0) {
+    const int4* xr = (const int4*)(x + px * k);
+    for (int v = 0; v < (k >> 4); v++) {
+      int4 a = xr[v];
+#pragma unroll
+      for (int o = 0; o < PW_CO; o++) {
+        int4 b = ((const int4*)sw)[o * (k >> 4) + v];
+        acc[o] = __dp4a(a.x, b.x, acc[o]);
+        acc[o] = __dp4a(a.y, b.y, acc[o]);
+        acc[o] = __dp4a(a.z, b.z, acc[o]);
+        acc[o] = __dp4a(a.w, b.w, acc[o]);
+      }
+    }
+  } else {
+    const int* xr = (const int*)(x + px * k);
+    for (int v = 0; v < kw4; v++) {
+      int a = xr[v];
+#pragma unroll
+      for (int o = 0; o < PW_CO; o++) acc[o] = __dp4a(a, sw[o * kw4 + v], acc[o]);
+    }
+  }
+#pragma unroll
+  for (int o = 0; o < PW_CO; o += 4) {
+    int c = co0 + o;
+    if (c >= cout) break;
+    i64 at = (i64)px * cout + c;
+    float4 al = *(const float4*)(alpha + c), bi = *(const float4*)(bias + c);
+    float4 r = res_t >= 0 ? ld4(res, res_t, at, res_scale) : make_float4(0.f, 0.f, 0.f, 0.f);
+    float4 v = make_float4(act_f(acc[o] * al.x + bi.x + r.x, act, a0, a1),
+                           act_f(acc[o + 1] * al.y + bi.y + r.y, act, a0, a1),
+                           act_f(acc[o + 2] * al.z + bi.z + r.z, act, a0, a1),
+                           act_f(acc[o + 3] * al.w + bi.w + r.w, act, a0, a1));
+    st4(y, y_t, at, v, y_scale);
+  }
+}
+
 // im2col for NHWC: cols [M = n*oh*ow, kpad] with k = (ky*kw + kx)*cin + ci; zero padding.
 // esize: element bytes (1, 2 or 4).
 extern "C" __global__ void im2col(const void* x, void* cols, int esize, int n, int h, int wd,
@@ -922,6 +984,57 @@ extern "C" __global__ void pool4(const void* x, int x_t, float x_scale, void* y,
                   : make_float4(0.f, 0.f, 0.f, 0.f);
   }
   st4(y, y_t, i * 4, acc, y_scale);
+}
+
+// Max pooling over NHWC on raw 16-byte vectors of one type (f32, f16 or int8 codes): the
+// max of the values is the value of the max code, and an int8 output at another scale is
+// the max code requantized (requantizing is monotone), exactly as `pool` computes it. `pool4`
+// converts every element to float and back (a division per element to requantize) and
+// reads 4 bytes of int8 per thread: ResNet-50's batch-32 stem max pool took 58 us in int8
+// and 46 us in FP16 on an H200. cv: vectors per pixel (c * bytes / 16); the host keeps the
+// input and output under 2^31 vectors.
+__device__ __forceinline__ unsigned max_word(unsigned a, unsigned b, int t) {
+  if (t == 2) return __vmaxs4(a, b);
+  if (t == 1) {
+    __half2 m = __hmax2(*(__half2*)&a, *(__half2*)&b);
+    return *(unsigned*)&m;
+  }
+  return __float_as_uint(fmaxf(__uint_as_float(a), __uint_as_float(b)));
+}
+__device__ __forceinline__ unsigned requant_word(unsigned w, float xs, float ys) {
+  char4 c = *(char4*)&w;
+  char4 q = make_char4(q8(c.x * xs, ys), q8(c.y * xs, ys), q8(c.z * xs, ys), q8(c.w * xs, ys));
+  return *(unsigned*)&q;
+}
+extern "C" __global__ void max_pool16(const uint4* x, int t, float x_scale, uint4* y,
+                                      float y_scale, int n, int h, int wd, int cv, int oh,
+                                      int ow, int kh, int kw, int sh, int sw, int pt, int pl,
+                                      int dh, int dw) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n * oh * ow * cv) return;
+  int v = i % cv, q = i / cv;
+  int ox = q % ow;
+  q /= ow;
+  int oy = q % oh, b = q / oh;
+  // The lowest value of the type: int8 -128, f16 and f32 -inf (what `pool` stores for a
+  // window with no input position).
+  unsigned lo = t == 2 ? 0x80808080u : t == 1 ? 0xfc00fc00u : 0xff800000u;
+  uint4 acc = make_uint4(lo, lo, lo, lo);
+  for (int ky = 0; ky < kh; ky++) {
+    int iy = oy * sh - pt + ky * dh;
+    if (iy < 0 || iy >= h) continue;
+    for (int kx = 0; kx < kw; kx++) {
+      int ix = ox * sw - pl + kx * dw;
+      if (ix < 0 || ix >= wd) continue;
+      uint4 a = x[((b * h + iy) * wd + ix) * cv + v];
+      acc = make_uint4(max_word(acc.x, a.x, t), max_word(acc.y, a.y, t),
+                       max_word(acc.z, a.z, t), max_word(acc.w, a.w, t));
+    }
+  }
+  if (t == 2 && x_scale != y_scale)
+    acc = make_uint4(requant_word(acc.x, x_scale, y_scale), requant_word(acc.y, x_scale, y_scale),
+                     requant_word(acc.z, x_scale, y_scale), requant_word(acc.w, x_scale, y_scale));
+  y[i] = acc;
 }
 
 // Global average pool over NHWC. Block: 32 channels x 32 pixel lanes, each lane summing every

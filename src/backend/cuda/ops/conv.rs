@@ -405,27 +405,54 @@ pub(super) fn conv(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
     let (act, name) = b.fuse_act(&tname, &mut step.fused);
     step.act = act;
     tname = name;
-    // Int8 output when every reader quantizes at one scale.
+    // Int8 output when every reader quantizes at one scale, or is a max pool whose readers
+    // all do (the ResNet stem: quantizing is monotone, so it commutes with the max, exactly;
+    // the pool then runs on int8 codes and the conv writes a quarter of the f32 bytes).
     let mut out_dtype = b.float;
     let mut out_scale = 1.0;
     let mut q_nodes = vec![];
     if use_int8 && !b.g.is_graph_output(&tname) {
         let cons = b.g.consumers(&tname);
+        let quantizing_readers = |b: &Builder<'_>, name: &str| -> Option<f32> {
+            let cons = b.g.consumers(name);
+            let scales: Vec<Option<f32>> = cons
+                .iter()
+                .map(|&(ci, slot)| {
+                    let c = b.g.node(ci);
+                    (c.op_type == "QuantizeLinear"
+                        && slot == 0
+                        && !b.g.is_graph_output(&c.output[0]))
+                    .then(|| super::quant::q_scale(b, c))
+                    .flatten()
+                })
+                .collect();
+            let first = *scales.first()?;
+            scales
+                .iter()
+                .all(|s| *s == first)
+                .then_some(first)
+                .flatten()
+        };
         let scales: Vec<Option<f32>> = cons
             .iter()
             .map(|&(ci, slot)| {
                 let c = b.g.node(ci);
-                (c.op_type == "QuantizeLinear" && slot == 0)
-                    .then(|| super::quant::q_scale(b, c))
-                    .flatten()
+                match c.op_type.as_str() {
+                    "QuantizeLinear" if slot == 0 && !b.g.is_graph_output(&c.output[0]) => {
+                        super::quant::q_scale(b, c)
+                    }
+                    "MaxPool"
+                        if slot == 0
+                            && c.output.iter().skip(1).all(|o| o.is_empty())
+                            && !b.g.is_graph_output(&c.output[0]) =>
+                    {
+                        quantizing_readers(b, &c.output[0])
+                    }
+                    _ => None,
+                }
             })
             .collect();
-        if !scales.is_empty()
-            && scales.iter().all(|s| s.is_some() && *s == scales[0])
-            && cons
-                .iter()
-                .all(|&(ci, _)| !b.g.is_graph_output(&b.g.node(ci).output[0]))
-        {
+        if !scales.is_empty() && scales.iter().all(|s| s.is_some() && *s == scales[0]) {
             out_dtype = b.quant.unwrap_or(DType::I8);
             out_scale = scales[0].unwrap_or(1.0);
             // Bias through int32 at x_scale * w_scale, as an int8-out conv (QLinearConv on
@@ -438,7 +465,11 @@ pub(super) fn conv(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
                     }
                 }
             }
-            q_nodes = cons.iter().map(|c| c.0).collect();
+            q_nodes = cons
+                .iter()
+                .map(|c| c.0)
+                .filter(|&ci| b.g.node(ci).op_type == "QuantizeLinear")
+                .collect();
         }
     }
     let layout = if op == "Conv" {

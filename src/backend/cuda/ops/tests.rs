@@ -445,6 +445,45 @@ fn casts_and_quantizes_fold_into_the_step_before_them() {
     assert!(last.name().ends_with("+output.cast"), "{}", last.name());
 }
 
+/// ResNet's stem: conv, ReLU, then a max pool the Q/DQ model quantizes only after. The conv
+/// writes int8 at the pool's output scale (quantizing commutes with the max) and the pool
+/// reads and writes int8 codes at that one scale: no FP16 tensor between them.
+#[test]
+fn a_max_pool_before_a_quantize_pools_int8_codes() {
+    let mut b = GraphBuilder::new(&[1, 4, 12, 12]);
+    let c = b.conv("stem", "x", 4, 16, 3);
+    let r = b.op("Relu", "stem.relu", &[&c]);
+    let p = b.node(
+        "MaxPool",
+        "pool",
+        &[&r],
+        vec![
+            proto::ints_attr("kernel_shape", &[3, 3]),
+            proto::ints_attr("strides", &[2, 2]),
+            proto::ints_attr("pads", &[1, 1, 1, 1]),
+        ],
+    );
+    let y = b.conv("next", &p, 16, 16, 1);
+    b.output(&y);
+    let plan = int8_plan_of(&b, [1, 4, 12, 12], 4.0);
+    let (pin, pout) = plan
+        .steps
+        .iter()
+        .find_map(|s| match s {
+            Step::Pool { input, out, .. } => Some((*input, *out)),
+            _ => None,
+        })
+        .expect("a pool step");
+    let (i, o) = (&plan.tensors[pin], &plan.tensors[pout]);
+    assert_eq!((i.dtype, o.dtype), (DType::I8, DType::I8), "{i:?} -> {o:?}");
+    assert_eq!(i.scale, o.scale);
+    let stem = conv_steps(&plan)[0];
+    assert_eq!(
+        stem.out, pin,
+        "the stem conv writes the pool's int8 input itself"
+    );
+}
+
 /// An FP8 Q/DQ model plans as the INT8 one does, in E4M3: every conv quantized with its FP8
 /// codes and scales, FP8 activations between layers, and an INT8 engine refuses FP8 Q/DQ.
 #[test]
