@@ -11,9 +11,11 @@
 #   the same replayed from a CUDA graph, and with --compile torch.compile
 #   (max-autotune-no-cudagraphs, replayed from a CUDA graph captured by hand) FP16 at every
 #   batch size (COMPILE_MODELS, COMPILE_BATCHES choose; COMPILE_BUDGET_S caps the total
-#   compile time: on an H100 max-autotune took 336 s for ResNet-50 at batch 1). Prints a table; writes
-#   OUT_DIR/bench.json (and the quantscope reports next to it). Split the models over several
-#   runs where one would not fit a time limit.
+#   compile time: on an H100 max-autotune took 336 s for ResNet-50 at batch 1; on an H200 258 s
+#   and 138 s for ResNet-50 at batch 1 and 32, 223 s and 158 s for MobileNetV2). Prints a table;
+#   writes OUT_DIR/bench.json (and the quantscope reports next to it). Split the models, and
+#   with COMPILE_BATCHES the compiled batch sizes, over several runs where one would not fit a
+#   time limit (one model's two compiles plus our engines took more than 10 minutes).
 set -euo pipefail
 QS=${1:?quantscope binary}; OUT=${2:?out dir}; COMPILE=${3:-}
 PY=${PYTHON:-/opt/torch/.venv/bin/python}

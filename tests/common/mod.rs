@@ -40,11 +40,44 @@ pub fn image_folder_dataset(root: &Path, classes: usize, per_class: usize, size:
     }
 }
 
+/// A fresh, empty folder `name` for one test, under this process's root (the first call
+/// sweeps the roots earlier test processes left).
 pub fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("quantscope-test-{name}-{}", std::process::id()));
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    SWEPT.call_once(remove_roots_of_exited_tests);
+    let d = std::env::temp_dir()
+        .join(format!("{TEST_ROOT_PREFIX}{}", std::process::id()))
+        .join(name);
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).expect("temp dir");
     d
+}
+
+/// Each test process keeps its folders under one root, `quantscope-test-<pid>` in the system
+/// temp folder.
+const TEST_ROOT_PREFIX: &str = "quantscope-test-";
+
+/// Removes the roots (and the older `quantscope-test-<name>-<pid>` folders) of test processes
+/// that have exited. A test binary has no exit hook and a failing test keeps its files for a
+/// look, so each run sweeps what earlier runs left. Linux only (a process is alive while
+/// /proc/<pid> exists); elsewhere nothing is removed.
+fn remove_roots_of_exited_tests() {
+    if !Path::new("/proc/self").exists() {
+        return;
+    }
+    let Ok(entries) = std::fs::read_dir(std::env::temp_dir()) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let Some(rest) = name.strip_prefix(TEST_ROOT_PREFIX) else {
+            continue;
+        };
+        let pid = rest.rsplit('-').next().unwrap_or_default();
+        if pid.parse::<u32>().is_ok() && !Path::new("/proc").join(pid).exists() {
+            let _ = std::fs::remove_dir_all(e.path());
+        }
+    }
 }
 
 /// True when python3 with onnxruntime is there; in CI its absence is a failure.

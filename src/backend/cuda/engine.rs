@@ -2565,7 +2565,7 @@ impl CudaEngine {
                     && (i.scale == o.scale || i.dtype == DType::I8)
                     && i.dtype != DType::F8
                     && (i.shape[1] * bytes).is_multiple_of(16)
-                    && i.numel() * bytes / 16 < i32::MAX as usize;
+                    && i.numel().max(o.numel()) * bytes / 16 < i32::MAX as usize;
                 if raw_max {
                     let cv = i.shape[1] * bytes / 16;
                     return launch!(st, k.max_pool16, o.numel() * bytes / 16; self.ptr(*input), i.dtype.code(), i.scale,

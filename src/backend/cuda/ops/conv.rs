@@ -405,56 +405,21 @@ pub(super) fn conv(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
     let (act, name) = b.fuse_act(&tname, &mut step.fused);
     step.act = act;
     tname = name;
-    // Int8 output when every reader quantizes at one scale, or is a max pool whose readers
-    // all do (the ResNet stem: quantizing is monotone, so it commutes with the max, exactly;
-    // the pool then runs on int8 codes and the conv writes a quarter of the f32 bytes).
+    // Int8 output when every reader quantizes at one scale (`reader_q_scale`: a max pool
+    // whose readers all do counts, so that ResNet's stem pool runs on int8 codes and the conv
+    // writes a quarter of the f32 bytes).
     let mut out_dtype = b.float;
     let mut out_scale = 1.0;
     let mut q_nodes = vec![];
     if use_int8 && !b.g.is_graph_output(&tname) {
         let cons = b.g.consumers(&tname);
-        let quantizing_readers = |b: &Builder<'_>, name: &str| -> Option<f32> {
-            let cons = b.g.consumers(name);
-            let scales: Vec<Option<f32>> = cons
-                .iter()
-                .map(|&(ci, slot)| {
-                    let c = b.g.node(ci);
-                    (c.op_type == "QuantizeLinear"
-                        && slot == 0
-                        && !b.g.is_graph_output(&c.output[0]))
-                    .then(|| super::quant::q_scale(b, c))
-                    .flatten()
-                })
-                .collect();
-            let first = *scales.first()?;
-            scales
-                .iter()
-                .all(|s| *s == first)
-                .then_some(first)
-                .flatten()
-        };
-        let scales: Vec<Option<f32>> = cons
-            .iter()
-            .map(|&(ci, slot)| {
-                let c = b.g.node(ci);
-                match c.op_type.as_str() {
-                    "QuantizeLinear" if slot == 0 && !b.g.is_graph_output(&c.output[0]) => {
-                        super::quant::q_scale(b, c)
-                    }
-                    "MaxPool"
-                        if slot == 0
-                            && c.output.iter().skip(1).all(|o| o.is_empty())
-                            && !b.g.is_graph_output(&c.output[0]) =>
-                    {
-                        quantizing_readers(b, &c.output[0])
-                    }
-                    _ => None,
-                }
-            })
-            .collect();
-        if !scales.is_empty() && scales.iter().all(|s| s.is_some() && *s == scales[0]) {
+        let scale = one_scale(
+            cons.iter()
+                .map(|&(ci, slot)| reader_q_scale(b, ci, slot, true)),
+        );
+        if let Some(scale) = scale {
             out_dtype = b.quant.unwrap_or(DType::I8);
-            out_scale = scales[0].unwrap_or(1.0);
+            out_scale = scale;
             // Bias through int32 at x_scale * w_scale, as an int8-out conv (QLinearConv on
             // the CPU, TensorRT's int32 bias) computes it. FP8 layers keep a float bias.
             if let Some(q) = step.quant.as_ref().filter(|q| q.is_int8()) {
@@ -494,6 +459,32 @@ pub(super) fn conv(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
     }
     b.plan.steps.push(Step::Conv(step));
     Ok(())
+}
+
+/// The scale at which reader `ci` (reading input `slot`) quantizes a conv's output: a
+/// QuantizeLinear's own; with `through_pool`, for a max pool, the one scale all its readers
+/// quantize at (quantizing is monotone, so it commutes with the max: exact). `None` for any
+/// other reader, or one whose output is a graph output.
+fn reader_q_scale(b: &Builder<'_>, ci: usize, slot: usize, through_pool: bool) -> Option<f32> {
+    let c = b.g.node(ci);
+    if slot != 0 || b.g.is_graph_output(&c.output[0]) {
+        return None;
+    }
+    match c.op_type.as_str() {
+        "QuantizeLinear" => super::quant::q_scale(b, c),
+        "MaxPool" if through_pool && c.output.iter().skip(1).all(|o| o.is_empty()) => one_scale(
+            b.g.consumers(&c.output[0])
+                .iter()
+                .map(|&(cj, s)| reader_q_scale(b, cj, s, false)),
+        ),
+        _ => None,
+    }
+}
+
+/// The scale when there is at least one and all are the same scale.
+fn one_scale(mut scales: impl Iterator<Item = Option<f32>>) -> Option<f32> {
+    let first = scales.next()??;
+    scales.all(|s| s == Some(first)).then_some(first)
 }
 
 /// Input channels at most which a strided conv is a stem `space_to_depth_stem` regroups: an
