@@ -909,21 +909,27 @@ fn depth_to_space_and_space_to_depth_cases() -> Vec<Case> {
 
 // ---- pooling and reductions ----------------------------------------------------------------
 
+/// A 3x3 stride-2 MaxPool node on `x` with `pads` (top, left, bottom, right).
+fn max_pool_3x3_stride_2(b: &mut GraphBuilder, x: &str, pads: [i64; 4], ceil: bool) -> String {
+    b.node(
+        "MaxPool",
+        "mp",
+        &[x],
+        vec![
+            ints("kernel_shape", &[3, 3]),
+            ints("strides", &[2, 2]),
+            ints("pads", &pads),
+            int("ceil_mode", ceil as i64),
+        ],
+    )
+}
+
 fn pooling_cases() -> Vec<Case> {
     let s = [1, 4, 7, 7];
     let mut cases = vec![];
     // SqueezeNet: 3x3 stride 2 ceil mode.
     cases.push(graph("MaxPool ceil_mode", &s, 13, |b, x| {
-        b.node(
-            "MaxPool",
-            "mp",
-            &[x],
-            vec![
-                ints("kernel_shape", &[3, 3]),
-                ints("strides", &[2, 2]),
-                int("ceil_mode", 1),
-            ],
-        )
+        max_pool_3x3_stride_2(b, x, [0; 4], true)
     }));
     cases.push(graph(
         "MaxPool ceil_mode after conv",
@@ -931,17 +937,7 @@ fn pooling_cases() -> Vec<Case> {
         13,
         |b, x| {
             let c = after_conv(b, x, 4);
-            b.node(
-                "MaxPool",
-                "mp",
-                &[&c],
-                vec![
-                    ints("kernel_shape", &[3, 3]),
-                    ints("strides", &[2, 2]),
-                    ints("pads", &[1, 1, 0, 0]),
-                    int("ceil_mode", 1),
-                ],
-            )
+            max_pool_3x3_stride_2(b, &c, [1, 1, 0, 0], true)
         },
     ));
     // ResNet's stem pool over 16 channels between convs: whole 16-byte vectors in FP32, FP16
@@ -952,16 +948,7 @@ fn pooling_cases() -> Vec<Case> {
         13,
         |b, x| {
             let c = after_conv(b, x, 16);
-            let p = b.node(
-                "MaxPool",
-                "mp",
-                &[&c],
-                vec![
-                    ints("kernel_shape", &[3, 3]),
-                    ints("strides", &[2, 2]),
-                    ints("pads", &[1, 1, 1, 1]),
-                ],
-            );
+            let p = max_pool_3x3_stride_2(b, &c, [1, 1, 1, 1], false);
             // A conv reading the pool, so that in INT8 its output is int8 too.
             b.conv("post", &p, 16, 16, 1)
         },

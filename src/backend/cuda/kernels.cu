@@ -43,16 +43,16 @@ __device__ __forceinline__ float ld(const void* p, int t, i64 i, float scale) {
   }
 }
 
+// int8 code of v at scale: round half to even, saturate (QuantizeLinear).
+__device__ __forceinline__ signed char q8(float v, float scale) {
+  return (signed char)fminf(fmaxf(rintf(v / scale), -128.f), 127.f);
+}
+
 __device__ __forceinline__ void st(void* p, int t, i64 i, float v, float scale) {
   switch (t) {
     case 0: ((float*)p)[i] = v; break;
     case 1: ((__half*)p)[i] = __float2half_rn(v); break;
-    case 2: {
-      float q = rintf(v / scale);
-      q = fminf(fmaxf(q, -128.f), 127.f);
-      ((signed char*)p)[i] = (signed char)q;
-      break;
-    }
+    case 2: ((signed char*)p)[i] = q8(v, scale); break;
     case 4: ((unsigned char*)p)[i] = f8_from_f32(v / scale); break;
     default: ((int*)p)[i] = (int)v; break;
   }
@@ -79,10 +79,6 @@ __device__ __forceinline__ float4 ld4(const void* p, int t, i64 i, float scale) 
   }
   return make_float4(ld(p, t, i, scale), ld(p, t, i + 1, scale), ld(p, t, i + 2, scale),
                      ld(p, t, i + 3, scale));
-}
-
-__device__ __forceinline__ signed char q8(float v, float scale) {
-  return (signed char)fminf(fmaxf(rintf(v / scale), -128.f), 127.f);
 }
 
 __device__ __forceinline__ void st4(void* p, int t, i64 i, float4 v, float scale) {
