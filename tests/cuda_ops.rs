@@ -406,6 +406,11 @@ fn activations_cases() -> Vec<Case> {
             let c = after_conv(b, x, 4);
             b.op("Relu", "a", &[&c])
         }),
+        ("SiLU after conv (Mul(Sigmoid(y), y))", |b, x| {
+            let c = after_conv(b, x, 4);
+            let s = b.op("Sigmoid", "sg", &[&c]);
+            b.op("Mul", "a", &[&s, &c])
+        }),
         ("Erf after conv", |b, x| {
             let c = after_conv(b, x, 4);
             b.op("Erf", "a", &[&c])

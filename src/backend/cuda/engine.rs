@@ -178,8 +178,10 @@ struct Kernels {
     im2col: CudaFunction,
     im2col_v16: CudaFunction,
     unary: CudaFunction,
+    unary4: CudaFunction,
     view: CudaFunction,
     nary: CudaFunction,
+    nary4: CudaFunction,
     reduce: CudaFunction,
     reduce_rows: CudaFunction,
     norm_rows: CudaFunction,
@@ -201,15 +203,17 @@ struct Kernels {
 
 /// Names of the kernels the engine loads (the compile check makes sure each is in the PTX).
 #[cfg(test)]
-const KERNEL_NAMES: [&str; 25] = [
+const KERNEL_NAMES: [&str; 27] = [
     "epilogue",
     "conv_direct",
     "conv_dw4",
     "im2col",
     "im2col_v16",
     "unary",
+    "unary4",
     "view",
     "nary",
+    "nary4",
     "reduce",
     "reduce_rows",
     "norm_rows",
@@ -469,6 +473,29 @@ fn nary_args(
         };
     }
     Ok(a)
+}
+
+/// `a` over groups of 4 along its innermost dim, for `nary4`, with the mask of inputs read
+/// as vectors; `None` when the innermost dim is not whole groups or an input neither runs
+/// along it (stride 1, other strides whole groups) nor stays constant along it (stride 0).
+fn nary_groups_of_4(a: &NaryArgs) -> Option<(NaryArgs, i32)> {
+    let last = (a.rank as usize).checked_sub(1)?;
+    if a.dims[last] % 4 != 0 {
+        return None;
+    }
+    let mut g = *a;
+    let mut vec = 0;
+    for k in 0..a.nin as usize {
+        match a.strides[k][last] {
+            0 => {}
+            1 if a.strides[k][..last].iter().all(|s| s % 4 == 0) => vec |= 1 << k,
+            _ => return None,
+        }
+        g.strides[k][last] *= 4;
+    }
+    g.dims[last] /= 4;
+    g.div = FastDiv::of(&g.dims[..=last]);
+    Some((g, vec))
 }
 
 /// The `pad_nd` kernel's arguments for a `Step::Pad`.
@@ -872,8 +899,10 @@ impl Device {
             im2col: f("im2col")?,
             im2col_v16: f("im2col_v16")?,
             unary: f("unary")?,
+            unary4: f("unary4")?,
             view: f("view")?,
             nary: f("nary")?,
+            nary4: f("nary4")?,
             reduce: f("reduce")?,
             reduce_rows: f("reduce_rows")?,
             norm_rows: f("norm_rows")?,
@@ -2434,7 +2463,11 @@ impl CudaEngine {
             } => {
                 let (a, a0, a1) = act.code();
                 let n = td(*out).numel();
-                launch!(st, k.unary, n; self.ptr(*input), code(*input), sc(*input), self.ptr(*out), code(*out), sc(*out), n as i64, a, a0, a1)
+                if n.is_multiple_of(4) {
+                    launch!(st, k.unary4, n / 4; self.ptr(*input), code(*input), sc(*input), self.ptr(*out), code(*out), sc(*out), (n / 4) as i64, a, a0, a1)
+                } else {
+                    launch!(st, k.unary, n; self.ptr(*input), code(*input), sc(*input), self.ptr(*out), code(*out), sc(*out), n as i64, a, a0, a1)
+                }
             }
             Step::View {
                 input,
@@ -2465,7 +2498,11 @@ impl CudaEngine {
                 }
                 let (ac, a0, a1) = act.code();
                 let n = td(*out).numel();
-                launch!(st, k.nary, n; a, self.ptr(*out), code(*out), sc(*out), n as i64, op.code(), ac, a0, a1)
+                if let Some((a4, vec)) = nary_groups_of_4(&a) {
+                    launch!(st, k.nary4, n / 4; a4, self.ptr(*out), code(*out), sc(*out), (n / 4) as i64, op.code(), ac, a0, a1, vec)
+                } else {
+                    launch!(st, k.nary, n; a, self.ptr(*out), code(*out), sc(*out), n as i64, op.code(), ac, a0, a1)
+                }
             }
             Step::Reduce {
                 input,
@@ -3102,6 +3139,45 @@ mod tests {
             assert!(KERNELS.contains(src), "{src}");
         }
         assert!(KERNELS.contains(&format!("#define QS_MAX_RANK {MAX_RANK}")));
+    }
+
+    /// `nary4` takes an NHWC tensor times a per-channel gate (one vector read each per four
+    /// elements, the gate's too) and a per-pixel scalar operand (one read for four), and
+    /// leaves a channel count that is not whole groups of 4, or an input that steps across
+    /// the innermost dim, to `nary`.
+    #[test]
+    fn nary_groups_of_4_only_where_every_input_reads_whole_groups() {
+        let args = |dims: &[i64], strides: &[&[i64]]| {
+            let mut a = NaryArgs {
+                rank: dims.len() as i32,
+                nin: strides.len() as i32,
+                ..Default::default()
+            };
+            a.dims[..dims.len()].copy_from_slice(dims);
+            for (k, s) in strides.iter().enumerate() {
+                a.strides[k][..s.len()].copy_from_slice(s);
+            }
+            a.div = FastDiv::of(&a.dims[..dims.len()]);
+            a
+        };
+        let (g, vec) =
+            nary_groups_of_4(&args(&[2, 36, 8], &[&[288, 8, 1], &[8, 0, 1]])).expect("grouped");
+        assert_eq!(vec, 0b11);
+        assert_eq!(&g.dims[..3], &[2, 36, 2]);
+        assert_eq!(
+            (&g.strides[0][..3], &g.strides[1][..3]),
+            (&[288, 8, 4][..], &[8, 0, 4][..])
+        );
+        assert_eq!(fast_quotient(&g.div, 2, 7), 3, "divides by the group count");
+        let (_, vec) =
+            nary_groups_of_4(&args(&[2, 36, 8], &[&[288, 8, 1], &[36, 1, 0]])).expect("grouped");
+        assert_eq!(vec, 0b01, "the per-pixel operand is read once per group");
+        assert!(nary_groups_of_4(&args(&[2, 36, 6], &[&[216, 6, 1]])).is_none());
+        assert!(nary_groups_of_4(&args(&[8, 36], &[&[1, 8]])).is_none());
+        assert!(
+            nary_groups_of_4(&args(&[3, 8], &[&[10, 1]])).is_none(),
+            "rows of 10"
+        );
     }
 
     /// The kernels' `next_idx_fast`: umulhi(n, magic) >> shift, on the host.

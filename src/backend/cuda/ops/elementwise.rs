@@ -77,23 +77,43 @@ fn lower(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
             if let Some(ew) = binary_op(n)? {
                 return nary(b, n, ew);
             }
-            let act = act_of(b, n)
+            let mut act = act_of(b, n)
                 .ok_or_else(|| err(n, "its parameters must be constants (Clip bounds, slopes)"))?;
+            let (mut out, mut name) = (n.output[0].clone(), n.name.clone());
+            if let Some(mi) = silu_mul(b, n) {
+                // One pass instead of a sigmoid pass and a two-input multiply pass.
+                let m = b.g.node(mi);
+                b.skip.insert(mi);
+                (act, out, name) = (Act::Silu, m.output[0].clone(), format!("{name}+{}", m.name));
+            }
             let x = b.float_tensor_of(&n.input[0], "activation input")?;
             let d = b.desc(x).clone();
-            let o = b.tensor(&n.output[0], d.shape, d.layout, b.float, 1.0);
-            b.emit(
-                n,
-                o,
-                Step::Unary {
-                    name: n.name.clone(),
-                    input: x,
-                    out: o,
-                    act,
-                },
-            )
+            let o = b.tensor(&out, d.shape, d.layout, b.float, 1.0);
+            b.plan.steps.push(Step::Unary {
+                name,
+                input: x,
+                out: o,
+                act,
+            });
+            b.values.insert(out, Value::Tensor(o));
+            Ok(())
         }
     }
+}
+
+/// The Mul of SiLU spelled as `Mul(x, Sigmoid(x))` (either operand order), as PyTorch exports
+/// `nn.SiLU` (EfficientNet's every block) below opset 22: when `n` is that Sigmoid and the Mul
+/// its only reader, the Mul's node index.
+fn silu_mul(b: &Builder<'_>, n: &pb::NodeProto) -> Option<usize> {
+    if n.op_type != "Sigmoid" {
+        return None;
+    }
+    let mi = b.single_consumer(&n.output[0])?;
+    let m = b.g.node(mi);
+    let (x, s) = (&n.input[0], &n.output[0]);
+    let pair = m.input.len() == 2
+        && ((&m.input[0], &m.input[1]) == (x, s) || (&m.input[0], &m.input[1]) == (s, x));
+    (m.op_type == "Mul" && pair && !b.skip.contains(&mi)).then_some(mi)
 }
 
 /// The elementwise op of a binary / ternary node, None for activations.

@@ -287,6 +287,39 @@ fn squeeze_excite_scale_broadcasts_in_either_operand_order_without_a_copy() {
     );
 }
 
+/// SiLU as PyTorch exports it, `Mul(x, Sigmoid(x))` in either operand order, is one unary step;
+/// a Sigmoid whose Mul multiplies something else (a squeeze-excite gate) is not.
+#[test]
+fn sigmoid_times_its_input_is_one_silu_step() {
+    let mut b = GraphBuilder::new(&[1, 8, 6, 6]);
+    let c = b.conv("c", "x", 8, 8, 3);
+    let s = b.op("Sigmoid", "sg", &[&c]);
+    let y = b.op("Mul", "silu", &[&s, &c]);
+    let p = b.op("GlobalAveragePool", "pool", &[&y]);
+    let g = b.op("Sigmoid", "gate", &[&p]);
+    let z = b.op("Mul", "se", &[&y, &g]);
+    b.output(&z);
+    for p in [Precision::Fp32, Precision::Fp16] {
+        let plan = plan_of(&b, [1, 8, 6, 6], p);
+        let silu: Vec<&Step> = plan
+            .steps
+            .iter()
+            .filter(|s| matches!(s, Step::Unary { act: Act::Silu, .. }))
+            .collect();
+        assert_eq!(silu.len(), 1, "{p:?}");
+        assert_eq!(silu[0].name(), "sg+silu");
+        let muls = plan
+            .steps
+            .iter()
+            .filter(|s| matches!(s, Step::Nary { op: EwOp::Mul, .. }))
+            .count();
+        assert_eq!(muls, 1, "{p:?}: only the gate's multiply");
+    }
+    // The Q/DQ model dequantizes the conv's output once for both readers: still one step.
+    let int8 = int8_plan_of(&b, [1, 8, 6, 6], 4.0);
+    assert!(int8.steps.iter().any(|s| s.name() == "sg+silu"));
+}
+
 #[test]
 fn decomposed_layer_norm_is_one_norm_step_and_shape_subgraphs_fold() {
     let mut b = GraphBuilder::new(&[1, 4, 5, 6]);
