@@ -585,23 +585,27 @@ struct NaryArgs {
   int nin;
   FastDiv div;
 };
-extern "C" __global__ void nary(NaryArgs p, void* y, int y_t, float y_scale, i64 n, int op,
-                                int act, float a0, float a1) {
-  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n) return;
-  i64 off0 = 0, off1 = 0, off2 = 0, rem = i;
-  bool fast = QS_FAST(n);
+// Each input's element offset at index i of p's dims (i unravelled, innermost dim last).
+__device__ __forceinline__ void nary_offsets(const NaryArgs& p, i64 i, bool fast, i64 off[3]) {
+  off[0] = off[1] = off[2] = 0;
+  i64 rem = i;
 #pragma unroll
   for (int d = QS_MAX_RANK - 1; d >= 0; d--) {
     if (d >= p.rank) continue;
     i64 idx = next_idx_fast(rem, p.dims[d], fast, p.div, d);
-    off0 += idx * p.strides[0][d];
-    off1 += idx * p.strides[1][d];
-    off2 += idx * p.strides[2][d];
+#pragma unroll
+    for (int k = 0; k < 3; k++) off[k] += idx * p.strides[k][d];
   }
-  float a = ldc(p.in[0], p.t[0], off0, p.scale[0]);
-  float b = p.nin > 1 ? ldc(p.in[1], p.t[1], off1, p.scale[1]) : 0.f;
-  float c = p.nin > 2 ? ldc(p.in[2], p.t[2], off2, p.scale[2]) : 0.f;
+}
+extern "C" __global__ void nary(NaryArgs p, void* y, int y_t, float y_scale, i64 n, int op,
+                                int act, float a0, float a1) {
+  i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  i64 off[3];
+  nary_offsets(p, i, QS_FAST(n), off);
+  float a = ldc(p.in[0], p.t[0], off[0], p.scale[0]);
+  float b = p.nin > 1 ? ldc(p.in[1], p.t[1], off[1], p.scale[1]) : 0.f;
+  float c = p.nin > 2 ? ldc(p.in[2], p.t[2], off[2], p.scale[2]) : 0.f;
   st(y, y_t, i, act_f(ew_f(op, a, b, c), act, a0, a1), y_scale);
 }
 
@@ -622,18 +626,10 @@ extern "C" __global__ void nary4(NaryArgs p, void* y, int y_t, float y_scale, i6
                                  int act, float a0, float a1, int vec) {
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n4) return;
-  i64 off0 = 0, off1 = 0, off2 = 0, rem = i;
-  bool fast = QS_FAST(n4);
-#pragma unroll
-  for (int d = QS_MAX_RANK - 1; d >= 0; d--) {
-    if (d >= p.rank) continue;
-    i64 idx = next_idx_fast(rem, p.dims[d], fast, p.div, d);
-    off0 += idx * p.strides[0][d];
-    off1 += idx * p.strides[1][d];
-    off2 += idx * p.strides[2][d];
-  }
-  float4 a = nary_ld4(p, 0, off0, vec), b = nary_ld4(p, 1, off1, vec),
-         c = nary_ld4(p, 2, off2, vec);
+  i64 off[3];
+  nary_offsets(p, i, QS_FAST(n4), off);
+  float4 a = nary_ld4(p, 0, off[0], vec), b = nary_ld4(p, 1, off[1], vec),
+         c = nary_ld4(p, 2, off[2], vec);
   float4 r = make_float4(act_f(ew_f(op, a.x, b.x, c.x), act, a0, a1),
                          act_f(ew_f(op, a.y, b.y, c.y), act, a0, a1),
                          act_f(ew_f(op, a.z, b.z, c.z), act, a0, a1),

@@ -101,9 +101,9 @@ fn lower(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
     }
 }
 
-/// The Mul of SiLU spelled as `Mul(x, Sigmoid(x))` (either operand order), as PyTorch exports
-/// `nn.SiLU` (EfficientNet's every block) below opset 22: when `n` is that Sigmoid and the Mul
-/// its only reader, the Mul's node index.
+/// The Mul of SiLU spelled `Mul(x, Sigmoid(x))` (either operand order), as PyTorch exports
+/// `nn.SiLU` (ONNX has no SiLU op; EfficientNet has one in every block): when `n` is that
+/// Sigmoid and the Mul its only reader, the Mul's node index.
 fn silu_mul(b: &Builder<'_>, n: &pb::NodeProto) -> Option<usize> {
     if n.op_type != "Sigmoid" {
         return None;
