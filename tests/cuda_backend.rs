@@ -291,6 +291,35 @@ fn mobilenet_block() -> GraphBuilder {
     b
 }
 
+/// An EfficientNet block on [1, 16, 14, 14]: 1x1 expansion to 32 channels + SiLU (as PyTorch
+/// exports it: Sigmoid and Mul), 3x3 depthwise + SiLU, 1x1 projection + the block's residual.
+/// SiLU is fused into each conv, the cuDNN graph's as Swish.
+fn efficientnet_block() -> GraphBuilder {
+    let mut b = GraphBuilder::new(&[1, 16, 14, 14]);
+    let silu = |b: &mut GraphBuilder, x: &str, name: &str| {
+        let s = b.op("Sigmoid", &format!("{name}.sigmoid"), &[x]);
+        b.op("Mul", &format!("{name}.silu"), &[x, &s])
+    };
+    let e = b.conv("expand", "x", 16, 32, 1);
+    let e = silu(&mut b, &e, "expand");
+    let dw_w = b.random("dw.w", &[32, 1, 3, 3], 0.5);
+    let dw_b = b.random("dw.b", &[32], 0.1);
+    let dw = b.node(
+        "Conv",
+        "dw",
+        &[&e, &dw_w, &dw_b],
+        vec![
+            proto::ints_attr("pads", &[1, 1, 1, 1]),
+            proto::int_attr("group", 32),
+        ],
+    );
+    let d = silu(&mut b, &dw, "dw");
+    let pr = b.conv("project", &d, 32, 16, 1);
+    let y = b.op("Add", "block.add", &[&pr, "x"]);
+    b.output(&y);
+    b
+}
+
 /// Builds `plan` with every conv forced to `family` where it applies: the engine and how
 /// many convs took it.
 fn forced_engine(
@@ -335,12 +364,35 @@ fn forced_engine(
 /// cuBLASLt GEMM writing the output from its epilogue, the GEMM + epilogue kernel, cuDNN's
 /// legacy conv, the depthwise kernel, the direct kernel), forced on every conv it applies to
 /// in FP16 and strict FP32 engines, against the CPU FP32 engine; then each way of running an
-/// int8 conv against the CPU INT8 engine on the same block (within two output steps).
+/// int8 conv (both pointwise kernels too) against the CPU INT8 engine on the same block
+/// (within two output steps).
 #[test]
 fn every_conv_implementation_matches_cpu_on_a_mobilenet_block() {
-    use quantscope::backend::cuda::ops as plan;
     let Some(_) = gpu() else { return };
-    let m = mobilenet_block().model();
+    let int8 = ["cudnng", "gemmf", "gemm", "f16+cudnn", "dw", "pw", "pww", "direct"];
+    every_conv_implementation_matches_cpu(mobilenet_block(), false, &int8);
+}
+
+/// The same on an EfficientNet block: every implementation with SiLU as its fused activation;
+/// the FP16 cuDNN graph takes both dense convs (the expansion's SiLU as Swish). No int8
+/// layer here writes int8 through cuBLASLt's own epilogue: the expansion ends in SiLU, and
+/// the projection, its residual fused, writes the graph's float output.
+#[test]
+fn every_conv_implementation_matches_cpu_on_an_efficientnet_block() {
+    let Some(_) = gpu() else { return };
+    let int8 = ["cudnng", "gemm", "f16+cudnn", "dw", "pw", "pww", "direct"];
+    every_conv_implementation_matches_cpu(efficientnet_block(), true, &int8);
+}
+
+/// `dense_on_cudnng`: the FP16 cuDNN graph must take every conv but the depthwise one;
+/// `int8_families`: the int8 ways each applying to some conv of the block.
+fn every_conv_implementation_matches_cpu(
+    b: GraphBuilder,
+    dense_on_cudnng: bool,
+    int8_families: &[&str],
+) {
+    use quantscope::backend::cuda::ops as plan;
+    let m = b.model();
     let (batch, hw) = (2, [14, 14]);
     let p = m.with_fixed_input(batch, hw);
     let x = input_for(&m, batch, hw, 11);
@@ -359,6 +411,9 @@ fn every_conv_implementation_matches_cpu_on_a_mobilenet_block() {
                 "{precision} [{family}]: forced on {applied} of {n} convs, rel err {err:.2e}"
             );
             assert!(applied > 0, "{precision}: {family} applied to no conv");
+            if dense_on_cudnng && family == "cudnng" {
+                assert_eq!(applied, n - 1, "{precision}: the cuDNN graph's dense convs");
+            }
             assert!(err <= tol, "{precision} [{family}]: rel err {err}");
         }
     }
@@ -371,7 +426,7 @@ fn every_conv_implementation_matches_cpu_on_a_mobilenet_block() {
     let cpu8 = cpu_int8_run(&m, &qdq, spec, &x).expect("cpu int8");
     let step = cpu8.data.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
     let pl = plan::lower(&q, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
-    for family in ["cudnng", "gemmf", "gemm", "f16+cudnn", "dw", "pw", "direct"] {
+    for &family in int8_families {
         let (mut eng, applied, n) = forced_engine(&pl, Precision::Int8, batch, family);
         let out = eng.run(&x).expect("cuda run");
         let abs = out

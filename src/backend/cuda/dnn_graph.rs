@@ -65,6 +65,9 @@ pub enum GraphAct {
     Relu,
     /// min(max(x, lo), hi): cuDNN's ReLU with a lower and an upper clip (ReLU6, Clip).
     Clip(f32, f32),
+    /// x * sigmoid(beta * x): SiLU of values in output units `u` is Swish with beta = u
+    /// (silu(u x) / u = x sigmoid(u x)).
+    Swish(f32),
 }
 
 /// What one graph computes around its convolution.
@@ -182,8 +185,8 @@ impl ConvGraph {
         Ok(d)
     }
 
-    /// A pointwise op `y = mode(x[, b])` (ADD weighs b by `alpha2`; RELU_FWD clips to
-    /// `clip` when given).
+    /// A pointwise op `y = mode(x[, b])` (ADD weighs b by `alpha2`); `act` gives RELU_FWD's
+    /// clips and SWISH_FWD's beta.
     fn pointwise(
         &mut self,
         mode: dnn::cudnnPointwiseMode_t,
@@ -191,7 +194,7 @@ impl ConvGraph {
         b: Option<Desc>,
         y: Desc,
         alpha2: f32,
-        clip: Option<(f32, f32)>,
+        act: GraphAct,
     ) -> Result<Desc, String> {
         let pw = self.make(D::CUDNN_BACKEND_POINTWISE_DESCRIPTOR)?;
         set(
@@ -206,11 +209,17 @@ impl ConvGraph {
             T::CUDNN_TYPE_DATA_TYPE,
             &[Dt::CUDNN_DATA_FLOAT],
         )?;
-        if let Some((lo, hi)) = clip {
-            // y = x > lo ? min(x, hi) : lo (the lower clip's slope is 0 by default).
-            let d = T::CUDNN_TYPE_DOUBLE;
-            set(pw, N::CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP, d, &[lo as f64])?;
-            set(pw, N::CUDNN_ATTR_POINTWISE_RELU_UPPER_CLIP, d, &[hi as f64])?;
+        let d = T::CUDNN_TYPE_DOUBLE;
+        match act {
+            GraphAct::Clip(lo, hi) => {
+                // y = x > lo ? min(x, hi) : lo (the lower clip's slope is 0 by default).
+                set(pw, N::CUDNN_ATTR_POINTWISE_RELU_LOWER_CLIP, d, &[lo as f64])?;
+                set(pw, N::CUDNN_ATTR_POINTWISE_RELU_UPPER_CLIP, d, &[hi as f64])?;
+            }
+            GraphAct::Swish(beta) => {
+                set(pw, N::CUDNN_ATTR_POINTWISE_SWISH_BETA, d, &[beta as f64])?;
+            }
+            GraphAct::None | GraphAct::Relu => {}
         }
         finalize(pw, "pointwise descriptor")?;
         let op = self.make(D::CUDNN_BACKEND_OPERATION_POINTWISE_DESCRIPTOR)?;
@@ -314,33 +323,33 @@ impl ConvGraph {
         let mut ops = vec![op_conv];
         // The chain after the conv: (scale), bias, (residual), (ReLU / clip). Its last op
         // writes y, the ones before write virtual float tensors.
-        type Link = (P, Option<(Desc, f32)>, Option<(f32, f32)>);
+        type Link = (P, Option<(Desc, f32)>, GraphAct);
         let mut tail: Vec<Link> = vec![];
         if spec.scale {
             let sc = s.tensor(S, [1, g.k, 1, 1], Dt::CUDNN_DATA_FLOAT, false)?;
-            tail.push((P::CUDNN_POINTWISE_MUL, Some((sc, 1.0)), None));
+            tail.push((P::CUDNN_POINTWISE_MUL, Some((sc, 1.0)), GraphAct::None));
         }
-        tail.push((P::CUDNN_POINTWISE_ADD, Some((bi, 1.0)), None));
+        tail.push((P::CUDNN_POINTWISE_ADD, Some((bi, 1.0)), GraphAct::None));
         if let Some((alpha, z_type)) = spec.residual {
             let z = s.tensor(Z, out, z_type, false)?;
-            tail.push((P::CUDNN_POINTWISE_ADD, Some((z, alpha)), None));
+            tail.push((P::CUDNN_POINTWISE_ADD, Some((z, alpha)), GraphAct::None));
         }
         match spec.act {
             GraphAct::None => {}
-            GraphAct::Relu => tail.push((P::CUDNN_POINTWISE_RELU_FWD, None, None)),
-            GraphAct::Clip(lo, hi) => {
-                tail.push((P::CUDNN_POINTWISE_RELU_FWD, None, Some((lo, hi))))
+            GraphAct::Relu | GraphAct::Clip(..) => {
+                tail.push((P::CUDNN_POINTWISE_RELU_FWD, None, spec.act))
             }
+            GraphAct::Swish(_) => tail.push((P::CUDNN_POINTWISE_SWISH_FWD, None, spec.act)),
         }
         let mut cur = acc;
-        for (i, &(mode, b, clip)) in tail.iter().enumerate() {
+        for (i, &(mode, b, act)) in tail.iter().enumerate() {
             let dst = if i + 1 == tail.len() {
                 y
             } else {
                 s.tensor(101 + i as i64, out, Dt::CUDNN_DATA_FLOAT, true)?
             };
             let alpha2 = b.map_or(1.0, |b| b.1);
-            ops.push(s.pointwise(mode, cur, b.map(|b| b.0), dst, alpha2, clip)?);
+            ops.push(s.pointwise(mode, cur, b.map(|b| b.0), dst, alpha2, act)?);
             cur = dst;
         }
         let bd = T::CUDNN_TYPE_BACKEND_DESCRIPTOR;

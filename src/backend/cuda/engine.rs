@@ -199,11 +199,12 @@ struct Kernels {
     space_to_depth: CudaFunction,
     max_pool16: CudaFunction,
     conv_pw_i8: CudaFunction,
+    conv_pw_i8_word: CudaFunction,
 }
 
 /// Names of the kernels the engine loads (the compile check makes sure each is in the PTX).
 #[cfg(test)]
-const KERNEL_NAMES: [&str; 27] = [
+const KERNEL_NAMES: [&str; 28] = [
     "epilogue",
     "conv_direct",
     "conv_dw4",
@@ -231,6 +232,7 @@ const KERNEL_NAMES: [&str; 27] = [
     "space_to_depth",
     "max_pool16",
     "conv_pw_i8",
+    "conv_pw_i8_word",
 ];
 
 /// Compiles `kernels.cu` for `arch` (`compute_XY`) with NVRTC: (PTX, compiler log). The log
@@ -920,6 +922,7 @@ impl Device {
             space_to_depth: f("space_to_depth")?,
             max_pool16: f("max_pool16")?,
             conv_pw_i8: f("conv_pw_i8")?,
+            conv_pw_i8_word: f("conv_pw_i8_word")?,
         };
         let mut cudnn = std::ptr::null_mut();
         dnn_ok(unsafe { dnn::cudnnCreate(&mut cudnn) }, "cudnnCreate")?;
@@ -970,6 +973,9 @@ pub enum ConvImpl {
     Depthwise,
     /// Int8 1x1 conv (or Gemm / MatMul) on the `__dp4a` kernel (`conv_pw_i8`), epilogue fused.
     Pointwise,
+    /// The same on `conv_pw_i8_word`: a thread per four output channels of a pixel, so that
+    /// the output is written in whole lines (expansion layers).
+    PointwiseWord,
     /// A layer the Q/DQ plan lets run in int8 (or FP8), run in FP16 because that timed faster:
     /// the quantized input is dequantized into a scratch FP16 copy, the inner float implementation runs on
     /// dequantized weights, and the epilogue writes the planned output type.
@@ -990,6 +996,7 @@ impl ConvImpl {
             ConvImpl::CudnnGraph { plan } => format!("cudnng:{plan}"),
             ConvImpl::Depthwise => "dw".into(),
             ConvImpl::Pointwise => "pw".into(),
+            ConvImpl::PointwiseWord => "pww".into(),
             ConvImpl::AsF16(inner) => format!("f16+{}", inner.key()),
         }
     }
@@ -1019,6 +1026,7 @@ impl ConvImpl {
             }
             ConvImpl::Depthwise => "depthwise kernel".into(),
             ConvImpl::Pointwise => "pointwise dp4a kernel".into(),
+            ConvImpl::PointwiseWord => "pointwise dp4a kernel, 4 channels a thread".into(),
             ConvImpl::AsF16(inner) => format!("run in fp16 (timed faster): {}", inner.describe()),
         }
     }
@@ -1550,7 +1558,10 @@ impl CudaEngine {
         if self.pointwise_ok(&step, m) {
             let w = self.pointwise_weights(&step)?;
             self.convs.get_mut(&si).expect("conv").kernel_w = Some(w);
-            cands.push(ConvImpl::Pointwise);
+            if PW_CO * step.cin <= PW_MAX_SHARED_BYTES {
+                cands.push(ConvImpl::Pointwise);
+            }
+            cands.push(ConvImpl::PointwiseWord);
         }
         if let Some(f) = &rt_f16 {
             let mut inner = vec![];
@@ -1658,7 +1669,10 @@ impl CudaEngine {
         if !matches!(pick, ConvImpl::CudnnGraph { .. }) {
             rt.dnn = None;
         }
-        if !matches!(pick, ConvImpl::Depthwise | ConvImpl::Pointwise) {
+        if !matches!(
+            pick,
+            ConvImpl::Depthwise | ConvImpl::Pointwise | ConvImpl::PointwiseWord
+        ) {
             rt.kernel_w = None;
         }
         match &pick {
@@ -1704,6 +1718,7 @@ impl CudaEngine {
             Act::None => GraphAct::None,
             Act::Relu => GraphAct::Relu,
             Act::Clip(lo, hi) if lo < hi => GraphAct::Clip(lo / unit, hi / unit),
+            Act::Silu => GraphAct::Swish(unit),
             _ => return None,
         };
         if od.dtype != DType::F8 {
@@ -1716,11 +1731,13 @@ impl CudaEngine {
             GraphAct::None => GraphAct::Clip(-MAX, MAX),
             GraphAct::Relu => GraphAct::Clip(0.0, MAX),
             GraphAct::Clip(lo, hi) => GraphAct::Clip(lo.max(-MAX), hi.min(MAX)),
+            // The graph ends in one activation: Swish leaves no op for the clip.
+            GraphAct::Swish(_) => return None,
         })
     }
 
     /// Whether the cuDNN graph conv can run this layer: an int8 layer (int8 or FP16 output),
-    /// an FP8 one (FP8 or FP16 output) or an FP16 one (FP16 output), ReLU, clip or no
+    /// an FP8 one (FP8 or FP16 output) or an FP16 one (FP16 output), ReLU, clip, SiLU or no
     /// activation, a residual of int8 or FP16 (or FP8, in an FP8 layer), and 16-byte aligned
     /// output rows (input channels are padded where they are not). FP32
     /// layers keep the legacy path: its algorithm
@@ -1762,9 +1779,10 @@ impl CudaEngine {
             && fits_i32(c.out)
     }
 
-    /// Whether the int8 pointwise kernel (`conv_pw_i8`) takes this layer: an int8 1x1 conv
-    /// (or Gemm / MatMul) reading int8, 4-byte rows in and out, a block's weight rows within
-    /// `PW_MAX_SHARED_BYTES`, and 32-bit indices (`m` rows).
+    /// Whether the int8 pointwise kernels (`conv_pw_i8`, `conv_pw_i8_word`) take this layer:
+    /// an int8 1x1 conv (or Gemm / MatMul) reading int8, 4-byte rows in and out, and 32-bit
+    /// indices (`m` rows). `conv_pw_i8` also needs a block's weight rows within
+    /// `PW_MAX_SHARED_BYTES`.
     fn pointwise_ok(&self, c: &ConvStep, m: usize) -> bool {
         let xd = &self.plan.tensors[c.input];
         c.quant.as_ref().is_some_and(|q| q.is_int8())
@@ -1772,19 +1790,23 @@ impl CudaEngine {
             && c.is_pointwise()
             && c.cin.is_multiple_of(4)
             && c.cout.is_multiple_of(4)
-            && PW_CO * c.cin <= PW_MAX_SHARED_BYTES
             && m.saturating_mul(c.cin.max(c.cout)) < i32::MAX as usize
     }
 
-    /// The pointwise kernel's weights: int8 `[cout rounded up to PW_CO, cin]`, zero rows past
-    /// `cout` (each block reads PW_CO whole rows).
+    /// The pointwise kernels' weights: 32-bit words `[cin / 4, cout]`, word `v * cout + c`
+    /// holding the int8 weights `[c][4v .. 4v + 4]` (a thread of `conv_pw_i8_word` reads its
+    /// four channels' words as one 16-byte vector).
     fn pointwise_weights(&self, c: &ConvStep) -> DevResult<DevBuf> {
         let q = c
             .quant
             .as_ref()
             .ok_or("pointwise kernel: not an int8 layer")?;
-        let mut w = q.w.clone();
-        w.resize(round_up(c.cout, PW_CO) * c.cin, 0);
+        let w: Vec<i8> = (0..c.cout * c.cin)
+            .map(|i| {
+                let (v, ch, j) = (i / (4 * c.cout), i / 4 % c.cout, i % 4);
+                q.w[ch * c.cin + 4 * v + j]
+            })
+            .collect();
         DevBuf::from_slice(&w)
     }
 
@@ -2812,10 +2834,16 @@ impl CudaEngine {
         let n_out = od.numel();
         // Raw output type of the float library paths.
         let float_raw = way.in_t.code();
-        let epilogue = |raw_t: i32, raw_ld: usize| -> DevResult<()> {
-            launch!(st, k.epilogue, n_out; self.raw_ptr(), raw_t, raw_ld as i64, way.alpha, rt.bias.ptr,
-                res_p, res_t, res_s, self.ptr(c.out), od.dtype.code(), od.scale, rt.m as i64, c.cout as i64, act, a0, a1)
+        // The epilogue kernel over the raw output [m, raw_ld] (four channels a thread where
+        // channels and rows are whole groups of 4).
+        let epilogue_of = |raw_t: i32, raw_ld: usize, alpha: u64, bias: u64| -> DevResult<()> {
+            let vec4 = c.cout.is_multiple_of(4) && raw_ld.is_multiple_of(4);
+            let threads = if vec4 { n_out / 4 } else { n_out };
+            launch!(st, k.epilogue, threads; self.raw_ptr(), raw_t, raw_ld as i64, alpha, bias,
+                res_p, res_t, res_s, self.ptr(c.out), od.dtype.code(), od.scale, rt.m as i64, c.cout as i64,
+                act, a0, a1, vec4 as i32)
         };
+        let epilogue = |raw_t: i32, raw_ld: usize| epilogue_of(raw_t, raw_ld, way.alpha, rt.bias.ptr);
         match imp {
             ConvImpl::Direct => {
                 let w_p = rt.direct_w.as_ref().ok_or("direct weights missing")?.ptr;
@@ -2850,6 +2878,15 @@ impl CudaEngine {
                 launch!(st, k.conv_pw_i8, cfg cfg; way.input, w_p, way.alpha, rt.bias.ptr,
                     res_p, res_t, res_s, self.ptr(c.out), od.dtype.code(), od.scale,
                     u(rt.m), u(c.cin), u(c.cout), act, a0, a1)
+            }
+            ConvImpl::PointwiseWord => {
+                let w_p = rt.kernel_w.as_ref().ok_or("pointwise weights missing")?.ptr;
+                // One thread per output word (four channels of a pixel).
+                let words = rt.m * c.cout / 4;
+                let per_px = FastDiv::of(&[(c.cout / 4) as i64]);
+                launch!(st, k.conv_pw_i8_word, words; way.input, w_p, way.alpha, rt.bias.ptr,
+                    res_p, res_t, res_s, self.ptr(c.out), od.dtype.code(), od.scale,
+                    u(rt.m), u(c.cin), u(c.cout), act, a0, a1, per_px.magic[0], per_px.shift[0])
             }
             ConvImpl::Gemm { algo, im2col } | ConvImpl::GemmFused { algo, im2col } => {
                 let g = way.gemm.ok_or("GEMM setup missing")?;
@@ -2983,8 +3020,7 @@ impl CudaEngine {
                 d.graph.execute(self.dev.cudnn, *plan, &p)?;
                 match &d.split {
                     Some((ones, zeros)) => {
-                        launch!(st, k.epilogue, n_out; self.raw_ptr(), DType::F16.code(), c.cout as i64, ones.ptr, zeros.ptr,
-                            res_p, res_t, res_s, self.ptr(c.out), od.dtype.code(), od.scale, rt.m as i64, c.cout as i64, act, a0, a1)
+                        epilogue_of(DType::F16.code(), c.cout, ones.ptr, zeros.ptr)
                     }
                     None => Ok(()),
                 }

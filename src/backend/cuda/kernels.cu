@@ -43,17 +43,21 @@ __device__ __forceinline__ float ld(const void* p, int t, i64 i, float scale) {
   }
 }
 
-// int8 code of v at scale: round half to even, saturate (QuantizeLinear).
-__device__ __forceinline__ signed char q8(float v, float scale) {
-  return (signed char)fminf(fmaxf(rintf(v / scale), -128.f), 127.f);
+// int8 code of v given the reciprocal `inv` of its scale: round half to even, saturate
+// (QuantizeLinear). QuantizeLinear divides by the scale; an IEEE division is a multi-
+// instruction sequence per element in kernels whose cost is mostly instructions, and
+// v * (1 / scale) differs from it only where v / scale is within an ulp of a rounding
+// boundary, well inside what the engine's FP16 arithmetic already moves.
+__device__ __forceinline__ signed char q8(float v, float inv) {
+  return (signed char)fminf(fmaxf(rintf(v * inv), -128.f), 127.f);
 }
 
 __device__ __forceinline__ void st(void* p, int t, i64 i, float v, float scale) {
   switch (t) {
     case 0: ((float*)p)[i] = v; break;
     case 1: ((__half*)p)[i] = __float2half_rn(v); break;
-    case 2: ((signed char*)p)[i] = q8(v, scale); break;
-    case 4: ((unsigned char*)p)[i] = f8_from_f32(v / scale); break;
+    case 2: ((signed char*)p)[i] = q8(v, __frcp_rn(scale)); break;
+    case 4: ((unsigned char*)p)[i] = f8_from_f32(v * __frcp_rn(scale)); break;
     default: ((int*)p)[i] = (int)v; break;
   }
 }
@@ -82,8 +86,9 @@ __device__ __forceinline__ float4 ld4(const void* p, int t, i64 i, float scale) 
 }
 
 __device__ __forceinline__ void st4(void* p, int t, i64 i, float4 v, float scale) {
+  float inv = __frcp_rn(scale);
   if (t == 2) {
-    char4 q = make_char4(q8(v.x, scale), q8(v.y, scale), q8(v.z, scale), q8(v.w, scale));
+    char4 q = make_char4(q8(v.x, inv), q8(v.y, inv), q8(v.z, inv), q8(v.w, inv));
     *(char4*)((signed char*)p + i) = q;
   } else if (t == 1) {
     __half2 lo = __floats2half2_rn(v.x, v.y), hi = __floats2half2_rn(v.z, v.w);
@@ -95,8 +100,8 @@ __device__ __forceinline__ void st4(void* p, int t, i64 i, float4 v, float scale
     *(float4*)((float*)p + i) = v;
   } else if (t == 4) {
     *(uchar4*)((unsigned char*)p + i) = make_uchar4(
-        f8_from_f32(v.x / scale), f8_from_f32(v.y / scale), f8_from_f32(v.z / scale),
-        f8_from_f32(v.w / scale));
+        f8_from_f32(v.x * inv), f8_from_f32(v.y * inv), f8_from_f32(v.z * inv),
+        f8_from_f32(v.w * inv));
   } else {
     st(p, t, i, v.x, scale);
     st(p, t, i + 1, v.y, scale);
@@ -112,12 +117,15 @@ __device__ __forceinline__ void st4(void* p, int t, i64 i, float4 v, float scale
 // 20 floor, 21 ceil, 22 round (half to even), 23 sign, 24 silu, 25 sin, 26 cos,
 // 27 selu(alpha a, gamma b), 28 softsign, 29 mish.
 __device__ __forceinline__ float softplus_f(float v) { return v > 20.f ? v : log1pf(expf(v)); }
+// Sigmoid and SiLU, which EfficientNet fuses into every conv's epilogue, use the fast exp
+// and division intrinsics (a few ulp of f32, against an accurate expf and an IEEE division
+// that are each a multi-instruction sequence); hard swish multiplies by 1/6.
 __device__ __forceinline__ float act_f(float v, int act, float a, float b) {
   switch (act) {
     case 1: return fmaxf(v, 0.f);
     case 2: return fminf(fmaxf(v, a), b);
-    case 3: return 1.f / (1.f + expf(-v));
-    case 4: return v * fminf(fmaxf(v + 3.f, 0.f), 6.f) / 6.f;
+    case 3: return __fdividef(1.f, 1.f + __expf(-v));
+    case 4: return v * fminf(fmaxf(v + 3.f, 0.f), 6.f) * (1.f / 6.f);
     case 5: return fminf(fmaxf(a * v + b, 0.f), 1.f);
     case 6: return tanhf(v);
     case 7: return erff(v);
@@ -137,7 +145,7 @@ __device__ __forceinline__ float act_f(float v, int act, float a, float b) {
     case 21: return ceilf(v);
     case 22: return rintf(v);
     case 23: return v > 0.f ? 1.f : (v < 0.f ? -1.f : 0.f);
-    case 24: return v / (1.f + expf(-v));
+    case 24: return __fdividef(v, 1.f + __expf(-v));
     case 25: return sinf(v);
     case 26: return cosf(v);
     case 27: return b * (v > 0.f ? v : a * (expf(v) - 1.f));
@@ -240,19 +248,33 @@ __device__ __forceinline__ Pos nhwc_pos(i64 i, int oh, int ow, i64 c) {
 }
 
 // Conv epilogue over an NHWC output [M, C]: raw is [M, raw_ld].
-// out = act(raw * alpha[c] + bias[c] + res) stored as out_t.
+// out = act(raw * alpha[c] + bias[c] + res) stored as out_t. With `vec4` (c and raw_ld
+// multiples of 4) each thread does four channels of a row with vector loads and stores; the
+// row is a 32-bit division where the index fits (a 64-bit one per element made this pass
+// three times slower than a unary pass over the same bytes on an H200).
 extern "C" __global__ void epilogue(const void* raw, int raw_t, i64 raw_ld, const float* alpha,
                                     const float* bias, const void* res, int res_t, float res_scale,
                                     void* out, int out_t, float out_scale, i64 m, i64 c, int act,
-                                    float a0, float a1) {
+                                    float a0, float a1, int vec4) {
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= m * c) return;
-  i64 r = i / c, ch = i - r * c;
-  float v = ld(raw, raw_t, r * raw_ld + ch, 1.f);
-  v = v * alpha[ch] + bias[ch];
-  if (res_t >= 0) v += ld(res, res_t, i, res_scale);
-  v = act_f(v, act, a0, a1);
-  st(out, out_t, i, v, out_scale);
+  i64 e = vec4 ? i * 4 : i;
+  if (e >= m * c) return;
+  i64 r = QS_SMALL(e) ? (i64)((unsigned)e / (unsigned)c) : e / c, ch = e - r * c;
+  i64 at = r * raw_ld + ch;
+  if (!vec4) {
+    float v = ld(raw, raw_t, at, 1.f) * alpha[ch] + bias[ch];
+    if (res_t >= 0) v += ld(res, res_t, e, res_scale);
+    st(out, out_t, e, act_f(v, act, a0, a1), out_scale);
+    return;
+  }
+  float4 v = ld4(raw, raw_t, at, 1.f);
+  float4 al = *(const float4*)(alpha + ch), bi = *(const float4*)(bias + ch);
+  float4 rs = res_t >= 0 ? ld4(res, res_t, e, res_scale) : make_float4(0.f, 0.f, 0.f, 0.f);
+  v = make_float4(act_f(v.x * al.x + bi.x + rs.x, act, a0, a1),
+                  act_f(v.y * al.y + bi.y + rs.y, act, a0, a1),
+                  act_f(v.z * al.z + bi.z + rs.z, act, a0, a1),
+                  act_f(v.w * al.w + bi.w + rs.w, act, a0, a1));
+  st4(out, out_t, e, v, out_scale);
 }
 
 // Direct convolution, NHWC, weights [Cout, KH, KW, Cin/g] as f32 (float inputs) or i8 (i8
@@ -392,10 +414,11 @@ extern "C" __global__ void conv_dw4(const void* x, int x_t, const void* w, const
 }
 
 // Pointwise (1x1, stride 1) int8 convolution, and Gemm / MatMul as one, on __dp4a: x int8
-// [m, k] (NHWC pixels or rows), weights int8 [cout rounded up to PW_CO, k] (zero rows past
-// cout), exact int32 sums, then conv_direct's epilogue. Each thread computes PW_CO output
-// channels of one pixel; grid (ceil(m / blockDim.x), ceil(cout / PW_CO)); the block's PW_CO
-// weight rows sit in shared memory (PW_CO * k bytes, dynamic), read as warp-wide broadcasts.
+// [m, k] (NHWC pixels or rows), weights as 32-bit words [k / 4, cout] (word v * cout + c holds
+// w[c][4v .. 4v + 4], the layout conv_pw_i8_word reads), exact int32 sums, then conv_direct's
+// epilogue. Each thread computes PW_CO output channels of one pixel; grid
+// (ceil(m / blockDim.x), ceil(cout / PW_CO)); the block's PW_CO weight rows sit in shared
+// memory (PW_CO * k bytes, dynamic, zero past cout), read as warp-wide broadcasts.
 // For some memory-bound 1x1 layers of MobileNets at high resolution (k and cout of 16 to
 // 144) cuBLASLt's int8 GEMMs took twice FP16's time on an H200 (a tile of 16 or 24 output
 // channels wastes most of an int8 tensor-core tile, and an unfused epilogue costs a pass);
@@ -403,14 +426,16 @@ extern "C" __global__ void conv_dw4(const void* x, int x_t, const void* w, const
 // memory for line-wide loads and stores timed slower on an H200.)
 // k % 4 == 0 (16-byte reads where k % 16 == 0), cout % 4 == 0, m * k and m * cout < 2^31.
 #define PW_CO 16
-extern "C" __global__ void conv_pw_i8(const signed char* x, const signed char* w,
-                                      const float* alpha, const float* bias, const void* res,
-                                      int res_t, float res_scale, void* y, int y_t, float y_scale,
-                                      int m, int k, int cout, int act, float a0, float a1) {
+extern "C" __global__ void conv_pw_i8(const signed char* x, const int* w, const float* alpha,
+                                      const float* bias, const void* res, int res_t,
+                                      float res_scale, void* y, int y_t, float y_scale, int m,
+                                      int k, int cout, int act, float a0, float a1) {
   extern __shared__ int sw[];
   int kw4 = k >> 2, co0 = blockIdx.y * PW_CO;
-  const int* wg = (const int*)(w + (i64)co0 * k);
-  for (int j = threadIdx.x; j < PW_CO * kw4; j += blockDim.x) sw[j] = wg[j];
+  for (int j = threadIdx.x; j < PW_CO * kw4; j += blockDim.x) {
+    int o = j / kw4, v = j - o * kw4;
+    sw[j] = co0 + o < cout ? w[(i64)v * cout + co0 + o] : 0;
+  }
   __syncthreads();
   int px = blockIdx.x * blockDim.x + threadIdx.x;
   if (px >= m) return;
@@ -451,6 +476,66 @@ extern "C" __global__ void conv_pw_i8(const signed char* x, const signed char* w
                            act_f(acc[o + 3] * al.w + bi.w + r.w, act, a0, a1));
     st4(y, y_t, at, v, y_scale);
   }
+}
+
+// Pointwise int8 convolution as conv_pw_i8 computes it (same weights, same epilogue), one
+// thread per four output channels of one pixel, that is one 32-bit word of an int8 output:
+// consecutive threads write consecutive words. In an expansion layer (k of 16 to 40 in, four
+// to six times as many channels out, at high resolution: MobileNetV2's and EfficientNet's)
+// the output is most of the traffic, and conv_pw_i8's thread per pixel stores it a word at a
+// time cout bytes apart. Each thread reads its four weight rows as one int4 per input word
+// (through L1: a layer's weights are a few KB) and its pixel's input words, which the
+// threads sharing the pixel get in one broadcast. k % 4 == 0 (16-byte input reads where
+// k % 16 == 0), cout % 4 == 0, m * cout < 2^31; (magic, shift) divide by cout / 4 as
+// FastDiv does (magic 0: by 1).
+extern "C" __global__ void conv_pw_i8_word(const signed char* x, const int* w,
+                                           const float* alpha, const float* bias,
+                                           const void* res, int res_t, float res_scale, void* y,
+                                           int y_t, float y_scale, int m, int k, int cout,
+                                           int act, float a0, float a1, unsigned magic,
+                                           unsigned shift) {
+  int cg = cout >> 2;
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= m * cg) return;
+  int px = magic ? __umulhi((unsigned)i, magic) >> shift : i, g = i - px * cg;
+  const int4* wr = (const int4*)w + g;
+  int a0c = 0, a1c = 0, a2c = 0, a3c = 0;
+#define PW_WORD(a, v)                         \
+  {                                           \
+    int4 b = __ldg(wr + (v) * cg);            \
+    a0c = __dp4a(a, b.x, a0c);                \
+    a1c = __dp4a(a, b.y, a1c);                \
+    a2c = __dp4a(a, b.z, a2c);                \
+    a3c = __dp4a(a, b.w, a3c);                \
+  }
+  if ((k & 15) == 0) {
+    const int4* xr = (const int4*)(x + (i64)px * k);
+#pragma unroll 2
+    for (int v = 0; v < (k >> 4); v++) {
+      int4 a = __ldg(xr + v);
+      PW_WORD(a.x, 4 * v)
+      PW_WORD(a.y, 4 * v + 1)
+      PW_WORD(a.z, 4 * v + 2)
+      PW_WORD(a.w, 4 * v + 3)
+    }
+  } else {
+    const int* xr = (const int*)(x + (i64)px * k);
+#pragma unroll 4
+    for (int v = 0; v < (k >> 2); v++) {
+      int a = __ldg(xr + v);
+      PW_WORD(a, v)
+    }
+  }
+#undef PW_WORD
+  int c = 4 * g;
+  i64 at = (i64)i * 4;
+  float4 al = *(const float4*)(alpha + c), bi = *(const float4*)(bias + c);
+  float4 r = res_t >= 0 ? ld4(res, res_t, at, res_scale) : make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 v = make_float4(act_f(a0c * al.x + bi.x + r.x, act, a0, a1),
+                         act_f(a1c * al.y + bi.y + r.y, act, a0, a1),
+                         act_f(a2c * al.z + bi.z + r.z, act, a0, a1),
+                         act_f(a3c * al.w + bi.w + r.w, act, a0, a1));
+  st4(y, y_t, at, v, y_scale);
 }
 
 // im2col for NHWC: cols [M = n*oh*ow, kpad] with k = (ky*kw + kx)*cin + ci; zero padding.
@@ -894,12 +979,12 @@ extern "C" __global__ void space_to_depth(const void* x, int x_t, float x_scale,
   i64 q = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   int quads = s * s * cp / 4;
   if (q >= (i64)n * hs * ws * quads) return;
-  int k = (int)(q % quads);
-  i64 p = q / quads;
-  int i = (int)(p % ws);
-  i64 t = p / ws;
-  int j = (int)(t % hs);
-  i64 b = t / hs;
+  // 32-bit divisions where the index allows (a 64-bit one is several times the instructions).
+  bool small = QS_SMALL(q);
+  i64 b = q;
+  int k = (int)next_idx(b, quads, small);
+  int i = (int)next_idx(b, ws, small);
+  int j = (int)next_idx(b, hs, small);
   int cell = k / (cp / 4), c0 = k % (cp / 4) * 4;
   int yy = s * j + cell / s - pt, xx = s * i + cell % s - pl;
   float v[4] = {0.f, 0.f, 0.f, 0.f};
@@ -1029,7 +1114,7 @@ extern "C" __global__ void pool4(const void* x, int x_t, float x_scale, void* y,
 // Max pooling over NHWC on raw 16-byte vectors of one type (f32, f16 or int8 codes): the
 // max of the values is the value of the max code, and an int8 output at another scale is
 // the max code requantized (requantizing is monotone), exactly as `pool` computes it. `pool4`
-// converts every element to float and back (a division per element to requantize) and
+// converts every element to float and back (to requantize) and
 // reads 4 bytes of int8 per thread: ResNet-50's batch-32 stem max pool took 58 us in int8
 // and 46 us in FP16 on an H200. cv: vectors per pixel (c * bytes / 16); the host keeps the
 // input and output under 2^31 vectors.
@@ -1043,7 +1128,8 @@ __device__ __forceinline__ unsigned max_word(unsigned a, unsigned b, int t) {
 }
 __device__ __forceinline__ unsigned requant_word(unsigned w, float xs, float ys) {
   char4 c = *(char4*)&w;
-  char4 q = make_char4(q8(c.x * xs, ys), q8(c.y * xs, ys), q8(c.z * xs, ys), q8(c.w * xs, ys));
+  float inv = __frcp_rn(ys);
+  char4 q = make_char4(q8(c.x * xs, inv), q8(c.y * xs, inv), q8(c.z * xs, inv), q8(c.w * xs, inv));
   return *(unsigned*)&q;
 }
 extern "C" __global__ void max_pool16(const uint4* x, int t, float x_scale, uint4* y,

@@ -104,7 +104,7 @@ fn lower(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
 /// The Mul of SiLU spelled `Mul(x, Sigmoid(x))` (either operand order), as PyTorch exports
 /// `nn.SiLU` (ONNX has no SiLU op; EfficientNet has one in every block): when `n` is that
 /// Sigmoid and the Mul its only reader, the Mul's node index.
-fn silu_mul(b: &Builder<'_>, n: &pb::NodeProto) -> Option<usize> {
+pub(super) fn silu_mul(b: &Builder<'_>, n: &pb::NodeProto) -> Option<usize> {
     if n.op_type != "Sigmoid" {
         return None;
     }
@@ -277,7 +277,7 @@ fn nary(b: &mut Builder<'_>, n: &pb::NodeProto, ew: EwOp) -> PlanResult<()> {
         return fold(b, n, ew);
     }
     let mut fused = vec![];
-    let (act, tname) = b.fuse_act(&n.output[0], &mut fused);
+    let (act, tname) = b.fuse_act(&n.output[0], &mut fused, true);
     let name = std::iter::once(n.name.clone())
         .chain(fused)
         .collect::<Vec<_>>()
@@ -434,7 +434,7 @@ pub(super) fn channel_affine(
         act: Act::None,
     });
     let mut fused = vec![];
-    let (act, tname) = b.fuse_act(&n.output[0], &mut fused);
+    let (act, tname) = b.fuse_act(&n.output[0], &mut fused, true);
     let o = b.tensor(&tname, d.shape, d.layout, b.float, 1.0);
     b.plan.steps.push(Step::Nary {
         name: std::iter::once(n.name.clone())

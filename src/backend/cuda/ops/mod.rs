@@ -626,14 +626,41 @@ impl<'a> Builder<'a> {
         (c.len() == 1 && !self.g.is_graph_output(t)).then(|| c[0].0)
     }
 
+    /// The Sigmoid and Mul nodes computing SiLU of `t` when they are `t`'s only two readers
+    /// and `t` is not a graph output.
+    fn silu_of(&self, t: &str) -> Option<(usize, usize)> {
+        let c = self.g.consumers(t);
+        if c.len() != 2 || self.g.is_graph_output(t) {
+            return None;
+        }
+        c.iter().find_map(|&(si, _)| {
+            let mi = elementwise::silu_mul(self, self.g.node(si))?;
+            (!self.skip.contains(&si) && c.iter().any(|&(ci, _)| ci == mi)).then_some((si, mi))
+        })
+    }
+
     /// The activation node `i` computes, if it is one with constant parameters.
     pub(crate) fn act_of(&self, n: &pb::NodeProto) -> Option<Act> {
         elementwise::act_of(self, n)
     }
 
     /// Fuses the single activation reading `tname` (if any) into the step being built:
-    /// returns the activation and the name the step's output takes.
-    pub(crate) fn fuse_act(&mut self, tname: &str, fused: &mut Vec<String>) -> (Act, String) {
+    /// returns the activation and the name the step's output takes. With `silu`, SiLU as
+    /// PyTorch exports it, a Sigmoid and a Mul both reading `tname` (see
+    /// `elementwise::silu_mul`), counts as one activation: EfficientNet's convs each end in
+    /// one, and fused they write their output once (quantized, in an INT8 engine) instead of
+    /// leaving a full float tensor for a separate SiLU pass.
+    pub(crate) fn fuse_act(
+        &mut self,
+        tname: &str,
+        fused: &mut Vec<String>,
+        silu: bool,
+    ) -> (Act, String) {
+        if silu && let Some((si, mi)) = self.silu_of(tname) {
+            self.skip.extend([si, mi]);
+            fused.extend([self.g.node(si).name.clone(), self.g.node(mi).name.clone()]);
+            return (Act::Silu, self.g.node(mi).output[0].clone());
+        }
         if let Some(ci) = self.single_consumer(tname) {
             let c = self.g.node(ci);
             if !self.skip.contains(&ci)

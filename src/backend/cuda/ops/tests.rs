@@ -287,12 +287,19 @@ fn squeeze_excite_scale_broadcasts_in_either_operand_order_without_a_copy() {
     );
 }
 
-/// SiLU as PyTorch exports it, `Mul(x, Sigmoid(x))` in either operand order, is one unary step;
-/// a Sigmoid whose Mul multiplies something else (a squeeze-excite gate) is not.
+/// SiLU as PyTorch exports it, `Mul(x, Sigmoid(x))` in either operand order, is one unary step
+/// where no step before it takes the activation (here: a pool); a Sigmoid whose Mul
+/// multiplies something else (a squeeze-excite gate) is not.
 #[test]
 fn sigmoid_times_its_input_is_one_silu_step() {
     let mut b = GraphBuilder::new(&[1, 8, 6, 6]);
     let c = b.conv("c", "x", 8, 8, 3);
+    let c = b.node(
+        "MaxPool",
+        "mp",
+        &[&c],
+        vec![proto::ints_attr("kernel_shape", &[1, 1])],
+    );
     let s = b.op("Sigmoid", "sg", &[&c]);
     let y = b.op("Mul", "silu", &[&s, &c]);
     let p = b.op("GlobalAveragePool", "pool", &[&y]);
@@ -318,6 +325,46 @@ fn sigmoid_times_its_input_is_one_silu_step() {
     // The Q/DQ model dequantizes the conv's output once for both readers: still one step.
     let int8 = int8_plan_of(&b, [1, 8, 6, 6], 4.0);
     assert!(int8.steps.iter().any(|s| s.name() == "sg+silu"));
+}
+
+/// A conv whose output only SiLU reads (EfficientNet's blocks) takes it as its activation in
+/// FP16 and INT8 engines: no separate pass, and in an INT8 engine the conv writes the
+/// quantized SiLU output itself. A conv output that something else also reads keeps the SiLU
+/// a step of its own.
+#[test]
+fn silu_after_a_conv_is_the_convs_activation() {
+    let mut b = GraphBuilder::new(&[1, 8, 6, 6]);
+    let c = b.conv("c", "x", 8, 16, 1);
+    let s = b.op("Sigmoid", "sg", &[&c]);
+    let y = b.op("Mul", "silu", &[&c, &s]);
+    let d = b.conv("d", &y, 16, 8, 1);
+    let s2 = b.op("Sigmoid", "sg2", &[&d]);
+    let y2 = b.op("Mul", "silu2", &[&s2, &d]);
+    let z = b.op("Add", "sum", &[&y2, &d]);
+    b.output(&z);
+    let unary_silu = |plan: &Plan| {
+        plan.steps
+            .iter()
+            .filter(|s| matches!(s, Step::Unary { act: Act::Silu, .. }))
+            .count()
+    };
+    let check = |plan: &Plan, what: &str| {
+        let convs = conv_steps(plan);
+        assert_eq!(convs[0].act, Act::Silu, "{what}");
+        assert!(convs[0].fused.iter().any(|f| f == "silu"), "{what}");
+        assert_eq!(convs[1].act, Act::None, "{what}: its output has a third reader");
+        assert_eq!(unary_silu(plan), 1, "{what}: only the second SiLU is a step");
+    };
+    check(&plan_of(&b, [1, 8, 6, 6], Precision::Fp16), "fp16");
+    // FP32 engines keep both SiLUs as unary steps (their fastest conv epilogue has none).
+    let fp32 = plan_of(&b, [1, 8, 6, 6], Precision::Fp32);
+    assert!(conv_steps(&fp32).iter().all(|c| c.act == Act::None));
+    assert_eq!(unary_silu(&fp32), 2);
+    let int8 = int8_plan_of(&b, [1, 8, 6, 6], 4.0);
+    check(&int8, "int8");
+    let first = conv_steps(&int8)[0];
+    assert!(first.quant.is_some());
+    assert_eq!(int8.tensors[first.out].dtype, DType::I8, "the SiLU output is quantized");
 }
 
 #[test]
