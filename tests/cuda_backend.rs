@@ -369,7 +369,16 @@ fn forced_engine(
 #[test]
 fn every_conv_implementation_matches_cpu_on_a_mobilenet_block() {
     let Some(_) = gpu() else { return };
-    let int8 = ["cudnng", "gemmf", "gemm", "f16+cudnn", "dw", "pw", "pww", "direct"];
+    let int8 = [
+        "cudnng",
+        "gemmf",
+        "gemm",
+        "f16+cudnn",
+        "dw",
+        "pw",
+        "pww",
+        "direct",
+    ];
     every_conv_implementation_matches_cpu(mobilenet_block(), false, &int8);
 }
 

@@ -2843,7 +2843,8 @@ impl CudaEngine {
                 res_p, res_t, res_s, self.ptr(c.out), od.dtype.code(), od.scale, rt.m as i64, c.cout as i64,
                 act, a0, a1, vec4 as i32)
         };
-        let epilogue = |raw_t: i32, raw_ld: usize| epilogue_of(raw_t, raw_ld, way.alpha, rt.bias.ptr);
+        let epilogue =
+            |raw_t: i32, raw_ld: usize| epilogue_of(raw_t, raw_ld, way.alpha, rt.bias.ptr);
         match imp {
             ConvImpl::Direct => {
                 let w_p = rt.direct_w.as_ref().ok_or("direct weights missing")?.ptr;

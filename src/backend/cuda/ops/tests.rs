@@ -352,8 +352,16 @@ fn silu_after_a_conv_is_the_convs_activation() {
         let convs = conv_steps(plan);
         assert_eq!(convs[0].act, Act::Silu, "{what}");
         assert!(convs[0].fused.iter().any(|f| f == "silu"), "{what}");
-        assert_eq!(convs[1].act, Act::None, "{what}: its output has a third reader");
-        assert_eq!(unary_silu(plan), 1, "{what}: only the second SiLU is a step");
+        assert_eq!(
+            convs[1].act,
+            Act::None,
+            "{what}: its output has a third reader"
+        );
+        assert_eq!(
+            unary_silu(plan),
+            1,
+            "{what}: only the second SiLU is a step"
+        );
     };
     check(&plan_of(&b, [1, 8, 6, 6], Precision::Fp16), "fp16");
     // FP32 engines keep both SiLUs as unary steps (their fastest conv epilogue has none).
@@ -364,7 +372,11 @@ fn silu_after_a_conv_is_the_convs_activation() {
     check(&int8, "int8");
     let first = conv_steps(&int8)[0];
     assert!(first.quant.is_some());
-    assert_eq!(int8.tensors[first.out].dtype, DType::I8, "the SiLU output is quantized");
+    assert_eq!(
+        int8.tensors[first.out].dtype,
+        DType::I8,
+        "the SiLU output is quantized"
+    );
 }
 
 #[test]
