@@ -271,17 +271,7 @@ fn mobilenet_block() -> GraphBuilder {
     let hi = b.constant("six", &[], &[6.0]);
     let e = b.conv("expand", "x", 16, 24, 1);
     let e6 = b.op("Clip", "expand.relu6", &[&e, &lo, &hi]);
-    let dw_w = b.random("dw.w", &[24, 1, 3, 3], 0.5);
-    let dw_b = b.random("dw.b", &[24], 0.1);
-    let dw = b.node(
-        "Conv",
-        "dw",
-        &[&e6, &dw_w, &dw_b],
-        vec![
-            proto::ints_attr("pads", &[1, 1, 1, 1]),
-            proto::int_attr("group", 24),
-        ],
-    );
+    let dw = depthwise_3x3(&mut b, &e6, 24);
     let d6 = b.op("Clip", "dw.relu6", &[&dw, &lo, &hi]);
     let pr = b.conv("project", &d6, 24, 16, 1);
     let add = b.op("Add", "block.add", &[&pr, "x"]);
@@ -289,6 +279,21 @@ fn mobilenet_block() -> GraphBuilder {
     let y = b.op("Relu", "tail.relu", &[&c]);
     b.output(&y);
     b
+}
+
+/// A 3x3 depthwise conv "dw" (pads 1, random weights and bias) over `c` channels of `x`.
+fn depthwise_3x3(b: &mut GraphBuilder, x: &str, c: usize) -> String {
+    let w = b.random("dw.w", &[c, 1, 3, 3], 0.5);
+    let bias = b.random("dw.b", &[c], 0.1);
+    b.node(
+        "Conv",
+        "dw",
+        &[x, &w, &bias],
+        vec![
+            proto::ints_attr("pads", &[1, 1, 1, 1]),
+            proto::int_attr("group", c as i64),
+        ],
+    )
 }
 
 /// An EfficientNet block on [1, 16, 14, 14]: 1x1 expansion to 32 channels + SiLU (as PyTorch
@@ -302,17 +307,7 @@ fn efficientnet_block() -> GraphBuilder {
     };
     let e = b.conv("expand", "x", 16, 32, 1);
     let e = silu(&mut b, &e, "expand");
-    let dw_w = b.random("dw.w", &[32, 1, 3, 3], 0.5);
-    let dw_b = b.random("dw.b", &[32], 0.1);
-    let dw = b.node(
-        "Conv",
-        "dw",
-        &[&e, &dw_w, &dw_b],
-        vec![
-            proto::ints_attr("pads", &[1, 1, 1, 1]),
-            proto::int_attr("group", 32),
-        ],
-    );
+    let dw = depthwise_3x3(&mut b, &e, 32);
     let d = silu(&mut b, &dw, "dw");
     let pr = b.conv("project", &d, 32, 16, 1);
     let y = b.op("Add", "block.add", &[&pr, "x"]);
