@@ -1043,6 +1043,17 @@ fn pooling_cases() -> Vec<Case> {
         let c = after_conv(b, x, 4);
         b.op("GlobalAveragePool", "gap", &[&c])
     }));
+    // Few images and channels over many pixels: the pixels are split across blocks (2 to 8
+    // splits, by the element size) and the split sums added up by a second kernel.
+    cases.push(graph(
+        "GlobalAveragePool after conv, pixels split across blocks",
+        &[2, 8, 128, 128],
+        13,
+        |b, x| {
+            let c = after_conv(b, x, 8);
+            b.op("GlobalAveragePool", "gap", &[&c])
+        },
+    ));
     cases
 }
 

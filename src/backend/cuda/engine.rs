@@ -40,6 +40,10 @@ const CHOICE_BATCH_MS: f64 = 0.2;
 const CHOICE_MAX_LAUNCHES: usize = 20;
 /// Largest im2col buffer a float GEMM candidate may ask for (int8 GEMMs always get theirs).
 const COL_MAX_BYTES: usize = 256 << 20;
+/// Blocks a global average pool aims for (four per SM on a 132-SM H100 or H200).
+const GAP_BLOCKS: usize = 512;
+/// The least input a split of a global average pool's block reads.
+const GAP_SPLIT_BYTES: usize = 64 << 10;
 /// Output channels per thread of the int8 pointwise kernel (`PW_CO` in kernels.cu).
 const PW_CO: usize = 16;
 /// Threads (pixels) per block of the int8 pointwise kernel.
@@ -200,11 +204,12 @@ struct Kernels {
     max_pool16: CudaFunction,
     conv_pw_i8: CudaFunction,
     conv_pw_i8_word: CudaFunction,
+    gap_finish: CudaFunction,
 }
 
 /// Names of the kernels the engine loads (the compile check makes sure each is in the PTX).
 #[cfg(test)]
-const KERNEL_NAMES: [&str; 28] = [
+const KERNEL_NAMES: [&str; 29] = [
     "epilogue",
     "conv_direct",
     "conv_dw4",
@@ -233,6 +238,7 @@ const KERNEL_NAMES: [&str; 28] = [
     "max_pool16",
     "conv_pw_i8",
     "conv_pw_i8_word",
+    "gap_finish",
 ];
 
 /// Compiles `kernels.cu` for `arch` (`compute_XY`) with NVRTC: (PTX, compiler log). The log
@@ -498,6 +504,20 @@ fn nary_groups_of_4(a: &NaryArgs) -> Option<(NaryArgs, i32)> {
     g.dims[last] /= 4;
     g.div = FastDiv::of(&g.dims[..=last]);
     Some((g, vec))
+}
+
+/// Blocks along the pixels of a global average pool of `n` images of `c` channels of
+/// `esize` bytes and `hw` pixels: enough for about GAP_BLOCKS blocks in all (a block per
+/// image and 32 channels left most SMs idle on EfficientNet-B0's batch-32 pools), but none
+/// reading less than GAP_SPLIT_BYTES (on the ../shared DeepLab's 35 KB blocks, splitting
+/// only added the second kernel's launch).
+fn gap_splits(n: usize, c: usize, hw: usize, esize: usize) -> usize {
+    let blocks = n * c.div_ceil(32);
+    let block_bytes = hw * c.min(32) * esize;
+    GAP_BLOCKS
+        .div_ceil(blocks.max(1))
+        .min(block_bytes / GAP_SPLIT_BYTES)
+        .max(1)
 }
 
 /// The `pad_nd` kernel's arguments for a `Step::Pad`.
@@ -923,6 +943,7 @@ impl Device {
             max_pool16: f("max_pool16")?,
             conv_pw_i8: f("conv_pw_i8")?,
             conv_pw_i8_word: f("conv_pw_i8_word")?,
+            gap_finish: f("gap_finish")?,
         };
         let mut cudnn = std::ptr::null_mut();
         dnn_ok(unsafe { dnn::cudnnCreate(&mut cudnn) }, "cudnnCreate")?;
@@ -1338,6 +1359,17 @@ impl CudaEngine {
                 };
                 weights_bytes += 8 * c.cout as u64;
                 convs.insert(si, rt);
+            }
+        }
+        // A split global average pool keeps its partial sums in the raw scratch too.
+        for s in &plan.steps {
+            if let Step::GlobalAvgPool { input, .. } = s {
+                let x = &plan.tensors[*input];
+                let (n, c, hw) = x.nchw();
+                let splits = gap_splits(n, c, hw, x.dtype.bytes());
+                if splits > 1 {
+                    raw_max = raw_max.max(n * splits * c * 4);
+                }
             }
         }
         let raw_off = 0;
@@ -2645,13 +2677,21 @@ impl CudaEngine {
             }
             Step::GlobalAvgPool { input, out, .. } => {
                 let i = td(*input);
+                let (n, c, hw) = i.nchw();
+                let splits = gap_splits(n, c, hw, i.dtype.bytes());
                 let cfg = LaunchConfig {
-                    grid_dim: (i.shape[1].div_ceil(32) as u32, i.shape[0] as u32, 1),
+                    grid_dim: (c.div_ceil(32) as u32, n as u32, splits as u32),
                     block_dim: (1024, 1, 1),
                     shared_mem_bytes: 0,
                 };
+                // Split sums go to the raw scratch, which `build` sized for them.
                 launch!(st, k.gap, cfg cfg; self.ptr(*input), code(*input), sc(*input), self.ptr(*out), code(*out), sc(*out),
-                    i.shape[0] as i32, (i.shape[2] * i.shape[3]) as i64, i.shape[1] as i32)
+                    n as i32, hw as i64, c as i32, splits as i32, self.raw_ptr())?;
+                if splits > 1 {
+                    launch!(st, k.gap_finish, n * c; self.raw_ptr(), splits as i32, self.ptr(*out), code(*out), sc(*out),
+                        n as i32, hw as i64, c as i32)?;
+                }
+                Ok(())
             }
             Step::Concat {
                 inputs,
@@ -3152,6 +3192,23 @@ mod tests {
                 ptx.len()
             );
         }
+    }
+
+    /// A global average pool's pixels are split across blocks only where a block per image
+    /// and 32 channels would leave most of the GPU idle, and never into splits of less than
+    /// GAP_SPLIT_BYTES.
+    #[test]
+    fn global_average_pools_split_their_pixels_where_blocks_are_few() {
+        // EfficientNet-B0's first squeeze-excite pool at batch 32 (FP16): 32 blocks of 784 KB.
+        assert_eq!(gap_splits(32, 32, 112 * 112, 2), 12);
+        // ... in int8: half the bytes, half the splits.
+        assert_eq!(gap_splits(32, 32, 112 * 112, 1), 6);
+        // ResNet-50's final pool at batch 32: 2,048 blocks already.
+        assert_eq!(gap_splits(32, 2048, 49, 2), 1);
+        // The ../shared DeepLab's ASPP pool at batch 8 in int8: 80 blocks of 35 KB.
+        assert_eq!(gap_splits(8, 320, 33 * 33, 1), 1);
+        // DeepLabV3-ResNet50's at batch 1: 64 blocks of 270 KB.
+        assert_eq!(gap_splits(1, 2048, 65 * 65, 2), 4);
     }
 
     #[test]

@@ -1164,24 +1164,45 @@ extern "C" __global__ void max_pool16(const uint4* x, int t, float x_scale, uint
 }
 
 // Global average pool over NHWC. Block: 32 channels x 32 pixel lanes, each lane summing every
-// 32nd pixel, then the lanes reduced in shared memory; grid: (ceil(c / 32), n). One thread per
-// channel (looping over all pixels) left most of the GPU idle on DeepLab's 65x65x2048 ASPP pool.
+// 32nd pixel, then the lanes reduced in shared memory; grid: (ceil(c / 32), n, splits). One
+// thread per channel (looping over all pixels) left most of the GPU idle on DeepLab's
+// 65x65x2048 ASPP pool; and a block per image and 32 channels still used 32 of an H200's 132
+// SMs on EfficientNet-B0's 32-channel squeeze-excite pools at batch 32, so the pixels are
+// also split across `splits` blocks: each writes its f32 sums to part[b][split][c] and
+// `gap_finish` adds them up (splits 1: the block writes y itself).
 extern "C" __global__ void global_avg_pool(const void* x, int x_t, float x_scale, void* y,
-                                           int y_t, float y_scale, int n, i64 hw, int c) {
+                                           int y_t, float y_scale, int n, i64 hw, int c,
+                                           int splits, float* part_sums) {
   __shared__ float part[32][33];
   int cl = threadIdx.x & 31, lane = threadIdx.x >> 5;
   int ch = blockIdx.x * 32 + cl;
   i64 b = blockIdx.y;
+  i64 chunk = (hw + splits - 1) / splits, p0 = blockIdx.z * chunk;
+  i64 p1 = min(hw, p0 + chunk);
   float acc = 0.f;
   if (ch < c && b < n)
-    for (i64 p = lane; p < hw; p += 32) acc += ld(x, x_t, (b * hw + p) * c + ch, x_scale);
+    for (i64 p = p0 + lane; p < p1; p += 32) acc += ld(x, x_t, (b * hw + p) * c + ch, x_scale);
   part[lane][cl] = acc;
   __syncthreads();
   if (lane == 0 && ch < c && b < n) {
     float s = 0.f;
     for (int l = 0; l < 32; l++) s += part[l][cl];
-    st(y, y_t, b * c + ch, s / (float)hw, y_scale);
+    if (splits == 1)
+      st(y, y_t, b * c + ch, s / (float)hw, y_scale);
+    else
+      part_sums[(b * splits + blockIdx.z) * c + ch] = s;
   }
+}
+
+// The average of global_avg_pool's split sums: one thread per (image, channel).
+extern "C" __global__ void gap_finish(const float* part_sums, int splits, void* y, int y_t,
+                                      float y_scale, int n, i64 hw, int c) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= n * c) return;
+  int b = i / c, ch = i - b * c;
+  float s = 0.f;
+  for (int z = 0; z < splits; z++) s += part_sums[((i64)b * splits + z) * c + ch];
+  st(y, y_t, i, s / (float)hw, y_scale);
 }
 
 // Concat one input into the output: out[(o * total + off + j) * inner + k] = in[(o * len + j) * inner + k].
