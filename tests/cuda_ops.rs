@@ -1039,21 +1039,20 @@ fn pooling_cases() -> Vec<Case> {
     cases.push(graph("GlobalMaxPool", &s, 13, |b, x| {
         b.op("GlobalMaxPool", "gmp", &[x])
     }));
-    cases.push(graph("GlobalAveragePool after conv", &s, 13, |b, x| {
-        let c = after_conv(b, x, 4);
-        b.op("GlobalAveragePool", "gap", &[&c])
-    }));
-    // Few images and channels over many pixels: the pixels are split across blocks (2 to 8
-    // splits, by the element size) and the split sums added up by a second kernel.
-    cases.push(graph(
-        "GlobalAveragePool after conv, pixels split across blocks",
-        &[2, 8, 128, 128],
-        13,
-        |b, x| {
-            let c = after_conv(b, x, 8);
+    // The second: few images and channels over many pixels, so the pixels are split across
+    // blocks (2 to 8 splits, by the element size) and a second kernel adds the split sums up.
+    for (name, shape) in [
+        ("GlobalAveragePool after conv", s),
+        (
+            "GlobalAveragePool after conv, pixels split across blocks",
+            [2, 8, 128, 128],
+        ),
+    ] {
+        cases.push(graph(name, &shape, 13, |b, x| {
+            let c = after_conv(b, x, shape[1]);
             b.op("GlobalAveragePool", "gap", &[&c])
-        },
-    ));
+        }));
+    }
     cases
 }
 
