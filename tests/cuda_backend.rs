@@ -372,9 +372,10 @@ fn every_conv_implementation_matches_cpu_on_a_mobilenet_block() {
         "dw",
         "pw",
         "pww",
+        "mma",
         "direct",
     ];
-    every_conv_implementation_matches_cpu(mobilenet_block(), false, &int8);
+    every_conv_implementation_matches_cpu(mobilenet_block(), false, &FLOAT_FAMILIES, &int8);
 }
 
 /// The same on an EfficientNet block: every implementation with SiLU as its fused activation;
@@ -384,15 +385,75 @@ fn every_conv_implementation_matches_cpu_on_a_mobilenet_block() {
 #[test]
 fn every_conv_implementation_matches_cpu_on_an_efficientnet_block() {
     let Some(_) = gpu() else { return };
-    let int8 = ["cudnng", "gemm", "f16+cudnn", "dw", "pw", "pww", "direct"];
-    every_conv_implementation_matches_cpu(efficientnet_block(), true, &int8);
+    let int8 = [
+        "cudnng",
+        "gemm",
+        "f16+cudnn",
+        "dw",
+        "pw",
+        "pww",
+        "mma",
+        "direct",
+    ];
+    every_conv_implementation_matches_cpu(efficientnet_block(), true, &FLOAT_FAMILIES, &int8);
 }
 
+/// The same on a ResNet bottleneck with a strided shortcut, for the int8 tensor-core conv
+/// kernel's edges: 48 input channels (less than a tile of the reduction), 96 output channels
+/// (a tile and a half), row counts that are no whole tile, a padded 3x3 stride-2 conv and a
+/// 1x1 stride-2 one.
+#[test]
+fn every_conv_implementation_matches_cpu_on_a_bottleneck_block() {
+    let Some(_) = gpu() else { return };
+    let float = ["cudnng", "gemmf", "gemm", "cudnn", "direct"];
+    let int8 = ["cudnng", "gemm", "f16+cudnn", "pw", "pww", "mma", "direct"];
+    every_conv_implementation_matches_cpu(bottleneck_block(), false, &float, &int8);
+}
+
+/// A ResNet bottleneck on [1, 48, 14, 14]: 1x1 48 -> 64 + ReLU, 3x3 stride 2 64 -> 64 + ReLU,
+/// 1x1 64 -> 96, plus the 1x1 stride-2 shortcut 48 -> 96, then ReLU.
+fn bottleneck_block() -> GraphBuilder {
+    let mut b = GraphBuilder::new(&[1, 48, 14, 14]);
+    let strided = |b: &mut GraphBuilder, name: &str, x: &str, cin: usize, cout: usize, k: usize| {
+        let w = b.random(
+            &format!("{name}.w"),
+            &[cout, cin, k, k],
+            3.0 / (cin * k * k) as f32,
+        );
+        let bias = b.random(&format!("{name}.b"), &[cout], 0.1);
+        let p = (k / 2) as i64;
+        b.node(
+            "Conv",
+            name,
+            &[x, &w, &bias],
+            vec![
+                proto::ints_attr("pads", &[p, p, p, p]),
+                proto::ints_attr("strides", &[2, 2]),
+            ],
+        )
+    };
+    let c1 = b.conv("reduce", "x", 48, 64, 1);
+    let r1 = b.op("Relu", "reduce.relu", &[&c1]);
+    let c2 = strided(&mut b, "mid", &r1, 64, 64, 3);
+    let r2 = b.op("Relu", "mid.relu", &[&c2]);
+    let c3 = b.conv("expand", &r2, 64, 96, 1);
+    let sc = strided(&mut b, "shortcut", "x", 48, 96, 1);
+    let add = b.op("Add", "block.add", &[&c3, &sc]);
+    let y = b.op("Relu", "block.relu", &[&add]);
+    b.output(&y);
+    b
+}
+
+/// The float ways of running a conv that the MobileNet and EfficientNet blocks each reach.
+const FLOAT_FAMILIES: [&str; 6] = ["cudnng", "gemmf", "gemm", "cudnn", "dw", "direct"];
+
 /// `dense_on_cudnng`: the FP16 cuDNN graph must take every conv but the depthwise one;
-/// `int8_families`: the int8 ways each applying to some conv of the block.
+/// `float_families`, `int8_families`: the float and int8 ways each applying to some conv of
+/// the block.
 fn every_conv_implementation_matches_cpu(
     b: GraphBuilder,
     dense_on_cudnng: bool,
+    float_families: &[&str],
     int8_families: &[&str],
 ) {
     use quantscope::backend::cuda::ops as plan;
@@ -404,7 +465,7 @@ fn every_conv_implementation_matches_cpu(
     let reference = cpu_fp32_run(&m, spec, &x);
     for (precision, tol) in [(Precision::Fp16, 2e-2), (Precision::Fp32, 1e-3)] {
         let pl = plan::lower(&p, m.input_shape(batch, hw), precision).expect("float plan");
-        for family in ["cudnng", "gemmf", "gemm", "cudnn", "dw", "direct"] {
+        for &family in float_families {
             if precision == Precision::Fp32 && family == "cudnng" {
                 continue; // FP16 and int8 layers only
             }

@@ -1039,10 +1039,16 @@ fn pooling_cases() -> Vec<Case> {
     cases.push(graph("GlobalMaxPool", &s, 13, |b, x| {
         b.op("GlobalMaxPool", "gmp", &[x])
     }));
-    // The second: few images and channels over many pixels, so the pixels are split across
-    // blocks (2 to 8 splits, by the element size) and a second kernel adds the split sums up.
+    // The first two run a block per image and 32 channels (the second with a block's 32
+    // pixel lanes each summing several pixels); the third has few images and channels over
+    // many pixels, so the pixels are split across blocks (2 to 8 splits, by the element
+    // size) and a second kernel adds the split sums up.
     for (name, shape) in [
         ("GlobalAveragePool after conv", s),
+        (
+            "GlobalAveragePool after conv, a block per image",
+            [2, 8, 20, 20],
+        ),
         (
             "GlobalAveragePool after conv, pixels split across blocks",
             [2, 8, 128, 128],

@@ -50,6 +50,15 @@ const PW_CO: usize = 16;
 const PW_THREADS: usize = 128;
 /// Shared memory the pointwise kernel may take per block (the default dynamic limit).
 const PW_MAX_SHARED_BYTES: usize = 48 << 10;
+/// The int8 tensor-core conv kernel's tile: output pixels and channels a block computes,
+/// bytes of the reduction a stage copies, threads a block (`MMA_BM`, `MMA_BN`, `MMA_BK`,
+/// `MMA_THREADS` in kernels.cu).
+const MMA_BM: usize = 128;
+const MMA_BN: usize = 64;
+const MMA_BK: usize = 64;
+const MMA_THREADS: usize = 128;
+/// Compute capability from which the tensor-core kernel runs (cp.async, int8 m16n8k32).
+const MMA_COMPUTE: (i32, i32) = (8, 0);
 
 pub type DevResult<T> = Result<T, String>;
 
@@ -204,12 +213,13 @@ struct Kernels {
     max_pool16: CudaFunction,
     conv_pw_i8: CudaFunction,
     conv_pw_i8_word: CudaFunction,
+    conv_i8_mma: CudaFunction,
     gap_finish: CudaFunction,
 }
 
 /// Names of the kernels the engine loads (the compile check makes sure each is in the PTX).
 #[cfg(test)]
-const KERNEL_NAMES: [&str; 29] = [
+const KERNEL_NAMES: [&str; 30] = [
     "epilogue",
     "conv_direct",
     "conv_dw4",
@@ -238,6 +248,7 @@ const KERNEL_NAMES: [&str; 29] = [
     "max_pool16",
     "conv_pw_i8",
     "conv_pw_i8_word",
+    "conv_i8_mma",
     "gap_finish",
 ];
 
@@ -943,6 +954,7 @@ impl Device {
             max_pool16: f("max_pool16")?,
             conv_pw_i8: f("conv_pw_i8")?,
             conv_pw_i8_word: f("conv_pw_i8_word")?,
+            conv_i8_mma: f("conv_i8_mma")?,
             gap_finish: f("gap_finish")?,
         };
         let mut cudnn = std::ptr::null_mut();
@@ -997,6 +1009,9 @@ pub enum ConvImpl {
     /// The same on `conv_pw_i8_word`: a thread per four output channels of a pixel, so that
     /// the output is written in whole lines (expansion layers).
     PointwiseWord,
+    /// Int8 conv (or Gemm / MatMul) as an implicit GEMM on the int8 tensor cores
+    /// (`conv_i8_mma`), epilogue fused.
+    Mma,
     /// A layer the Q/DQ plan lets run in int8 (or FP8), run in FP16 because that timed faster:
     /// the quantized input is dequantized into a scratch FP16 copy, the inner float implementation runs on
     /// dequantized weights, and the epilogue writes the planned output type.
@@ -1018,6 +1033,7 @@ impl ConvImpl {
             ConvImpl::Depthwise => "dw".into(),
             ConvImpl::Pointwise => "pw".into(),
             ConvImpl::PointwiseWord => "pww".into(),
+            ConvImpl::Mma => "mma".into(),
             ConvImpl::AsF16(inner) => format!("f16+{}", inner.key()),
         }
     }
@@ -1048,6 +1064,7 @@ impl ConvImpl {
             ConvImpl::Depthwise => "depthwise kernel".into(),
             ConvImpl::Pointwise => "pointwise dp4a kernel".into(),
             ConvImpl::PointwiseWord => "pointwise dp4a kernel, 4 channels a thread".into(),
+            ConvImpl::Mma => "int8 tensor-core implicit GEMM kernel".into(),
             ConvImpl::AsF16(inner) => format!("run in fp16 (timed faster): {}", inner.describe()),
         }
     }
@@ -1212,6 +1229,8 @@ struct ConvRt {
     /// Weights of the depthwise kernel (`depthwise_weights`) or of the int8 pointwise kernel
     /// (`pointwise_weights`; a conv has at most one of the two), kept only when chosen.
     kernel_w: Option<DevBuf>,
+    /// Weights of the int8 tensor-core kernel (`mma_weights`), kept only when chosen.
+    mma_w: Option<DevBuf>,
     gemm: Option<GemmSetup>,
     gemm_fused: Option<GemmSetup>,
     cudnn: Option<CudnnSetup>,
@@ -1347,6 +1366,7 @@ impl CudaEngine {
                     bias: DevBuf::from_slice(&c.bias)?,
                     direct_w: None,
                     kernel_w: None,
+                    mma_w: None,
                     gemm: None,
                     gemm_fused: None,
                     cudnn: None,
@@ -1595,6 +1615,11 @@ impl CudaEngine {
             }
             cands.push(ConvImpl::PointwiseWord);
         }
+        if self.mma_ok(&step, m) {
+            let w = self.mma_weights(&step)?;
+            self.convs.get_mut(&si).expect("conv").mma_w = Some(w);
+            cands.push(ConvImpl::Mma);
+        }
         if let Some(f) = &rt_f16 {
             let mut inner = vec![];
             if let Some(g) = &f.gemm {
@@ -1706,6 +1731,9 @@ impl CudaEngine {
             ConvImpl::Depthwise | ConvImpl::Pointwise | ConvImpl::PointwiseWord
         ) {
             rt.kernel_w = None;
+        }
+        if pick != ConvImpl::Mma {
+            rt.mma_w = None;
         }
         match &pick {
             ConvImpl::AsF16(inner) => {
@@ -1823,6 +1851,42 @@ impl CudaEngine {
             && c.cin.is_multiple_of(4)
             && c.cout.is_multiple_of(4)
             && m.saturating_mul(c.cin.max(c.cout)) < i32::MAX as usize
+    }
+
+    /// Whether the int8 tensor-core kernel (`conv_i8_mma`) takes this layer: an int8 conv of
+    /// one group reading int8 (NHWC, or rows for a 1x1 one), a tap's input channels in whole
+    /// 16-byte copies, output rows of 4-byte groups, 32-bit row indices and row tiles within
+    /// the grid's y limit, on a GPU of compute capability 8.0 or more.
+    fn mma_ok(&self, c: &ConvStep, m: usize) -> bool {
+        let xd = &self.plan.tensors[c.input];
+        c.quant.as_ref().is_some_and(|q| q.is_int8())
+            && self.dev.compute >= MMA_COMPUTE
+            && xd.dtype == DType::I8
+            && c.groups == 1
+            && (xd.shape.len() == 4 || c.is_pointwise())
+            && c.cin.is_multiple_of(16)
+            && c.cout.is_multiple_of(4)
+            && m < i32::MAX as usize
+            && m.div_ceil(MMA_BM) <= u16::MAX as usize
+    }
+
+    /// The tensor-core kernel's weights: int8 OHWI rows `[cout rounded up to MMA_BN][KH * KW
+    /// * Cin rounded up to MMA_BK]`, zero in the padding (whole tiles: no bounds checks on the
+    /// weight side).
+    fn mma_weights(&self, c: &ConvStep) -> DevResult<DevBuf> {
+        let q = c
+            .quant
+            .as_ref()
+            .ok_or("tensor-core kernel: not an int8 layer")?;
+        let k = c.reduction();
+        let w = padded_rows(
+            &q.w,
+            c.cout,
+            k,
+            round_up(c.cout, MMA_BN),
+            round_up(k, MMA_BK),
+        );
+        DevBuf::from_slice(&w)
     }
 
     /// The pointwise kernels' weights: 32-bit words `[cin / 4, cout]`, word `v * cout + c`
@@ -2928,6 +2992,31 @@ impl CudaEngine {
                 launch!(st, k.conv_pw_i8_word, words; way.input, w_p, way.alpha, rt.bias.ptr,
                     res_p, res_t, res_s, self.ptr(c.out), od.dtype.code(), od.scale,
                     u(rt.m), u(c.cin), u(c.cout), act, a0, a1, per_px.magic[0], per_px.shift[0])
+            }
+            ConvImpl::Mma => {
+                let w_p = rt.mma_w.as_ref().ok_or("tensor-core weights missing")?.ptr;
+                // Rows of a Gemm / MatMul are 1x1 images.
+                let (oh, ow) = if xd.shape.len() == 4 {
+                    (rt.oh, rt.ow)
+                } else {
+                    (1, 1)
+                };
+                // x: tiles of output channels (the blocks sharing a tile of pixels run
+                // together); y: tiles of pixels.
+                let cfg = LaunchConfig {
+                    grid_dim: (
+                        c.cout.div_ceil(MMA_BN) as u32,
+                        rt.m.div_ceil(MMA_BM) as u32,
+                        1,
+                    ),
+                    block_dim: (MMA_THREADS as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                launch!(st, k.conv_i8_mma, cfg cfg; way.input, w_p, way.alpha, rt.bias.ptr,
+                    res_p, res_t, res_s, self.ptr(c.out), od.dtype.code(), od.scale,
+                    u(rt.m), u(c.cin), u(round_up(c.reduction(), MMA_BK)), u(c.cout), act, a0, a1,
+                    u(h), u(w), u(oh), u(ow), u(c.k[0]), u(c.k[1]), u(c.stride[0]), u(c.stride[1]),
+                    u(c.pads[0]), u(c.pads[1]), u(c.dilation[0]), u(c.dilation[1]))
             }
             ConvImpl::Gemm { algo, im2col } | ConvImpl::GemmFused { algo, im2col } => {
                 let g = way.gemm.ok_or("GEMM setup missing")?;

@@ -117,20 +117,15 @@ __device__ __forceinline__ void st4(void* p, int t, i64 i, float4 v, float scale
 // 20 floor, 21 ceil, 22 round (half to even), 23 sign, 24 silu, 25 sin, 26 cos,
 // 27 selu(alpha a, gamma b), 28 softsign, 29 mish.
 __device__ __forceinline__ float softplus_f(float v) { return v > 20.f ? v : log1pf(expf(v)); }
-// Sigmoid and SiLU, which EfficientNet fuses into every conv's epilogue, use the fast exp
-// and division intrinsics (a few ulp of f32, against an accurate expf and an IEEE division
-// that are each a multi-instruction sequence); hard swish multiplies by 1/6.
-__device__ __forceinline__ float act_f(float v, int act, float a, float b) {
+// The activations that conv epilogues do not fuse, out of line: inlined at every call site
+// (four per output group, unrolled over rows in the tensor-core conv's epilogue) the whole
+// switch made kernels hundreds of KB of code, past what the SM's instruction caches hold.
+// conv_i8_mma was 432 KB of sm_90 code; at 84 KB (this and ld4_i8h / st4_i8h) its smallest
+// launches took 11 instead of 16 us on an H200.
+__device__ __noinline__ float act_rare(float v, int act, float a, float b) {
   switch (act) {
-    case 1: return fmaxf(v, 0.f);
-    case 2: return fminf(fmaxf(v, a), b);
-    case 3: return __fdividef(1.f, 1.f + __expf(-v));
-    case 4: return v * fminf(fmaxf(v + 3.f, 0.f), 6.f) * (1.f / 6.f);
-    case 5: return fminf(fmaxf(a * v + b, 0.f), 1.f);
     case 6: return tanhf(v);
     case 7: return erff(v);
-    case 8: return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
-    case 9: return 0.5f * v * (1.f + tanhf(0.7978846f * (v + 0.044715f * v * v * v)));
     case 10: return expf(v);
     case 11: return logf(v);
     case 12: return sqrtf(v);
@@ -138,20 +133,37 @@ __device__ __forceinline__ float act_f(float v, int act, float a, float b) {
     case 14: return -v;
     case 15: return fabsf(v);
     case 16: return softplus_f(v);
-    case 17: return v >= 0.f ? v : a * v;
     case 18: return v >= 0.f ? v : a * (expf(v) - 1.f);
     case 19: return v == 0.f ? 1.f : 0.f;
     case 20: return floorf(v);
     case 21: return ceilf(v);
     case 22: return rintf(v);
     case 23: return v > 0.f ? 1.f : (v < 0.f ? -1.f : 0.f);
-    case 24: return __fdividef(v, 1.f + __expf(-v));
     case 25: return sinf(v);
     case 26: return cosf(v);
     case 27: return b * (v > 0.f ? v : a * (expf(v) - 1.f));
     case 28: return v / (1.f + fabsf(v));
     case 29: return v * tanhf(softplus_f(v));
     default: return v;
+  }
+}
+// Sigmoid and SiLU, which EfficientNet fuses into every conv's epilogue, use the fast exp
+// and division intrinsics (a few ulp of f32, against an accurate expf and an IEEE division
+// that are each a multi-instruction sequence); hard swish multiplies by 1/6.
+__device__ __forceinline__ float act_f(float v, int act, float a, float b) {
+  switch (act) {
+    case 0: return v;
+    case 1: return fmaxf(v, 0.f);
+    case 2: return fminf(fmaxf(v, a), b);
+    case 3: return __fdividef(1.f, 1.f + __expf(-v));
+    case 4: return v * fminf(fmaxf(v + 3.f, 0.f), 6.f) * (1.f / 6.f);
+    case 5: return fminf(fmaxf(a * v + b, 0.f), 1.f);
+    // GELU stays inline: it is the elementwise op of every transformer's MLP.
+    case 8: return 0.5f * v * (1.f + erff(v * 0.70710678118654752f));
+    case 9: return 0.5f * v * (1.f + tanhf(0.7978846f * (v + 0.044715f * v * v * v)));
+    case 17: return v >= 0.f ? v : a * v;
+    case 24: return __fdividef(v, 1.f + __expf(-v));
+    default: return act_rare(v, act, a, b);
   }
 }
 
@@ -245,6 +257,71 @@ __device__ __forceinline__ Pos nhwc_pos(i64 i, int oh, int ow, i64 c) {
   p.y = (int)next_idx(t, oh, small);
   p.b = (int)t;
   return p;
+}
+
+// ld4 and st4 with int8 and FP16 inline and every other type out of line, for kernels
+// whose epilogue is unrolled over rows: the full switches (FP8 coding among them) at every
+// row make the code outgrow the instruction caches.
+__device__ __noinline__ float4 ld4_other(const void* p, int t, i64 i, float scale) {
+  return ld4(p, t, i, scale);
+}
+__device__ __noinline__ void st4_other(void* p, int t, i64 i, float4 v, float scale) {
+  st4(p, t, i, v, scale);
+}
+__device__ __forceinline__ float4 ld4_i8h(const void* p, int t, i64 i, float scale) {
+  if (t == 2) return ld4(p, 2, i, scale);
+  if (t == 1) return ld4(p, 1, i, scale);
+  return ld4_other(p, t, i, scale);
+}
+__device__ __forceinline__ void st4_i8h(void* p, int t, i64 i, float4 v, float scale) {
+  if (t == 2)
+    st4(p, 2, i, v, scale);
+  else if (t == 1)
+    st4(p, 1, i, v, scale);
+  else
+    st4_other(p, t, i, v, scale);
+}
+
+// The int8 conv kernels' epilogue where the output is int8, the residual int8 or absent and
+// the activation ReLU, clip, SiLU or none (the int8 layers of ResNets, MobileNets and
+// EfficientNets): all in output steps (alpha, bias and the residual's scale times 1 / scale,
+// once a thread), the activation's clip and int8 saturation one min / max pair, four codes
+// packed into a word. The generic path (act_f, ld4, st4) spends several times the
+// instructions, which are most of a memory-bound layer's.
+struct EpiI8 {
+  float4 al, bi;
+  float rsc, lo, hi, y_scale;
+  bool silu;
+};
+__device__ __forceinline__ bool epi_i8_ok(int y_t, int res_t, int act) {
+  return y_t == 2 && (res_t < 0 || res_t == 2) && (act <= 2 || act == 24);
+}
+__device__ __forceinline__ EpiI8 epi_i8(const float* alpha, const float* bias, int c,
+                                        float res_scale, float y_scale, int act, float a0,
+                                        float a1) {
+  EpiI8 e;
+  float inv = __frcp_rn(y_scale);
+  float4 al = *(const float4*)(alpha + c), bi = *(const float4*)(bias + c);
+  e.al = make_float4(al.x * inv, al.y * inv, al.z * inv, al.w * inv);
+  e.bi = make_float4(bi.x * inv, bi.y * inv, bi.z * inv, bi.w * inv);
+  e.rsc = res_scale * inv;
+  e.lo = act == 1 ? 0.f : act == 2 ? fmaxf(a0 * inv, -128.f) : -128.f;
+  e.hi = act == 2 ? fminf(a1 * inv, 127.f) : 127.f;
+  e.y_scale = y_scale;
+  e.silu = act == 24;
+  return e;
+}
+__device__ __forceinline__ int epi_i8_one(const EpiI8& e, int s, float al, float bi, int r) {
+  float v = fmaf((float)s, al, fmaf((float)r, e.rsc, bi));
+  if (e.silu) v = __fdividef(v, 1.f + __expf(-v * e.y_scale));
+  return __float2int_rn(fminf(fmaxf(v, e.lo), e.hi));
+}
+// Four int32 sums of channels c .. c + 3 and their residual codes (zero if none) -> the
+// output word.
+__device__ __forceinline__ unsigned epi_i8_word(const EpiI8& e, int4 s, char4 r) {
+  int q0 = epi_i8_one(e, s.x, e.al.x, e.bi.x, r.x), q1 = epi_i8_one(e, s.y, e.al.y, e.bi.y, r.y);
+  int q2 = epi_i8_one(e, s.z, e.al.z, e.bi.z, r.z), q3 = epi_i8_one(e, s.w, e.al.w, e.bi.w, r.w);
+  return __byte_perm(__byte_perm(q0, q1, 0x0040), __byte_perm(q2, q3, 0x0040), 0x5410);
 }
 
 // Conv epilogue over an NHWC output [M, C]: raw is [M, raw_ld].
@@ -396,6 +473,18 @@ extern "C" __global__ void conv_dw4(const void* x, int x_t, const void* w, const
       }
     }
   }
+  if (x_t == 2 && epi_i8_ok(y_t, res_t, act)) {
+    const EpiI8 e = epi_i8(alpha, bias, ch, res_scale, y_scale, act, a0, a1);
+#pragma unroll
+    for (int p = 0; p < DW_PX; p++) {
+      if (ox0 + p >= ow) break;
+      int o = ((b * oh + oy) * ow + ox0 + p) * c + ch;
+      char4 r = res_t == 2 ? *(const char4*)((const signed char*)res + o) : make_char4(0, 0, 0, 0);
+      *(unsigned*)((signed char*)y + o) =
+          epi_i8_word(e, make_int4(acci[p][0], acci[p][1], acci[p][2], acci[p][3]), r);
+    }
+    return;
+  }
   float4 al = *(const float4*)(alpha + ch), bi = *(const float4*)(bias + ch);
   float av[4] = {al.x, al.y, al.z, al.w}, bv[4] = {bi.x, bi.y, bi.z, bi.w};
 #pragma unroll
@@ -463,6 +552,19 @@ extern "C" __global__ void conv_pw_i8(const signed char* x, const int* w, const 
       for (int o = 0; o < PW_CO; o++) acc[o] = __dp4a(a, sw[o * kw4 + v], acc[o]);
     }
   }
+  if (epi_i8_ok(y_t, res_t, act)) {
+#pragma unroll
+    for (int o = 0; o < PW_CO; o += 4) {
+      int c = co0 + o;
+      if (c >= cout) break;
+      i64 at = (i64)px * cout + c;
+      char4 r = res_t == 2 ? *(const char4*)((const signed char*)res + at) : make_char4(0, 0, 0, 0);
+      *(unsigned*)((signed char*)y + at) =
+          epi_i8_word(epi_i8(alpha, bias, c, res_scale, y_scale, act, a0, a1),
+                      make_int4(acc[o], acc[o + 1], acc[o + 2], acc[o + 3]), r);
+    }
+    return;
+  }
 #pragma unroll
   for (int o = 0; o < PW_CO; o += 4) {
     int c = co0 + o;
@@ -529,6 +631,12 @@ extern "C" __global__ void conv_pw_i8_word(const signed char* x, const int* w,
 #undef PW_WORD
   int c = 4 * g;
   i64 at = (i64)i * 4;
+  if (epi_i8_ok(y_t, res_t, act)) {
+    char4 r = res_t == 2 ? *(const char4*)((const signed char*)res + at) : make_char4(0, 0, 0, 0);
+    *(unsigned*)((signed char*)y + at) = epi_i8_word(
+        epi_i8(alpha, bias, c, res_scale, y_scale, act, a0, a1), make_int4(a0c, a1c, a2c, a3c), r);
+    return;
+  }
   float4 al = *(const float4*)(alpha + c), bi = *(const float4*)(bias + c);
   float4 r = res_t >= 0 ? ld4(res, res_t, at, res_scale) : make_float4(0.f, 0.f, 0.f, 0.f);
   float4 v = make_float4(act_f(a0c * al.x + bi.x + r.x, act, a0, a1),
@@ -536,6 +644,217 @@ extern "C" __global__ void conv_pw_i8_word(const signed char* x, const int* w,
                          act_f(a2c * al.z + bi.z + r.z, act, a0, a1),
                          act_f(a3c * al.w + bi.w + r.w, act, a0, a1));
   st4(y, y_t, at, v, y_scale);
+}
+
+// Int8 convolution (groups 1, any kernel, stride, padding and dilation), and Gemm / MatMul
+// as a 1x1 one, as an implicit GEMM on the int8 tensor cores: mma.sync m16n8k32 (exact
+// int32 sums, as __dp4a's), then the pointwise kernels' epilogue. x int8 NHWC [n, h, wd,
+// cin] (or rows [m, cin]); weights int8 OHWI rows [cout rounded up to MMA_BN][kpad = kh * kw * cin rounded
+// up to MMA_BK], zero past the reduction and cout. A block computes MMA_BM output pixels by
+// MMA_BN channels, its four warps 64 x 32 each. The x and weight tiles go through shared
+// memory in MMA_STAGES cp.async stages of MMA_BK bytes of the reduction, each 16-byte piece
+// of an x row one tap's channels (cin % 16 == 0), zero-filled outside the input; rows are
+// padded to MMA_LD bytes so that each 8-row phase of ldmatrix hits distinct banks. The sums
+// are staged in shared memory again so that the epilogue reads the residual and writes the
+// output four channels a thread, 16 threads a row. On an H200, ResNet-50's memory-bound 1x1
+// layers at batch 32 (k 64 to 128, the residual and ReLU fused) took cuBLASLt's int8 GEMM
+// with its own epilogue longer than its FP16 GEMM with twice the bytes, and the __dp4a
+// kernels longer still; this kernel took 54 us where cuBLASLt took 62 on layer1's
+// 64 -> 256 expansions. cuDNN's int8 graph convs stay two to three times faster on most other
+// layers (the builder times them all). cout % 4 == 0; grid (cout_pad / MMA_BN, ceil(m / MMA_BM)),
+// MMA_THREADS threads, so the blocks sharing a tile of x run together. Needs sm_80
+// (cp.async, the int8 m16n8k32 shape); the host offers it from there.
+#define MMA_BM 128
+#define MMA_BN 64
+#define MMA_BK 64
+#define MMA_LD (MMA_BK + 16)
+#define MMA_STAGES 3
+#define MMA_THREADS 128
+#define MMA_OUT_LD (MMA_BN + 8)
+#define MMA_EPI_ROWS 8
+#if __CUDA_ARCH__ >= 800
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool full) {
+  unsigned d = (unsigned)__cvta_generic_to_shared(dst);
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(d), "l"(src),
+               "r"(full ? 16 : 0));
+}
+__device__ __forceinline__ void ldsm_x4(unsigned r[4], const void* p) {
+  unsigned a = (unsigned)__cvta_generic_to_shared(p);
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+__device__ __forceinline__ void mma_s8(int d[4], const unsigned a[4], const unsigned b[2]) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+#endif
+extern "C" __global__ void __launch_bounds__(MMA_THREADS)
+    conv_i8_mma(const signed char* x, const signed char* w, const float* alpha,
+                const float* bias, const void* res, int res_t, float res_scale, void* y, int y_t,
+                float y_scale, int m, int cin, int kpad, int cout, int act, float a0, float a1,
+                int h, int wd, int oh, int ow, int kh, int kw, int sh, int sw, int pt, int pl,
+                int dh, int dw) {
+#if __CUDA_ARCH__ >= 800
+  __shared__ __align__(16) unsigned char smem[MMA_STAGES * (MMA_BM + MMA_BN) * MMA_LD];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int n0 = blockIdx.x * MMA_BN, m0 = blockIdx.y * MMA_BM;
+  // Each thread copies one row of the x tile (its output pixel's taps, the pixel found
+  // once) and two 16-byte pieces of a weight row per stage.
+  const int arow = m0 + tid, k = kh * kw * cin;
+  const bool a_in = arow < m;
+  const signed char* ximg = x;
+  int iy0 = 0, ix0 = 0;
+  if (a_in) {
+    int b = arow / (oh * ow), r = arow - b * oh * ow, oy = r / ow;
+    iy0 = oy * sh - pt;
+    ix0 = (r - oy * ow) * sw - pl;
+    ximg = x + (i64)b * h * wd * cin;
+  }
+  const int brow = tid >> 1, bpiece = (tid & 1) * 2;
+  const signed char* bp = w + (i64)(n0 + brow) * kpad + bpiece * 16;
+  const int ktiles = kpad / MMA_BK;
+  // Where the next tile to copy starts in the reduction: channel ci of tap (ky, kx). Tiles
+  // are copied in order, so this steps along instead of dividing per piece (two integer
+  // divisions per 16-byte piece would be more instructions than the tile's tensor-core
+  // work).
+  int ci = 0, kx = 0, ky = 0;
+  auto load = [&](int kt, int s) {
+    unsigned char* sa = smem + s * (MMA_BM + MMA_BN) * MMA_LD;
+    unsigned char* sb = sa + MMA_BM * MMA_LD;
+    int kb = kt * MMA_BK;
+#pragma unroll
+    for (int j = 0; j < MMA_BK / 16; j++) {
+      int iy = iy0 + ky * dh, ix = ix0 + kx * dw;
+      bool in = a_in && kb + j * 16 < k && iy >= 0 && iy < h && ix >= 0 && ix < wd;
+      const signed char* src = ximg + ((i64)iy * wd + ix) * cin + ci;
+      cp_async16(sa + tid * MMA_LD + j * 16, in ? src : x, in);
+      ci += 16;
+      if (ci == cin) {
+        ci = 0;
+        if (++kx == kw) {
+          kx = 0;
+          ky++;
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+      cp_async16(sb + brow * MMA_LD + (bpiece + j) * 16, bp + kb + j * 16, true);
+  };
+  int acc[4][4][4];
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) acc[i][j][e] = 0;
+#pragma unroll
+  for (int s = 0; s < MMA_STAGES - 1; s++) {
+    if (s < ktiles) load(s, s);
+    asm volatile("cp.async.commit_group;\n" ::);
+  }
+  const int wm = (warp >> 1) * 64, wn = (warp & 1) * 32;
+  for (int kt = 0; kt < ktiles; kt++) {
+    // Tile kt has landed; every warp is done with the stage the next copy overwrites.
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(MMA_STAGES - 2));
+    __syncthreads();
+    int next = kt + MMA_STAGES - 1;
+    if (next < ktiles) load(next, next % MMA_STAGES);
+    asm volatile("cp.async.commit_group;\n" ::);
+    const unsigned char* sa = smem + (kt % MMA_STAGES) * (MMA_BM + MMA_BN) * MMA_LD;
+    const unsigned char* sb = sa + MMA_BM * MMA_LD;
+#pragma unroll
+    for (int ks = 0; ks < MMA_BK; ks += 32) {
+      unsigned af[4][4], bf[4][2];
+#pragma unroll
+      for (int i = 0; i < 4; i++)
+        ldsm_x4(af[i], sa + (wm + i * 16 + (lane & 15)) * MMA_LD + ks + (lane >> 4) * 16);
+#pragma unroll
+      for (int j = 0; j < 2; j++) {
+        unsigned r[4];
+        ldsm_x4(r, sb + (wn + j * 16 + ((lane >> 4) << 3) + (lane & 7)) * MMA_LD + ks +
+                       ((lane >> 3) & 1) * 16);
+        bf[2 * j][0] = r[0];
+        bf[2 * j][1] = r[1];
+        bf[2 * j + 1][0] = r[2];
+        bf[2 * j + 1][1] = r[3];
+      }
+#pragma unroll
+      for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 4; j++) mma_s8(acc[i][j], af[i], bf[j]);
+    }
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::);
+  __syncthreads();
+  int* so = (int*)smem;
+  const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int i = 0; i < 4; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      int r = wm + i * 16 + g, c = wn + j * 8 + 2 * t4;
+      *(int2*)&so[r * MMA_OUT_LD + c] = make_int2(acc[i][j][0], acc[i][j][1]);
+      *(int2*)&so[(r + 8) * MMA_OUT_LD + c] = make_int2(acc[i][j][2], acc[i][j][3]);
+    }
+  __syncthreads();
+  // A thread's four channels are the same in every row it writes (MMA_THREADS is a multiple
+  // of MMA_BN / 4): their alpha and bias are read once. The residual reads of MMA_EPI_ROWS
+  // rows go out together before any store (the output may alias the residual as far as the
+  // compiler knows, so it would not move a read above a store itself).
+  const int cl = (tid % (MMA_BN / 4)) * 4, c = n0 + cl, r0 = tid / (MMA_BN / 4);
+  const int row_step = MMA_THREADS / (MMA_BN / 4);
+  if (c >= cout) return;
+  if (epi_i8_ok(y_t, res_t, act)) {
+    const EpiI8 e = epi_i8(alpha, bias, c, res_scale, y_scale, act, a0, a1);
+#pragma unroll 1
+    for (int rb = r0; rb < MMA_BM; rb += row_step * MMA_EPI_ROWS) {
+      char4 rq[MMA_EPI_ROWS];
+#pragma unroll
+      for (int i = 0; i < MMA_EPI_ROWS; i++) {
+        int row = m0 + rb + i * row_step;
+        const char4* rp = (const char4*)((const signed char*)res + (i64)row * cout + c);
+        rq[i] = res_t == 2 && row < m ? *rp : make_char4(0, 0, 0, 0);
+      }
+#pragma unroll
+      for (int i = 0; i < MMA_EPI_ROWS; i++) {
+        int r = rb + i * row_step, row = m0 + r;
+        if (row >= m) break;
+        *(unsigned*)((signed char*)y + (i64)row * cout + c) =
+            epi_i8_word(e, *(const int4*)&so[r * MMA_OUT_LD + cl], rq[i]);
+      }
+    }
+    return;
+  }
+  const float4 al = *(const float4*)(alpha + c), bi = *(const float4*)(bias + c);
+#pragma unroll 1
+  for (int rb = r0; rb < MMA_BM; rb += row_step * MMA_EPI_ROWS) {
+    float4 rs[MMA_EPI_ROWS];
+#pragma unroll
+    for (int i = 0; i < MMA_EPI_ROWS; i++) {
+      int row = m0 + rb + i * row_step;
+      rs[i] = res_t >= 0 && row < m ? ld4_i8h(res, res_t, (i64)row * cout + c, res_scale)
+                                    : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+#pragma unroll
+    for (int i = 0; i < MMA_EPI_ROWS; i++) {
+      int r = rb + i * row_step, row = m0 + r;
+      if (row >= m) break;
+      int4 s = *(const int4*)&so[r * MMA_OUT_LD + cl];
+      float4 v = make_float4(act_f(s.x * al.x + bi.x + rs[i].x, act, a0, a1),
+                             act_f(s.y * al.y + bi.y + rs[i].y, act, a0, a1),
+                             act_f(s.z * al.z + bi.z + rs[i].z, act, a0, a1),
+                             act_f(s.w * al.w + bi.w + rs[i].w, act, a0, a1));
+      st4_i8h(y, y_t, (i64)row * cout + c, v, y_scale);
+    }
+  }
+#else
+  __trap();
+#endif
 }
 
 // im2col for NHWC: cols [M = n*oh*ow, kpad] with k = (ky*kw + kx)*cin + ci; zero padding.
