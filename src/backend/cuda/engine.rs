@@ -1870,9 +1870,9 @@ impl CudaEngine {
             && m.div_ceil(MMA_BM) <= u16::MAX as usize
     }
 
-    /// The tensor-core kernel's weights: int8 OHWI rows `[cout rounded up to MMA_BN][KH * KW
-    /// * Cin rounded up to MMA_BK]`, zero in the padding (whole tiles: no bounds checks on the
-    /// weight side).
+    /// The tensor-core kernel's weights: int8 OHWI rows, `[cout rounded up to MMA_BN]` by
+    /// `[KH * KW * Cin rounded up to MMA_BK]`, zero in the padding (whole tiles: no bounds
+    /// checks on the weight side).
     fn mma_weights(&self, c: &ConvStep) -> DevResult<DevBuf> {
         let q = c
             .quant
