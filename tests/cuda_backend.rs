@@ -365,16 +365,10 @@ fn forced_engine(
 fn every_conv_implementation_matches_cpu_on_a_mobilenet_block() {
     let Some(_) = gpu() else { return };
     let int8 = [
-        "cudnng",
-        "gemmf",
-        "gemm",
-        "f16+cudnn",
-        "dw",
-        "pw",
-        "pww",
-        "mma",
-        "direct",
-    ];
+        &["cudnng", "gemmf", "gemm", "f16+cudnn", "dw"][..],
+        &INT8_KERNELS,
+    ]
+    .concat();
     every_conv_implementation_matches_cpu(mobilenet_block(), false, &FLOAT_FAMILIES, &int8);
 }
 
@@ -385,16 +379,7 @@ fn every_conv_implementation_matches_cpu_on_a_mobilenet_block() {
 #[test]
 fn every_conv_implementation_matches_cpu_on_an_efficientnet_block() {
     let Some(_) = gpu() else { return };
-    let int8 = [
-        "cudnng",
-        "gemm",
-        "f16+cudnn",
-        "dw",
-        "pw",
-        "pww",
-        "mma",
-        "direct",
-    ];
+    let int8 = [&["cudnng", "gemm", "f16+cudnn", "dw"][..], &INT8_KERNELS].concat();
     every_conv_implementation_matches_cpu(efficientnet_block(), true, &FLOAT_FAMILIES, &int8);
 }
 
@@ -406,7 +391,7 @@ fn every_conv_implementation_matches_cpu_on_an_efficientnet_block() {
 fn every_conv_implementation_matches_cpu_on_a_bottleneck_block() {
     let Some(_) = gpu() else { return };
     let float = ["cudnng", "gemmf", "gemm", "cudnn", "direct"];
-    let int8 = ["cudnng", "gemm", "f16+cudnn", "pw", "pww", "mma", "direct"];
+    let int8 = [&["cudnng", "gemm", "f16+cudnn"][..], &INT8_KERNELS].concat();
     every_conv_implementation_matches_cpu(bottleneck_block(), false, &float, &int8);
 }
 
@@ -446,6 +431,10 @@ fn bottleneck_block() -> GraphBuilder {
 
 /// The float ways of running a conv that the MobileNet and EfficientNet blocks each reach.
 const FLOAT_FAMILIES: [&str; 6] = ["cudnng", "gemmf", "gemm", "cudnn", "dw", "direct"];
+
+/// The NVRTC kernels for int8 convs that each block test forces: both `__dp4a` pointwise
+/// kernels, the tensor-core kernel and the direct one.
+const INT8_KERNELS: [&str; 4] = ["pw", "pww", "mma", "direct"];
 
 /// `dense_on_cudnng`: the FP16 cuDNN graph must take every conv but the depthwise one;
 /// `float_families`, `int8_families`: the float and int8 ways each applying to some conv of
