@@ -120,8 +120,8 @@ __device__ __forceinline__ float softplus_f(float v) { return v > 20.f ? v : log
 // The activations that conv epilogues do not fuse, out of line: inlined at every call site
 // (four per output group, unrolled over rows in the tensor-core conv's epilogue) the whole
 // switch made kernels hundreds of KB of code, past what the SM's instruction caches hold.
-// conv_i8_mma was 432 KB of sm_90 code; at 84 KB (this and ld4_i8h / st4_i8h) its smallest
-// launches took 11 instead of 16 us on an H200.
+// conv_i8_mma was 432 KB of sm_90 code; at 84 KB (this, and the rarer load and store types
+// out of line too) its smallest launches took 11 instead of 16 us on an H200.
 __device__ __noinline__ float act_rare(float v, int act, float a, float b) {
   switch (act) {
     case 6: return tanhf(v);
@@ -257,29 +257,6 @@ __device__ __forceinline__ Pos nhwc_pos(i64 i, int oh, int ow, i64 c) {
   p.y = (int)next_idx(t, oh, small);
   p.b = (int)t;
   return p;
-}
-
-// ld4 and st4 with int8 and FP16 inline and every other type out of line, for kernels
-// whose epilogue is unrolled over rows: the full switches (FP8 coding among them) at every
-// row make the code outgrow the instruction caches.
-__device__ __noinline__ float4 ld4_other(const void* p, int t, i64 i, float scale) {
-  return ld4(p, t, i, scale);
-}
-__device__ __noinline__ void st4_other(void* p, int t, i64 i, float4 v, float scale) {
-  st4(p, t, i, v, scale);
-}
-__device__ __forceinline__ float4 ld4_i8h(const void* p, int t, i64 i, float scale) {
-  if (t == 2) return ld4(p, 2, i, scale);
-  if (t == 1) return ld4(p, 1, i, scale);
-  return ld4_other(p, t, i, scale);
-}
-__device__ __forceinline__ void st4_i8h(void* p, int t, i64 i, float4 v, float scale) {
-  if (t == 2)
-    st4(p, 2, i, v, scale);
-  else if (t == 1)
-    st4(p, 1, i, v, scale);
-  else
-    st4_other(p, t, i, v, scale);
 }
 
 // The int8 conv kernels' epilogue where the output is int8, the residual int8 or absent and
@@ -803,9 +780,9 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS)
     }
   __syncthreads();
   // A thread's four channels are the same in every row it writes (MMA_THREADS is a multiple
-  // of MMA_BN / 4): their alpha and bias are read once. The residual reads of MMA_EPI_ROWS
-  // rows go out together before any store (the output may alias the residual as far as the
-  // compiler knows, so it would not move a read above a store itself).
+  // of MMA_BN / 4): their alpha and bias are read once. On the int8 path the residual reads
+  // of MMA_EPI_ROWS rows go out together before any store (the output may alias the
+  // residual as far as the compiler knows, so it would not move a read above a store itself).
   const int cl = (tid % (MMA_BN / 4)) * 4, c = n0 + cl, r0 = tid / (MMA_BN / 4);
   const int row_step = MMA_THREADS / (MMA_BN / 4);
   if (c >= cout) return;
@@ -830,27 +807,18 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS)
     }
     return;
   }
+  // Every other output, residual and activation (float outputs of layers that feed float
+  // ops, mostly): one row at a time, through the generic conversions.
   const float4 al = *(const float4*)(alpha + c), bi = *(const float4*)(bias + c);
-#pragma unroll 1
-  for (int rb = r0; rb < MMA_BM; rb += row_step * MMA_EPI_ROWS) {
-    float4 rs[MMA_EPI_ROWS];
-#pragma unroll
-    for (int i = 0; i < MMA_EPI_ROWS; i++) {
-      int row = m0 + rb + i * row_step;
-      rs[i] = res_t >= 0 && row < m ? ld4_i8h(res, res_t, (i64)row * cout + c, res_scale)
-                                    : make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-#pragma unroll
-    for (int i = 0; i < MMA_EPI_ROWS; i++) {
-      int r = rb + i * row_step, row = m0 + r;
-      if (row >= m) break;
-      int4 s = *(const int4*)&so[r * MMA_OUT_LD + cl];
-      float4 v = make_float4(act_f(s.x * al.x + bi.x + rs[i].x, act, a0, a1),
-                             act_f(s.y * al.y + bi.y + rs[i].y, act, a0, a1),
-                             act_f(s.z * al.z + bi.z + rs[i].z, act, a0, a1),
-                             act_f(s.w * al.w + bi.w + rs[i].w, act, a0, a1));
-      st4_i8h(y, y_t, (i64)row * cout + c, v, y_scale);
-    }
+  for (int r = r0; r < MMA_BM && m0 + r < m; r += row_step) {
+    i64 at = (i64)(m0 + r) * cout + c;
+    int4 s = *(const int4*)&so[r * MMA_OUT_LD + cl];
+    float4 rs = res_t >= 0 ? ld4(res, res_t, at, res_scale) : make_float4(0.f, 0.f, 0.f, 0.f);
+    float4 v = make_float4(act_f(s.x * al.x + bi.x + rs.x, act, a0, a1),
+                           act_f(s.y * al.y + bi.y + rs.y, act, a0, a1),
+                           act_f(s.z * al.z + bi.z + rs.z, act, a0, a1),
+                           act_f(s.w * al.w + bi.w + rs.w, act, a0, a1));
+    st4(y, y_t, at, v, y_scale);
   }
 #else
   __trap();
