@@ -1855,8 +1855,8 @@ impl CudaEngine {
 
     /// Whether the int8 tensor-core kernel (`conv_i8_mma`) takes this layer: an int8 conv of
     /// one group reading int8 (NHWC, or rows for a 1x1 one), a tap's input channels in whole
-    /// 16-byte copies, output rows of 4-byte groups, 32-bit row indices and row tiles within
-    /// the grid's y limit, on a GPU of compute capability 8.0 or more.
+    /// 16-byte copies, output rows of 4-byte groups, 32-bit row and input pixel indices and
+    /// row tiles within the grid's y limit, on a GPU of compute capability 8.0 or more.
     fn mma_ok(&self, c: &ConvStep, m: usize) -> bool {
         let xd = &self.plan.tensors[c.input];
         c.quant.as_ref().is_some_and(|q| q.is_int8())
@@ -1867,6 +1867,7 @@ impl CudaEngine {
             && c.cin.is_multiple_of(16)
             && c.cout.is_multiple_of(4)
             && m < i32::MAX as usize
+            && xd.numel() / c.cin < i32::MAX as usize
             && m.div_ceil(MMA_BM) <= u16::MAX as usize
     }
 
@@ -3012,11 +3013,14 @@ impl CudaEngine {
                     block_dim: (MMA_THREADS as u32, 1, 1),
                     shared_mem_bytes: 0,
                 };
+                // Row -> (image, output row): divisions by oh * ow and ow.
+                let div = FastDiv::of(&[(oh * ow) as i64, ow as i64]);
                 launch!(st, k.conv_i8_mma, cfg cfg; way.input, w_p, way.alpha, rt.bias.ptr,
                     res_p, res_t, res_s, self.ptr(c.out), od.dtype.code(), od.scale,
                     u(rt.m), u(c.cin), u(round_up(c.reduction(), MMA_BK)), u(c.cout), act, a0, a1,
                     u(h), u(w), u(oh), u(ow), u(c.k[0]), u(c.k[1]), u(c.stride[0]), u(c.stride[1]),
-                    u(c.pads[0]), u(c.pads[1]), u(c.dilation[0]), u(c.dilation[1]))
+                    u(c.pads[0]), u(c.pads[1]), u(c.dilation[0]), u(c.dilation[1]),
+                    div.magic[0], div.shift[0], div.magic[1], div.shift[1])
             }
             ConvImpl::Gemm { algo, im2col } | ConvImpl::GemmFused { algo, im2col } => {
                 let g = way.gemm.ok_or("GEMM setup missing")?;

@@ -265,11 +265,23 @@ __device__ __forceinline__ Pos nhwc_pos(i64 i, int oh, int ow, i64 c) {
 // once a thread), the activation's clip and int8 saturation one min / max pair, four codes
 // packed into a word. The generic path (act_f, ld4, st4) spends several times the
 // instructions, which are most of a memory-bound layer's.
+//
+// No conversion-unit instructions per element: on sm_90 the int8 <-> float conversions
+// (I2F.S8, F2I) issue at a quarter of the FMA rate, and with eight an output word they were
+// the tensor-core kernel's bottleneck on ResNet-50's memory-bound 1x1 layers (Nsight: the
+// epilogue two thirds of the samples). A residual byte is sign-extended by two shifts and
+// converted from int32 (I2FP, full rate); the rounding is an add of EPI_ROUND, after which the
+// int8 code is the sum's low byte.
 struct EpiI8 {
   float4 al, bi;
   float rsc, lo, hi, y_scale;
   bool silu;
 };
+// 1.5 * 2^23: a float of magnitude below 2^22 plus this has an ulp of 1, so the sum is the
+// value rounded to an integer (to nearest even, as __float2int_rn), and that integer in two's
+// complement is the low bits of the sum's bit pattern. Clamping the sum to the rounded bounds
+// is clamping the value then rounding (rounding is monotone).
+#define EPI_ROUND 12582912.f
 __device__ __forceinline__ bool epi_i8_ok(int y_t, int res_t, int act) {
   return y_t == 2 && (res_t < 0 || res_t == 2) && (act <= 2 || act == 24);
 }
@@ -282,22 +294,27 @@ __device__ __forceinline__ EpiI8 epi_i8(const float* alpha, const float* bias, i
   e.al = make_float4(al.x * inv, al.y * inv, al.z * inv, al.w * inv);
   e.bi = make_float4(bi.x * inv, bi.y * inv, bi.z * inv, bi.w * inv);
   e.rsc = res_scale * inv;
-  e.lo = act == 1 ? 0.f : act == 2 ? fmaxf(a0 * inv, -128.f) : -128.f;
-  e.hi = act == 2 ? fminf(a1 * inv, 127.f) : 127.f;
+  e.lo = (act == 1 ? 0.f : act == 2 ? fmaxf(a0 * inv, -128.f) : -128.f) + EPI_ROUND;
+  e.hi = (act == 2 ? fminf(a1 * inv, 127.f) : 127.f) + EPI_ROUND;
   e.y_scale = y_scale;
   e.silu = act == 24;
   return e;
 }
-__device__ __forceinline__ int epi_i8_one(const EpiI8& e, int s, float al, float bi, int r) {
-  float v = fmaf((float)s, al, fmaf((float)r, e.rsc, bi));
+// Sum s and the residual byte at bit `sh` of the word r -> a word whose low byte is the
+// output code. (__byte_perm cannot sign-extend: it uses three bits of each selector nibble.)
+__device__ __forceinline__ unsigned epi_i8_one(const EpiI8& e, int s, float al, float bi,
+                                               unsigned r, int sh) {
+  float v = fmaf((float)s, al, fmaf((float)((int)(r << (24 - sh)) >> 24), e.rsc, bi));
   if (e.silu) v = __fdividef(v, 1.f + __expf(-v * e.y_scale));
-  return __float2int_rn(fminf(fmaxf(v, e.lo), e.hi));
+  return __float_as_uint(fminf(fmaxf(v + EPI_ROUND, e.lo), e.hi));
 }
-// Four int32 sums of channels c .. c + 3 and their residual codes (zero if none) -> the
-// output word.
-__device__ __forceinline__ unsigned epi_i8_word(const EpiI8& e, int4 s, char4 r) {
-  int q0 = epi_i8_one(e, s.x, e.al.x, e.bi.x, r.x), q1 = epi_i8_one(e, s.y, e.al.y, e.bi.y, r.y);
-  int q2 = epi_i8_one(e, s.z, e.al.z, e.bi.z, r.z), q3 = epi_i8_one(e, s.w, e.al.w, e.bi.w, r.w);
+// Four int32 sums of channels c .. c + 3 and their residual codes (a word, zero if none) ->
+// the output word.
+__device__ __forceinline__ unsigned epi_i8_word(const EpiI8& e, int4 s, unsigned r) {
+  unsigned q0 = epi_i8_one(e, s.x, e.al.x, e.bi.x, r, 0),
+           q1 = epi_i8_one(e, s.y, e.al.y, e.bi.y, r, 8),
+           q2 = epi_i8_one(e, s.z, e.al.z, e.bi.z, r, 16),
+           q3 = epi_i8_one(e, s.w, e.al.w, e.bi.w, r, 24);
   return __byte_perm(__byte_perm(q0, q1, 0x0040), __byte_perm(q2, q3, 0x0040), 0x5410);
 }
 
@@ -456,7 +473,7 @@ extern "C" __global__ void conv_dw4(const void* x, int x_t, const void* w, const
     for (int p = 0; p < DW_PX; p++) {
       if (ox0 + p >= ow) break;
       int o = ((b * oh + oy) * ow + ox0 + p) * c + ch;
-      char4 r = res_t == 2 ? *(const char4*)((const signed char*)res + o) : make_char4(0, 0, 0, 0);
+      unsigned r = res_t == 2 ? *(const unsigned*)((const signed char*)res + o) : 0u;
       *(unsigned*)((signed char*)y + o) =
           epi_i8_word(e, make_int4(acci[p][0], acci[p][1], acci[p][2], acci[p][3]), r);
     }
@@ -535,7 +552,7 @@ extern "C" __global__ void conv_pw_i8(const signed char* x, const int* w, const 
       int c = co0 + o;
       if (c >= cout) break;
       i64 at = (i64)px * cout + c;
-      char4 r = res_t == 2 ? *(const char4*)((const signed char*)res + at) : make_char4(0, 0, 0, 0);
+      unsigned r = res_t == 2 ? *(const unsigned*)((const signed char*)res + at) : 0u;
       *(unsigned*)((signed char*)y + at) =
           epi_i8_word(epi_i8(alpha, bias, c, res_scale, y_scale, act, a0, a1),
                       make_int4(acc[o], acc[o + 1], acc[o + 2], acc[o + 3]), r);
@@ -609,7 +626,7 @@ extern "C" __global__ void conv_pw_i8_word(const signed char* x, const int* w,
   int c = 4 * g;
   i64 at = (i64)i * 4;
   if (epi_i8_ok(y_t, res_t, act)) {
-    char4 r = res_t == 2 ? *(const char4*)((const signed char*)res + at) : make_char4(0, 0, 0, 0);
+    unsigned r = res_t == 2 ? *(const unsigned*)((const signed char*)res + at) : 0u;
     *(unsigned*)((signed char*)y + at) = epi_i8_word(
         epi_i8(alpha, bias, c, res_scale, y_scale, act, a0, a1), make_int4(a0c, a1c, a2c, a3c), r);
     return;
@@ -636,11 +653,13 @@ extern "C" __global__ void conv_pw_i8_word(const signed char* x, const int* w,
 // output four channels a thread, 16 threads a row. On an H200, ResNet-50's memory-bound 1x1
 // layers at batch 32 (k 64 to 128, the residual and ReLU fused) took cuBLASLt's int8 GEMM
 // with its own epilogue longer than its FP16 GEMM with twice the bytes, and the __dp4a
-// kernels longer still; this kernel took 54 us where cuBLASLt took 62 on layer1's
-// 64 -> 256 expansions. cuDNN's int8 graph convs stay two to three times faster on most other
-// layers (the builder times them all). cout % 4 == 0; grid (cout_pad / MMA_BN, ceil(m / MMA_BM)),
-// MMA_THREADS threads, so the blocks sharing a tile of x run together. Needs sm_80
-// (cp.async, the int8 m16n8k32 shape); the host offers it from there.
+// kernels longer still; this kernel takes 40 us where cuBLASLt takes 59 on layer1's
+// 64 -> 256 expansions, and 69 us where cuDNN's int8 graph took 122 on the regrouped stem.
+// cuDNN's int8 graph convs stay about twice as fast on the 3x3 layers and most reductions
+// (the builder times them all). cout % 4 == 0; grid (cout_pad / MMA_BN, ceil(m / MMA_BM)),
+// MMA_THREADS threads, so the blocks sharing a tile of x run together; at most 128 registers
+// (four blocks an SM, as the shared memory allows). Needs sm_80 (cp.async, the int8
+// m16n8k32 shape); the host offers it from there.
 #define MMA_BM 128
 #define MMA_BN 64
 #define MMA_BK 64
@@ -669,58 +688,70 @@ __device__ __forceinline__ void mma_s8(int d[4], const unsigned a[4], const unsi
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 #endif
-extern "C" __global__ void __launch_bounds__(MMA_THREADS)
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, 4)
     conv_i8_mma(const signed char* x, const signed char* w, const float* alpha,
                 const float* bias, const void* res, int res_t, float res_scale, void* y, int y_t,
                 float y_scale, int m, int cin, int kpad, int cout, int act, float a0, float a1,
                 int h, int wd, int oh, int ow, int kh, int kw, int sh, int sw, int pt, int pl,
-                int dh, int dw) {
+                int dh, int dw, unsigned img_magic, unsigned img_shift, unsigned row_magic,
+                unsigned row_shift) {
 #if __CUDA_ARCH__ >= 800
   __shared__ __align__(16) unsigned char smem[MMA_STAGES * (MMA_BM + MMA_BN) * MMA_LD];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int n0 = blockIdx.x * MMA_BN, m0 = blockIdx.y * MMA_BM;
-  // Each thread copies one row of the x tile (its output pixel's taps, the pixel found
-  // once) and two 16-byte pieces of a weight row per stage.
-  const int arow = m0 + tid, k = kh * kw * cin;
-  const bool a_in = arow < m;
-  const signed char* ximg = x;
-  int iy0 = 0, ix0 = 0;
-  if (a_in) {
-    int b = arow / (oh * ow), r = arow - b * oh * ow, oy = r / ow;
-    iy0 = oy * sh - pt;
-    ix0 = (r - oy * ow) * sw - pl;
-    ximg = x + (i64)b * h * wd * cin;
-  }
-  const int brow = tid >> 1, bpiece = (tid & 1) * 2;
-  const signed char* bp = w + (i64)(n0 + brow) * kpad + bpiece * 16;
-  const int ktiles = kpad / MMA_BK;
-  // Where the next tile to copy starts in the reduction: channel ci of tap (ky, kx). Tiles
-  // are copied in order, so this steps along instead of dividing per piece (two integer
-  // divisions per 16-byte piece would be more instructions than the tile's tensor-core
-  // work).
-  int ci = 0, kx = 0, ky = 0;
-  auto load = [&](int kt, int s) {
-    unsigned char* sa = smem + s * (MMA_BM + MMA_BN) * MMA_LD;
-    unsigned char* sb = sa + MMA_BM * MMA_LD;
-    int kb = kt * MMA_BK;
+  // Copies: four threads a row, each one 16-byte piece of the stage's MMA_BK bytes, so that a
+  // warp's copy reads eight rows' 64 bytes each (contiguous within a tap). A thread a row,
+  // reading 16 bytes every cin bytes, touched twice the L2 sectors it used (Nsight, ResNet-50
+  // at batch 32). A quarter warp's eight pieces are rows r and r + 4, whose 16-byte columns
+  // are disjoint bank groups with MMA_LD-byte rows. A thread's rows are crow + 32 i: four of
+  // the x tile, two of the weight tile.
+  const int piece = lane & 3, crow = warp * 8 + (lane >> 3) + ((lane >> 2) & 1) * 4;
+  const int k = kh * kw * cin;
+  // Per x row: the pixel index of its first tap (which may lie in the padding) and where
+  // that tap is (iy0, ix0); rows past m get an iy0 no tap reaches inside. The divisions by
+  // oh * ow and ow are FastDiv's multiply-shifts (magic 0: by 1): eight integer divisions a
+  // thread were more instructions than a one-tile layer's tensor-core work.
+  int org[4], iy0[4], ix0[4];
 #pragma unroll
-    for (int j = 0; j < MMA_BK / 16; j++) {
-      int iy = iy0 + ky * dh, ix = ix0 + kx * dw;
-      bool in = a_in && kb + j * 16 < k && iy >= 0 && iy < h && ix >= 0 && ix < wd;
-      const signed char* src = ximg + ((i64)iy * wd + ix) * cin + ci;
-      cp_async16(sa + tid * MMA_LD + j * 16, in ? src : x, in);
-      ci += 16;
-      if (ci == cin) {
-        ci = 0;
-        if (++kx == kw) {
-          kx = 0;
-          ky++;
-        }
+  for (int i = 0; i < 4; i++) {
+    int arow = m0 + crow + 32 * i;
+    unsigned ua = (unsigned)min(arow, m - 1);
+    int b = img_magic ? __umulhi(ua, img_magic) >> img_shift : ua, r = ua - b * oh * ow;
+    int oy = row_magic ? __umulhi((unsigned)r, row_magic) >> row_shift : r;
+    iy0[i] = arow < m ? oy * sh - pt : -(1 << 30);
+    ix0[i] = (r - oy * ow) * sw - pl;
+    org[i] = arow < m ? (b * h + iy0[i]) * wd + ix0[i] : 0;
+  }
+  const signed char* bp = w + (i64)(n0 + crow) * kpad + piece * 16;
+  const int ktiles = kpad / MMA_BK;
+  // Where this thread's next piece starts in the reduction: channel ci of tap (ky, kx). Tiles
+  // are copied in order, so this steps along instead of dividing per piece (two integer
+  // divisions a piece would be more instructions than the tile's tensor-core work).
+  int ci = piece * 16, kx = 0, ky = 0;
+  auto step_tap = [&](int by) {
+    for (ci += by; ci >= cin; ci -= cin)
+      if (++kx == kw) {
+        kx = 0;
+        ky++;
       }
+  };
+  step_tap(0);
+  auto load = [&](int kt, int s) {
+    unsigned char* sa = smem + s * (MMA_BM + MMA_BN) * MMA_LD + crow * MMA_LD + piece * 16;
+    unsigned char* sb = sa + MMA_BM * MMA_LD;
+    const bool kin = kt * MMA_BK + piece * 16 < k;
+    const int dy = ky * dh, dx = kx * dw, tap = dy * wd + dx;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+      int iy = iy0[i] + dy, ix = ix0[i] + dx;
+      bool in = kin && (unsigned)iy < (unsigned)h && (unsigned)ix < (unsigned)wd;
+      const signed char* src = x + (i64)(org[i] + tap) * cin + ci;
+      cp_async16(sa + 32 * i * MMA_LD, in ? src : x, in);
     }
 #pragma unroll
-    for (int j = 0; j < 2; j++)
-      cp_async16(sb + brow * MMA_LD + (bpiece + j) * 16, bp + kb + j * 16, true);
+    for (int i = 0; i < 2; i++)
+      cp_async16(sb + 32 * i * MMA_LD, bp + (i64)32 * i * kpad + kt * MMA_BK, true);
+    step_tap(MMA_BK);
   };
   int acc[4][4][4];
 #pragma unroll
@@ -790,12 +821,12 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS)
     const EpiI8 e = epi_i8(alpha, bias, c, res_scale, y_scale, act, a0, a1);
 #pragma unroll 1
     for (int rb = r0; rb < MMA_BM; rb += row_step * MMA_EPI_ROWS) {
-      char4 rq[MMA_EPI_ROWS];
+      unsigned rq[MMA_EPI_ROWS];
 #pragma unroll
       for (int i = 0; i < MMA_EPI_ROWS; i++) {
         int row = m0 + rb + i * row_step;
-        const char4* rp = (const char4*)((const signed char*)res + (i64)row * cout + c);
-        rq[i] = res_t == 2 && row < m ? *rp : make_char4(0, 0, 0, 0);
+        const unsigned* rp = (const unsigned*)((const signed char*)res + (i64)row * cout + c);
+        rq[i] = res_t == 2 && row < m ? *rp : 0u;
       }
 #pragma unroll
       for (int i = 0; i < MMA_EPI_ROWS; i++) {

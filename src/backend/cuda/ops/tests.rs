@@ -805,7 +805,7 @@ fn stem_convs_run_as_space_to_depth_and_compute_the_same() {
     }
     let c = conv_steps(&int8)[0];
     let q = c.quant.as_ref().expect("int8 stem");
-    assert_eq!((c.k, c.cin), ([2, 2], 32), "2x2 taps of 32 int8 channels");
+    assert_eq!((c.k, c.cin), ([2, 2], 16), "2x2 taps of 16 int8 channels");
     assert_eq!(q.w.len(), c.w.len());
     let per_out = c.w.len() / c.cout;
     for (i, (qv, fv)) in q.w.iter().zip(&c.w).enumerate() {
