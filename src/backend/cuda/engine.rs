@@ -58,7 +58,7 @@ const MMA_BN: usize = 64;
 const MMA_BK: usize = 64;
 const MMA_THREADS: usize = 128;
 /// Compute capability from which the tensor-core kernel runs (cp.async, int8 m16n8k32).
-const MMA_COMPUTE: (i32, i32) = (8, 0);
+pub(crate) const MMA_COMPUTE: (i32, i32) = (8, 0);
 
 pub type DevResult<T> = Result<T, String>;
 

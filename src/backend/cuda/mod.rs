@@ -171,7 +171,11 @@ impl Backend for CudaBackend {
             .with_fixed_input(spec.batch, spec.hw),
         };
         let shape = model.input_shape(spec.batch, spec.hw);
-        let plan = ops::lower(&p, shape, precision).map_err(|first| {
+        let dev = engine::Device::new().map_err(build_err)?;
+        let target = ops::Target {
+            int8_mma: dev.compute >= engine::MMA_COMPUTE,
+        };
+        let plan = ops::lower_for(&p, shape, precision, target).map_err(|first| {
             // Name every node the backend cannot take, not only the first, so one run tells
             // the user the whole gap.
             let all = ops::survey(&p, shape, precision).unwrap_or_default();
@@ -192,7 +196,6 @@ impl Backend for CudaBackend {
                 build_err(first)
             }
         })?;
-        let dev = engine::Device::new().map_err(build_err)?;
         if precision == Precision::Fp8 && dev.compute < FP8_COMPUTE {
             return Err(build_err(format!(
                 "{} has compute capability {}.{}: FP8 (E4M3) tensor cores need {}.{} or newer \

@@ -516,14 +516,17 @@ fn space_to_depth_stem(
     let s = step.stride[0];
     let xd = b.desc(step.input).clone();
     // Channels per pixel: a multiple of 4 (the regrouping kernel stores four at a time),
-    // enough that a tap is 32 bytes, one tensor-core k-step (16 FP16 or 32 FP8 channels: with
-    // 16, cuDNN's FP8 kernels ran ResNet-50's stem no faster than before). Int8 taps are 16
-    // bytes, the tensor-core kernel's copy (`conv_i8_mma`, sm_80 on): every tap of the stem is
-    // read from L2 once per output pixel, and with 32 channels (12 of them the image's) it
-    // took that kernel and cuDNN's int8 graph 119 us at batch 32 on an H200, an eighth of the
-    // engine. (Before sm_80 only cuDNN's int8 graph runs it, and on an H200 that ran a
-    // 16-channel stem no faster than the plain 7x7 one.)
-    let tap_bytes = if xd.dtype == DType::I8 { 16 } else { 32 };
+    // enough that a tap is 32 bytes, one tensor-core k-step (16 FP16 or 32 int8 or FP8
+    // channels: with 16, cuDNN's int8 and FP8 kernels ran ResNet-50's stem no faster than
+    // before). Where the int8 tensor-core kernel runs (`conv_i8_mma`, sm_80 on) int8 taps are
+    // 16 bytes, its copy: it reads every tap of the stem from L2 once per output pixel, and
+    // with 32 channels (12 of them the image's) took 119 us at batch 32 on an H200 (cuDNN's
+    // int8 graph 122), against 69 with 16 (cuDNN's 349).
+    let tap_bytes = if xd.dtype == DType::I8 && b.target.int8_mma {
+        16
+    } else {
+        32
+    };
     let cp = (tap_bytes / (s * s * xd.dtype.bytes()).max(1))
         .max(4)
         .next_multiple_of(4);

@@ -61,6 +61,21 @@ pub struct Unsupported {
     pub why: String,
 }
 
+/// What a plan depends on of the GPU it is for.
+#[derive(Clone, Copy, Debug)]
+pub struct Target {
+    /// The int8 tensor-core conv kernel runs there (`conv_i8_mma`, compute capability 8.0
+    /// on): int8 stems are regrouped into the taps it copies rather than cuDNN's.
+    pub int8_mma: bool,
+}
+
+impl Default for Target {
+    /// A GPU of compute capability 8.0 or newer.
+    fn default() -> Target {
+        Target { int8_mma: true }
+    }
+}
+
 /// A value in the graph while lowering.
 #[derive(Clone, Debug)]
 pub(crate) enum Value {
@@ -107,20 +122,32 @@ pub struct Builder<'a> {
     converted: HashMap<(usize, bool), usize>,
     /// Nodes lowered (or being lowered, or fused into another node's step).
     pub(crate) skip: HashSet<usize>,
+    pub(crate) target: Target,
 }
 
 pub(crate) fn err(n: &pb::NodeProto, why: impl std::fmt::Display) -> String {
     format!("node `{}` ({}): {why}", n.name, n.op_type)
 }
 
-/// Lowers `p` (a prepared model with a fixed input of `input_shape`, NCHW) for `precision`.
-/// For INT8, `p` is the Q/DQ model. Stops at the first node it cannot take.
+/// Lowers `p` (a prepared model with a fixed input of `input_shape`, NCHW) for `precision`
+/// on a GPU of compute capability 8.0 or newer. For INT8, `p` is the Q/DQ model. Stops at the
+/// first node it cannot take.
 pub fn lower(
     p: &pb::ModelProto,
     input_shape: [usize; 4],
     precision: Precision,
 ) -> PlanResult<Plan> {
-    let mut b = Builder::new(p, input_shape, precision)?;
+    lower_for(p, input_shape, precision, Target::default())
+}
+
+/// `lower` for a `target` GPU.
+pub fn lower_for(
+    p: &pb::ModelProto,
+    input_shape: [usize; 4],
+    precision: Precision,
+    target: Target,
+) -> PlanResult<Plan> {
+    let mut b = Builder::new(p, input_shape, precision, target)?;
     let gp = p.graph.as_ref().ok_or("the model has no graph")?;
     for i in 0..gp.node.len() {
         // Marked before lowering: a node lowered early (`lower_early`) or in progress is
@@ -140,7 +167,7 @@ pub fn survey(
     input_shape: [usize; 4],
     precision: Precision,
 ) -> Result<Vec<Unsupported>, String> {
-    let mut b = Builder::new(p, input_shape, precision)?;
+    let mut b = Builder::new(p, input_shape, precision, Target::default())?;
     let gp = p.graph.as_ref().ok_or("the model has no graph")?;
     let mut out = vec![];
     for i in 0..gp.node.len() {
@@ -176,6 +203,7 @@ impl<'a> Builder<'a> {
         p: &'a pb::ModelProto,
         input_shape: [usize; 4],
         precision: Precision,
+        target: Target,
     ) -> PlanResult<Builder<'a>> {
         let gp = p.graph.as_ref().ok_or("the model has no graph")?;
         let opset = p
@@ -199,6 +227,7 @@ impl<'a> Builder<'a> {
             float_copies: HashMap::new(),
             converted: HashMap::new(),
             skip: HashSet::new(),
+            target,
         };
         let in_name = &gp.input.first().ok_or("the graph has no input")?.name;
         let host_in = b.tensor(

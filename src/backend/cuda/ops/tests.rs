@@ -39,10 +39,15 @@ fn amax_everywhere(qp: &crate::quant::QuantPlan, amax: f32) -> crate::calib::Ran
 
 /// The INT8 plan of `b` at `shape`, every quantized tensor at amax `amax`.
 fn int8_plan_of(b: &GraphBuilder, shape: [usize; 4], amax: f32) -> Plan {
+    int8_plan_for(b, shape, amax, Target::default())
+}
+
+/// `int8_plan_of` for a `target` GPU.
+fn int8_plan_for(b: &GraphBuilder, shape: [usize; 4], amax: f32, target: Target) -> Plan {
     let m = b.model();
     let qp = crate::quant::plan(&m, &[]);
     let qdq = crate::quant::build_qdq(&m, &qp, Some(&amax_everywhere(&qp, amax))).expect("qdq");
-    lower(
+    lower_for(
         &crate::model::Model {
             proto: qdq.proto.clone(),
             ..m.clone()
@@ -50,6 +55,7 @@ fn int8_plan_of(b: &GraphBuilder, shape: [usize; 4], amax: f32) -> Plan {
         .with_fixed_input(shape[0], [shape[2], shape[3]]),
         shape,
         Precision::Int8,
+        target,
     )
     .expect("int8 lowers")
 }
@@ -704,7 +710,8 @@ fn host_conv(c: &ConvStep, x: &[f32], [n, h, w]: [usize; 3]) -> Vec<f32> {
 /// asymmetric SAME pad) on odd input sizes: the plan regroups the host input into s x s
 /// blocks in one step and runs a stride-1 conv whose result, with the regrouping as the kernel
 /// does it, equals the original conv's. An int8 plan quantizes in that same step (no layout
-/// copy or quantize left) and regroups its int8 weights the same way.
+/// copy or quantize left), regroups its int8 weights the same way, and takes taps of 16 or 32
+/// channels as the target GPU's kernels copy them.
 #[test]
 fn stem_convs_run_as_space_to_depth_and_compute_the_same() {
     let stems: [(&str, [usize; 2], usize, [i64; 4]); 4] = [
@@ -806,6 +813,9 @@ fn stem_convs_run_as_space_to_depth_and_compute_the_same() {
     let c = conv_steps(&int8)[0];
     let q = c.quant.as_ref().expect("int8 stem");
     assert_eq!((c.k, c.cin), ([2, 2], 16), "2x2 taps of 16 int8 channels");
+    // Before sm_80 (no tensor-core kernel) the taps are cuDNN's 32 channels.
+    let cudnn = int8_plan_for(&b, [1, 3, 16, 16], 4.0, Target { int8_mma: false });
+    assert_eq!(conv_steps(&cudnn)[0].cin, 32, "taps of 32 int8 channels");
     assert_eq!(q.w.len(), c.w.len());
     let per_out = c.w.len() / c.cout;
     for (i, (qv, fv)) in q.w.iter().zip(&c.w).enumerate() {
