@@ -280,7 +280,8 @@ struct EpiI8 {
 // 1.5 * 2^23: a float of magnitude below 2^22 plus this has an ulp of 1, so the sum is the
 // value rounded to an integer (to nearest even, as __float2int_rn), and that integer in two's
 // complement is the low bits of the sum's bit pattern. Clamping the sum to the rounded bounds
-// is clamping the value then rounding (rounding is monotone).
+// is clamping the value then rounding (rounding is monotone); larger values land past the
+// bounds either way.
 #define EPI_ROUND 12582912.f
 __device__ __forceinline__ bool epi_i8_ok(int y_t, int res_t, int act) {
   return y_t == 2 && (res_t < 0 || res_t == 2) && (act <= 2 || act == 24);
