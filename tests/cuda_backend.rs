@@ -433,8 +433,8 @@ fn bottleneck_block() -> GraphBuilder {
 const FLOAT_FAMILIES: [&str; 6] = ["cudnng", "gemmf", "gemm", "cudnn", "dw", "direct"];
 
 /// The NVRTC kernels for int8 convs that each block test forces: both `__dp4a` pointwise
-/// kernels, the tensor-core kernel and the direct one.
-const INT8_KERNELS: [&str; 4] = ["pw", "pww", "mma", "direct"];
+/// kernels, the tensor-core kernel in both tile heights and the direct one.
+const INT8_KERNELS: [&str; 5] = ["pw", "pww", "mma", "mma64", "direct"];
 
 /// `dense_on_cudnng`: the FP16 cuDNN graph must take every conv but the depthwise one;
 /// `float_families`, `int8_families`: the float and int8 ways each applying to some conv of

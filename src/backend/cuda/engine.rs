@@ -214,12 +214,13 @@ struct Kernels {
     conv_pw_i8: CudaFunction,
     conv_pw_i8_word: CudaFunction,
     conv_i8_mma: CudaFunction,
+    conv_i8_mma64: CudaFunction,
     gap_finish: CudaFunction,
 }
 
 /// Names of the kernels the engine loads (the compile check makes sure each is in the PTX).
 #[cfg(test)]
-const KERNEL_NAMES: [&str; 30] = [
+const KERNEL_NAMES: [&str; 31] = [
     "epilogue",
     "conv_direct",
     "conv_dw4",
@@ -249,6 +250,7 @@ const KERNEL_NAMES: [&str; 30] = [
     "conv_pw_i8",
     "conv_pw_i8_word",
     "conv_i8_mma",
+    "conv_i8_mma64",
     "gap_finish",
 ];
 
@@ -955,6 +957,7 @@ impl Device {
             conv_pw_i8: f("conv_pw_i8")?,
             conv_pw_i8_word: f("conv_pw_i8_word")?,
             conv_i8_mma: f("conv_i8_mma")?,
+            conv_i8_mma64: f("conv_i8_mma64")?,
             gap_finish: f("gap_finish")?,
         };
         let mut cudnn = std::ptr::null_mut();
@@ -1009,9 +1012,12 @@ pub enum ConvImpl {
     /// The same on `conv_pw_i8_word`: a thread per four output channels of a pixel, so that
     /// the output is written in whole lines (expansion layers).
     PointwiseWord,
-    /// Int8 conv (or Gemm / MatMul) as an implicit GEMM on the int8 tensor cores
-    /// (`conv_i8_mma`), epilogue fused.
-    Mma,
+    /// Int8 conv (or Gemm / MatMul) as an implicit GEMM on the int8 tensor cores, epilogue
+    /// fused, in tiles of `bm` output pixels: `MMA_BM` (`conv_i8_mma`) or half that
+    /// (`conv_i8_mma64`: twice the blocks, more of them an SM).
+    Mma {
+        bm: usize,
+    },
     /// A layer the Q/DQ plan lets run in int8 (or FP8), run in FP16 because that timed faster:
     /// the quantized input is dequantized into a scratch FP16 copy, the inner float implementation runs on
     /// dequantized weights, and the epilogue writes the planned output type.
@@ -1033,7 +1039,8 @@ impl ConvImpl {
             ConvImpl::Depthwise => "dw".into(),
             ConvImpl::Pointwise => "pw".into(),
             ConvImpl::PointwiseWord => "pww".into(),
-            ConvImpl::Mma => "mma".into(),
+            ConvImpl::Mma { bm } if *bm == MMA_BM => "mma".into(),
+            ConvImpl::Mma { bm } => format!("mma{bm}"),
             ConvImpl::AsF16(inner) => format!("f16+{}", inner.key()),
         }
     }
@@ -1064,7 +1071,9 @@ impl ConvImpl {
             ConvImpl::Depthwise => "depthwise kernel".into(),
             ConvImpl::Pointwise => "pointwise dp4a kernel".into(),
             ConvImpl::PointwiseWord => "pointwise dp4a kernel, 4 channels a thread".into(),
-            ConvImpl::Mma => "int8 tensor-core implicit GEMM kernel".into(),
+            ConvImpl::Mma { bm } => {
+                format!("int8 tensor-core implicit GEMM kernel, {bm}-pixel tiles")
+            }
             ConvImpl::AsF16(inner) => format!("run in fp16 (timed faster): {}", inner.describe()),
         }
     }
@@ -1439,6 +1448,7 @@ impl CudaEngine {
             v.sort();
             v
         };
+        let choose_start = std::time::Instant::now();
         for si in conv_ids {
             let chosen = eng.choose_conv(si, float, cached)?;
             choices
@@ -1472,11 +1482,19 @@ impl CudaEngine {
         // Per-layer times, then the graph.
         eng.run_steps()?;
         drv(eng.dev.stream.synchronize(), "first run")?;
+        let profile_start = std::time::Instant::now();
         let layer_times = eng.profile_layers(precision)?;
+        let capture_start = std::time::Instant::now();
         let graph_note = match eng.capture() {
             Ok(()) => "CUDA graph".to_string(),
             Err(e) => format!("eager launches (graph capture failed: {e})"),
         };
+        log_msg(&format!(
+            "{precision} batch {batch}: conv choices {:.0} ms, layer profile {:.0} ms, graph capture {:.0} ms",
+            (profile_start - choose_start).as_secs_f64() * 1e3,
+            (capture_start - profile_start).as_secs_f64() * 1e3,
+            capture_start.elapsed().as_secs_f64() * 1e3
+        ));
         let (free_after, _) = drv(result::mem_get_info(), "cuMemGetInfo")?;
         eng.info = EngineInfo {
             backend: "cuda".into(),
@@ -1529,6 +1547,7 @@ impl CudaEngine {
         let macs = (m * step.cout * step.reduction()) as f64;
         let name = step.name.clone();
         let note = |what: &str, e: String| log_msg(&format!("{name}: no {what} ({e})"));
+        let setup_start = std::time::Instant::now();
         // Set up every applicable implementation, each in the layer's planned precision, and
         // for an int8 layer its FP16 way too ("FP16 vs INT8 where the plan allows").
         // A GEMM that is not a plain 1x1 reads im2col columns from the scratch, which `build`
@@ -1618,7 +1637,11 @@ impl CudaEngine {
         if self.mma_ok(&step, m) {
             let w = self.mma_weights(&step)?;
             self.convs.get_mut(&si).expect("conv").mma_w = Some(w);
-            cands.push(ConvImpl::Mma);
+            cands.push(ConvImpl::Mma { bm: MMA_BM });
+            // Half-height tiles while their row tiles fit the grid's y limit too.
+            if m.div_ceil(MMA_BM / 2) <= u16::MAX as usize {
+                cands.push(ConvImpl::Mma { bm: MMA_BM / 2 });
+            }
         }
         if let Some(f) = &rt_f16 {
             let mut inner = vec![];
@@ -1669,6 +1692,8 @@ impl CudaEngine {
         } else if cands.len() == 1 {
             cands[0].clone()
         } else {
+            let setup_ms = setup_start.elapsed().as_secs_f64() * 1e3;
+            let timing_start = std::time::Instant::now();
             // Candidates are timed in rounds, each round every candidate once, so that clock
             // changes during the build weigh on all of them alike; each timing averages
             // back-to-back launches (a layer of 10-20 µs timed launch by launch picked
@@ -1698,13 +1723,14 @@ impl CudaEngine {
                 .filter_map(|(c, t)| t.as_ref().map(|t| (median(t), c)))
                 .collect();
             log_msg(&format!(
-                "{}: {}",
+                "{}: {} (set up in {setup_ms:.0} ms, timed in {:.0} ms)",
                 step.name,
                 timed
                     .iter()
                     .map(|(t, c)| format!("{} {:.1} us", c.key(), t * 1e3))
                     .collect::<Vec<_>>()
-                    .join(", ")
+                    .join(", "),
+                timing_start.elapsed().as_secs_f64() * 1e3
             ));
             timed
                 .into_iter()
@@ -1732,7 +1758,7 @@ impl CudaEngine {
         ) {
             rt.kernel_w = None;
         }
-        if pick != ConvImpl::Mma {
+        if !matches!(pick, ConvImpl::Mma { .. }) {
             rt.mma_w = None;
         }
         match &pick {
@@ -1855,7 +1881,7 @@ impl CudaEngine {
 
     /// Whether the int8 tensor-core kernel (`conv_i8_mma`) takes this layer: an int8 conv of
     /// one group reading int8 (NHWC, or rows for a 1x1 one), a tap's input channels in whole
-    /// 16-byte copies, output rows of 4-byte groups, 32-bit row and input pixel indices and
+    /// 16-byte copies, output rows of 4-byte groups, 32-bit row indices and input offsets and
     /// row tiles within the grid's y limit, on a GPU of compute capability 8.0 or more.
     fn mma_ok(&self, c: &ConvStep, m: usize) -> bool {
         let xd = &self.plan.tensors[c.input];
@@ -1867,7 +1893,7 @@ impl CudaEngine {
             && c.cin.is_multiple_of(16)
             && c.cout.is_multiple_of(4)
             && m < i32::MAX as usize
-            && xd.numel() / c.cin < i32::MAX as usize
+            && xd.numel() < i32::MAX as usize
             && m.div_ceil(MMA_BM) <= u16::MAX as usize
     }
 
@@ -2399,46 +2425,38 @@ impl CudaEngine {
         Ok(s)
     }
 
-    /// Times step `si` alone (median of `reps` runs, ms).
     /// Milliseconds per launch of step `si`, averaged over enough back-to-back launches to fill
     /// about [`CHOICE_BATCH_MS`] (at most [`CHOICE_MAX_LAUNCHES`]) after one warm-up launch.
+    /// The launches are captured in a CUDA graph and timed as one, because the engine runs as
+    /// a graph: timed as eager launches, a small layer's host-side cost (a cuDNN call's most)
+    /// counted as its time, which favoured the cheapest-to-launch kernel over the fastest (on
+    /// an H200, EfficientNet-B0's layers at batch 32 timed that way summed 1.05 ms more than
+    /// its whole FP16 graph took, 0.57 ms more than its INT8 one). A step the graph capture
+    /// refuses is timed eagerly.
     fn time_launches(&self, si: usize) -> DevResult<f64> {
         let ctx = &self.dev.ctx;
+        let st = &self.dev.stream;
         let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
         let (e0, e1) = (
             drv(ctx.new_event(flags), "event")?,
             drv(ctx.new_event(flags), "event")?,
         );
-        let timed = |n: usize| -> DevResult<f64> {
-            drv(e0.record(&self.dev.stream), "event record")?;
-            for _ in 0..n {
-                self.run_step(si)?;
-            }
-            drv(e1.record(&self.dev.stream), "event record")?;
+        let timed = |launch: &dyn Fn() -> DevResult<()>, n: usize| -> DevResult<f64> {
+            drv(e0.record(st), "event record")?;
+            launch()?;
+            drv(e1.record(st), "event record")?;
             Ok(drv(e0.elapsed_ms(&e1), "event elapsed")? as f64 / n as f64)
         };
-        let once = timed(1)?;
+        let once = timed(&|| self.run_step(si), 1)?;
         let n = ((CHOICE_BATCH_MS / once.max(1e-4)) as usize).clamp(1, CHOICE_MAX_LAUNCHES);
-        timed(n)
-    }
-
-    fn time_step(&self, si: usize, reps: usize) -> DevResult<f64> {
-        let ctx = &self.dev.ctx;
-        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let (e0, e1) = (
-            drv(ctx.new_event(flags), "event")?,
-            drv(ctx.new_event(flags), "event")?,
-        );
-        self.run_step(si)?;
-        let mut ts = vec![];
-        for _ in 0..reps {
-            drv(e0.record(&self.dev.stream), "event record")?;
-            self.run_step(si)?;
-            drv(e1.record(&self.dev.stream), "event record")?;
-            ts.push(drv(e0.elapsed_ms(&e1), "event elapsed")? as f64);
+        let eager = || (0..n).try_for_each(|_| self.run_step(si));
+        match self.capture_graph(eager) {
+            Ok(g) => {
+                drv(g.launch(), "graph launch")?;
+                timed(&|| drv(g.launch(), "graph launch"), n)
+            }
+            Err(_) => timed(&eager, n),
         }
-        ts.sort_by(f64::total_cmp);
-        Ok(ts[ts.len() / 2])
     }
 
     /// Each step timed alone, with what ran it and in which precision (an int8 layer the
@@ -2451,7 +2469,7 @@ impl CudaEngine {
             _ => "fp32",
         };
         for (si, s) in self.plan.steps.iter().enumerate() {
-            let t = self.time_step(si, 3)?;
+            let t = self.time_launches(si)?;
             let precision = match (s, self.convs.get(&si)) {
                 (Step::Conv(c), Some(rt)) => match (&c.quant, &rt.chosen) {
                     (Some(q), ConvImpl::AsF16(_)) => {
@@ -2504,13 +2522,25 @@ impl CudaEngine {
     }
 
     fn capture(&mut self) -> DevResult<()> {
-        let st = self.dev.stream.clone();
+        let g = self.capture_graph(|| self.run_steps())?;
+        drv(g.launch(), "graph launch")?;
+        drv(self.dev.stream.synchronize(), "graph run")?;
+        self.graph = Some(g);
+        Ok(())
+    }
+
+    /// What `launches` puts on the stream, captured as an instantiated, uploaded CUDA graph.
+    fn capture_graph(
+        &self,
+        launches: impl FnOnce() -> DevResult<()>,
+    ) -> DevResult<cudarc::driver::CudaGraph> {
+        let st = &self.dev.stream;
         drv(st.synchronize(), "synchronize")?;
         drv(
             st.begin_capture(sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
             "begin capture",
         )?;
-        let r = self.run_steps();
+        let r = launches();
         let g = drv(
             st.end_capture(sys::CUgraphInstantiate_flags(0)),
             "end capture",
@@ -2518,10 +2548,7 @@ impl CudaEngine {
         r?;
         let g = g?.ok_or("empty graph")?;
         drv(g.upload(), "graph upload")?;
-        drv(g.launch(), "graph launch")?;
-        drv(st.synchronize(), "graph run")?;
-        self.graph = Some(g);
-        Ok(())
+        Ok(g)
     }
 
     fn run_steps(&self) -> DevResult<()> {
@@ -2994,7 +3021,7 @@ impl CudaEngine {
                     res_p, res_t, res_s, self.ptr(c.out), od.dtype.code(), od.scale,
                     u(rt.m), u(c.cin), u(c.cout), act, a0, a1, per_px.magic[0], per_px.shift[0])
             }
-            ConvImpl::Mma => {
+            ConvImpl::Mma { bm } => {
                 let w_p = rt.mma_w.as_ref().ok_or("tensor-core weights missing")?.ptr;
                 // Rows of a Gemm / MatMul are 1x1 images.
                 let (oh, ow) = if xd.shape.len() == 4 {
@@ -3005,17 +3032,18 @@ impl CudaEngine {
                 // x: tiles of output channels (the blocks sharing a tile of pixels run
                 // together); y: tiles of pixels.
                 let cfg = LaunchConfig {
-                    grid_dim: (
-                        c.cout.div_ceil(MMA_BN) as u32,
-                        rt.m.div_ceil(MMA_BM) as u32,
-                        1,
-                    ),
+                    grid_dim: (c.cout.div_ceil(MMA_BN) as u32, rt.m.div_ceil(*bm) as u32, 1),
                     block_dim: (MMA_THREADS as u32, 1, 1),
                     shared_mem_bytes: 0,
                 };
                 // Row -> (image, output row): divisions by oh * ow and ow.
                 let div = FastDiv::of(&[(oh * ow) as i64, ow as i64]);
-                launch!(st, k.conv_i8_mma, cfg cfg; way.input, w_p, way.alpha, rt.bias.ptr,
+                let f = if *bm == MMA_BM {
+                    &k.conv_i8_mma
+                } else {
+                    &k.conv_i8_mma64
+                };
+                launch!(st, f, cfg cfg; way.input, w_p, way.alpha, rt.bias.ptr,
                     res_p, res_t, res_s, self.ptr(c.out), od.dtype.code(), od.scale,
                     u(rt.m), u(c.cin), u(round_up(c.reduction(), MMA_BK)), u(c.cout), act, a0, a1,
                     u(h), u(w), u(oh), u(ow), u(c.k[0]), u(c.k[1]), u(c.stride[0]), u(c.stride[1]),
@@ -3177,7 +3205,9 @@ impl CudaEngine {
     }
 }
 
-fn log_msg(msg: &str) {
+/// Prints `msg` on stderr when `QUANTSCOPE_CUDA_VERBOSE` is set (the builder's candidate times
+/// and phases).
+pub(crate) fn log_msg(msg: &str) {
     if std::env::var_os("QUANTSCOPE_CUDA_VERBOSE").is_some() {
         eprintln!("quantscope cuda: {msg}");
     }

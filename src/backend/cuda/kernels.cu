@@ -301,11 +301,19 @@ __device__ __forceinline__ EpiI8 epi_i8(const float* alpha, const float* bias, i
   e.silu = act == 24;
   return e;
 }
+// Byte `k` of the word r sign-extended to int32 in one PRMT: a selector nibble with its high
+// bit set replicates the selected byte's sign (PTX prmt; CUDA's __byte_perm masks that bit
+// off, and two shifts were twice the integer instructions on the epilogue's busiest pipe).
+__device__ __forceinline__ int sext_byte(unsigned r, int k) {
+  int v;
+  asm("prmt.b32 %0, %1, 0, %2;" : "=r"(v) : "r"(r), "r"(0x8880 + 0x1111 * k));
+  return v;
+}
 // Sum s and the residual byte at bit `sh` of the word r -> a word whose low byte is the
-// output code. (__byte_perm cannot sign-extend: it uses three bits of each selector nibble.)
+// output code.
 __device__ __forceinline__ unsigned epi_i8_one(const EpiI8& e, int s, float al, float bi,
                                                unsigned r, int sh) {
-  float v = fmaf((float)s, al, fmaf((float)((int)(r << (24 - sh)) >> 24), e.rsc, bi));
+  float v = fmaf((float)s, al, fmaf((float)sext_byte(r, sh >> 3), e.rsc, bi));
   if (e.silu) v = __fdividef(v, 1.f + __expf(-v * e.y_scale));
   return __float_as_uint(fminf(fmaxf(v + EPI_ROUND, e.lo), e.hi));
 }
@@ -645,8 +653,9 @@ extern "C" __global__ void conv_pw_i8_word(const signed char* x, const int* w,
 // as a 1x1 one, as an implicit GEMM on the int8 tensor cores: mma.sync m16n8k32 (exact
 // int32 sums, as __dp4a's), then the pointwise kernels' epilogue. x int8 NHWC [n, h, wd,
 // cin] (or rows [m, cin]); weights int8 OHWI rows [cout rounded up to MMA_BN][kpad = kh * kw * cin rounded
-// up to MMA_BK], zero past the reduction and cout. A block computes MMA_BM output pixels by
-// MMA_BN channels, its four warps 64 x 32 each. The x and weight tiles go through shared
+// up to MMA_BK], zero past the reduction and cout. A block computes BM output pixels (MMA_BM,
+// or half that in conv_i8_mma64) by MMA_BN channels, its four warps BM / 2 x 32 each. The x
+// and weight tiles go through shared
 // memory in MMA_STAGES cp.async stages of MMA_BK bytes of the reduction, each 16-byte piece
 // of an x row one tap's channels (cin % 16 == 0), zero-filled outside the input; rows are
 // padded to MMA_LD bytes so that each 8-row phase of ldmatrix hits distinct banks. The sums
@@ -657,10 +666,9 @@ extern "C" __global__ void conv_pw_i8_word(const signed char* x, const int* w,
 // kernels longer still; this kernel takes 40 us where cuBLASLt takes 59 on layer1's
 // 64 -> 256 expansions, and 69 us where cuDNN's int8 graph took 122 on the regrouped stem.
 // cuDNN's int8 graph convs stay about twice as fast on the 3x3 layers and most reductions
-// (the builder times them all). cout % 4 == 0; grid (cout_pad / MMA_BN, ceil(m / MMA_BM)),
-// MMA_THREADS threads, so the blocks sharing a tile of x run together; at most 128 registers
-// (four blocks an SM, as the shared memory allows). Needs sm_80 (cp.async, the int8
-// m16n8k32 shape); the host offers it from there.
+// (the builder times them all). cout % 4 == 0; grid (cout_pad / MMA_BN, ceil(m / BM)),
+// MMA_THREADS threads, so the blocks sharing a tile of x run together. Needs sm_80 (cp.async,
+// the int8 m16n8k32 shape); the host offers it from there.
 #define MMA_BM 128
 #define MMA_BN 64
 #define MMA_BK 64
@@ -689,41 +697,47 @@ __device__ __forceinline__ void mma_s8(int d[4], const unsigned a[4], const unsi
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 #endif
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 4)
-    conv_i8_mma(const signed char* x, const signed char* w, const float* alpha,
-                const float* bias, const void* res, int res_t, float res_scale, void* y, int y_t,
-                float y_scale, int m, int cin, int kpad, int cout, int act, float a0, float a1,
-                int h, int wd, int oh, int ow, int kh, int kw, int sh, int sw, int pt, int pl,
-                int dh, int dw, unsigned img_magic, unsigned img_shift, unsigned row_magic,
-                unsigned row_shift) {
+template <int BM>
+__device__ __forceinline__ void conv_i8_mma_body(
+    unsigned char* smem, const signed char* x, const signed char* w, const float* alpha,
+    const float* bias, const void* res, int res_t, float res_scale, void* y, int y_t, float y_scale, int m, int cin,
+    int kpad, int cout, int act, float a0, float a1, int h, int wd, int oh, int ow, int kh,
+    int kw, int sh, int sw, int pt, int pl, int dh, int dw, unsigned img_magic,
+    unsigned img_shift, unsigned row_magic, unsigned row_shift) {
 #if __CUDA_ARCH__ >= 800
-  __shared__ __align__(16) unsigned char smem[MMA_STAGES * (MMA_BM + MMA_BN) * MMA_LD];
+  // BM / 32 rows of the x tile a thread copies; a warp's share of the tile is BM / 2 rows
+  // (MI 16-row fragments) by 32 channels.
+  constexpr int XR = BM / 32, MI = BM / 32;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int n0 = blockIdx.x * MMA_BN, m0 = blockIdx.y * MMA_BM;
+  const int n0 = blockIdx.x * MMA_BN, m0 = blockIdx.y * BM;
   // Copies: four threads a row, each one 16-byte piece of the stage's MMA_BK bytes, so that a
   // warp's copy reads eight rows' 64 bytes each (contiguous within a tap). A thread a row,
   // reading 16 bytes every cin bytes, touched twice the L2 sectors it used (Nsight, ResNet-50
   // at batch 32). A quarter warp's eight pieces are rows r and r + 4, whose 16-byte columns
-  // are disjoint bank groups with MMA_LD-byte rows. A thread's rows are crow + 32 i: four of
+  // are disjoint bank groups with MMA_LD-byte rows. A thread's rows are crow + 32 i: XR of
   // the x tile, two of the weight tile.
   const int piece = lane & 3, crow = warp * 8 + (lane >> 3) + ((lane >> 2) & 1) * 4;
   const int k = kh * kw * cin;
-  // Per x row: the pixel index of its first tap (which may lie in the padding) and where
+  // Per x row: the byte offset of its first tap (which may lie in the padding) and where
   // that tap is (iy0, ix0); rows past m get an iy0 no tap reaches inside. The divisions by
   // oh * ow and ow are FastDiv's multiply-shifts (magic 0: by 1): eight integer divisions a
-  // thread were more instructions than a one-tile layer's tensor-core work.
-  int org[4], iy0[4], ix0[4];
+  // thread were more instructions than a one-tile layer's tensor-core work. Offsets are 32-bit
+  // (the host offers the kernel inputs of fewer than 2^31 bytes), a few instructions a copy
+  // fewer than 64-bit products.
+  int xo[XR], iy0[XR], ix0[XR];
 #pragma unroll
-  for (int i = 0; i < 4; i++) {
+  for (int i = 0; i < XR; i++) {
     int arow = m0 + crow + 32 * i;
     unsigned ua = (unsigned)min(arow, m - 1);
     int b = img_magic ? __umulhi(ua, img_magic) >> img_shift : ua, r = ua - b * oh * ow;
     int oy = row_magic ? __umulhi((unsigned)r, row_magic) >> row_shift : r;
     iy0[i] = arow < m ? oy * sh - pt : -(1 << 30);
     ix0[i] = (r - oy * ow) * sw - pl;
-    org[i] = arow < m ? (b * h + iy0[i]) * wd + ix0[i] : 0;
+    xo[i] = arow < m ? ((b * h + iy0[i]) * wd + ix0[i]) * cin : 0;
   }
-  const signed char* bp = w + (i64)(n0 + crow) * kpad + piece * 16;
+  // This thread's weight rows (crow and crow + 32) at its next piece.
+  const signed char* wp = w + (i64)(n0 + crow) * kpad + piece * 16;
+  const i64 w32 = (i64)32 * kpad;
   const int ktiles = kpad / MMA_BK;
   // Where this thread's next piece starts in the reduction: channel ci of tap (ky, kx). Tiles
   // are copied in order, so this steps along instead of dividing per piece (two integer
@@ -737,50 +751,53 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, 4)
       }
   };
   step_tap(0);
-  auto load = [&](int kt, int s) {
-    unsigned char* sa = smem + s * (MMA_BM + MMA_BN) * MMA_LD + crow * MMA_LD + piece * 16;
-    unsigned char* sb = sa + MMA_BM * MMA_LD;
-    const bool kin = kt * MMA_BK + piece * 16 < k;
-    const int dy = ky * dh, dx = kx * dw, tap = dy * wd + dx;
+  // Copies the next tile into stage `fill` (tiles go in order, stages round robin).
+  int kpos = piece * 16, fill = 0;
+  auto load = [&]() {
+    unsigned char* sa = smem + fill * (BM + MMA_BN) * MMA_LD + crow * MMA_LD + piece * 16;
+    unsigned char* sb = sa + BM * MMA_LD;
+    const bool kin = kpos < k;
+    const int dy = ky * dh, dx = kx * dw, toff = (dy * wd + dx) * cin + ci;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
+    for (int i = 0; i < XR; i++) {
       int iy = iy0[i] + dy, ix = ix0[i] + dx;
       bool in = kin && (unsigned)iy < (unsigned)h && (unsigned)ix < (unsigned)wd;
-      const signed char* src = x + (i64)(org[i] + tap) * cin + ci;
-      cp_async16(sa + 32 * i * MMA_LD, in ? src : x, in);
+      cp_async16(sa + 32 * i * MMA_LD, x + (unsigned)(in ? xo[i] + toff : 0), in);
     }
-#pragma unroll
-    for (int i = 0; i < 2; i++)
-      cp_async16(sb + 32 * i * MMA_LD, bp + (i64)32 * i * kpad + kt * MMA_BK, true);
+    cp_async16(sb, wp, true);
+    cp_async16(sb + 32 * MMA_LD, wp + w32, true);
+    wp += MMA_BK;
+    kpos += MMA_BK;
+    fill = fill == MMA_STAGES - 1 ? 0 : fill + 1;
     step_tap(MMA_BK);
   };
-  int acc[4][4][4];
+  int acc[MI][4][4];
 #pragma unroll
-  for (int i = 0; i < 4; i++)
+  for (int i = 0; i < MI; i++)
 #pragma unroll
     for (int j = 0; j < 4; j++)
 #pragma unroll
       for (int e = 0; e < 4; e++) acc[i][j][e] = 0;
 #pragma unroll
   for (int s = 0; s < MMA_STAGES - 1; s++) {
-    if (s < ktiles) load(s, s);
+    if (s < ktiles) load();
     asm volatile("cp.async.commit_group;\n" ::);
   }
-  const int wm = (warp >> 1) * 64, wn = (warp & 1) * 32;
-  for (int kt = 0; kt < ktiles; kt++) {
-    // Tile kt has landed; every warp is done with the stage the next copy overwrites.
+  const int wm = (warp >> 1) * (BM / 2), wn = (warp & 1) * 32;
+  for (int kt = 0, use = 0; kt < ktiles; kt++, use = use == MMA_STAGES - 1 ? 0 : use + 1) {
+    // Tile kt (in stage `use`) has landed; every warp is done with the stage the next copy
+    // overwrites.
     asm volatile("cp.async.wait_group %0;\n" ::"n"(MMA_STAGES - 2));
     __syncthreads();
-    int next = kt + MMA_STAGES - 1;
-    if (next < ktiles) load(next, next % MMA_STAGES);
+    if (kt + MMA_STAGES - 1 < ktiles) load();
     asm volatile("cp.async.commit_group;\n" ::);
-    const unsigned char* sa = smem + (kt % MMA_STAGES) * (MMA_BM + MMA_BN) * MMA_LD;
-    const unsigned char* sb = sa + MMA_BM * MMA_LD;
+    const unsigned char* sa = smem + use * (BM + MMA_BN) * MMA_LD;
+    const unsigned char* sb = sa + BM * MMA_LD;
 #pragma unroll
     for (int ks = 0; ks < MMA_BK; ks += 32) {
-      unsigned af[4][4], bf[4][2];
+      unsigned af[MI][4], bf[4][2];
 #pragma unroll
-      for (int i = 0; i < 4; i++)
+      for (int i = 0; i < MI; i++)
         ldsm_x4(af[i], sa + (wm + i * 16 + (lane & 15)) * MMA_LD + ks + (lane >> 4) * 16);
 #pragma unroll
       for (int j = 0; j < 2; j++) {
@@ -793,7 +810,7 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, 4)
         bf[2 * j + 1][1] = r[3];
       }
 #pragma unroll
-      for (int i = 0; i < 4; i++)
+      for (int i = 0; i < MI; i++)
 #pragma unroll
         for (int j = 0; j < 4; j++) mma_s8(acc[i][j], af[i], bf[j]);
     }
@@ -803,7 +820,7 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, 4)
   int* so = (int*)smem;
   const int g = lane >> 2, t4 = lane & 3;
 #pragma unroll
-  for (int i = 0; i < 4; i++)
+  for (int i = 0; i < MI; i++)
 #pragma unroll
     for (int j = 0; j < 4; j++) {
       int r = wm + i * 16 + g, c = wn + j * 8 + 2 * t4;
@@ -820,21 +837,26 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, 4)
   if (c >= cout) return;
   if (epi_i8_ok(y_t, res_t, act)) {
     const EpiI8 e = epi_i8(alpha, bias, c, res_scale, y_scale, act, a0, a1);
+    // The output and residual words step by row_step rows: pointer increments, not a 64-bit
+    // row * cout product a word (those were a sixth of the epilogue's instructions).
+    const int rows = min(BM, m - m0);
+    const i64 step = (i64)row_step * cout, at = (i64)(m0 + r0) * cout + c;
+    unsigned* yp = (unsigned*)((signed char*)y + at);
+    const unsigned* rp = (const unsigned*)((const signed char*)res + (res_t == 2 ? at : 0));
 #pragma unroll 1
-    for (int rb = r0; rb < MMA_BM; rb += row_step * MMA_EPI_ROWS) {
+    for (int rb = r0; rb < rows; rb += row_step * MMA_EPI_ROWS) {
       unsigned rq[MMA_EPI_ROWS];
 #pragma unroll
       for (int i = 0; i < MMA_EPI_ROWS; i++) {
-        int row = m0 + rb + i * row_step;
-        const unsigned* rp = (const unsigned*)((const signed char*)res + (i64)row * cout + c);
-        rq[i] = res_t == 2 && row < m ? *rp : 0u;
+        rq[i] = res_t == 2 && rb + i * row_step < rows ? *rp : 0u;
+        rp = (const unsigned*)((const signed char*)rp + step);
       }
 #pragma unroll
       for (int i = 0; i < MMA_EPI_ROWS; i++) {
-        int r = rb + i * row_step, row = m0 + r;
-        if (row >= m) break;
-        *(unsigned*)((signed char*)y + (i64)row * cout + c) =
-            epi_i8_word(e, *(const int4*)&so[r * MMA_OUT_LD + cl], rq[i]);
+        int r = rb + i * row_step;
+        if (r >= rows) break;
+        *yp = epi_i8_word(e, *(const int4*)&so[r * MMA_OUT_LD + cl], rq[i]);
+        yp = (unsigned*)((signed char*)yp + step);
       }
     }
     return;
@@ -842,7 +864,7 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, 4)
   // Every other output, residual and activation (float outputs of layers that feed float
   // ops, mostly): one row at a time, through the generic conversions.
   const float4 al = *(const float4*)(alpha + c), bi = *(const float4*)(bias + c);
-  for (int r = r0; r < MMA_BM && m0 + r < m; r += row_step) {
+  for (int r = r0; r < BM && m0 + r < m; r += row_step) {
     i64 at = (i64)(m0 + r) * cout + c;
     int4 s = *(const int4*)&so[r * MMA_OUT_LD + cl];
     float4 rs = res_t >= 0 ? ld4(res, res_t, at, res_scale) : make_float4(0.f, 0.f, 0.f, 0.f);
@@ -855,6 +877,33 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, 4)
 #else
   __trap();
 #endif
+}
+
+// MMA_BM-pixel tiles (a warp 64 x 32; 128 registers, no spills on sm_90), four blocks an SM.
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, 4) conv_i8_mma(
+    const signed char* x, const signed char* w, const float* alpha, const float* bias,
+    const void* res, int res_t, float res_scale, void* y, int y_t, float y_scale, int m, int cin,
+    int kpad, int cout, int act, float a0, float a1, int h, int wd, int oh, int ow, int kh,
+    int kw, int sh, int sw, int pt, int pl, int dh, int dw, unsigned img_magic,
+    unsigned img_shift, unsigned row_magic, unsigned row_shift) {
+  __shared__ __align__(16) unsigned char smem[MMA_STAGES * (MMA_BM + MMA_BN) * MMA_LD];
+  conv_i8_mma_body<MMA_BM>(smem, x, w, alpha, bias, res, res_t, res_scale, y, y_t, y_scale, m, cin,
+                           kpad, cout, act, a0, a1, h, wd, oh, ow, kh, kw, sh, sw, pt, pl, dh, dw,
+                           img_magic, img_shift, row_magic, row_shift);
+}
+// Half-height tiles (a warp 32 x 32, 80 registers): six blocks an SM, twice the blocks a
+// layer. For layers whose few pixel tiles leave SMs idle or whose blocks wait on memory with
+// little tensor-core work between (the builder times both).
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, 6) conv_i8_mma64(
+    const signed char* x, const signed char* w, const float* alpha, const float* bias,
+    const void* res, int res_t, float res_scale, void* y, int y_t, float y_scale, int m, int cin,
+    int kpad, int cout, int act, float a0, float a1, int h, int wd, int oh, int ow, int kh,
+    int kw, int sh, int sw, int pt, int pl, int dh, int dw, unsigned img_magic,
+    unsigned img_shift, unsigned row_magic, unsigned row_shift) {
+  __shared__ __align__(16) unsigned char smem[MMA_STAGES * (MMA_BM / 2 + MMA_BN) * MMA_LD];
+  conv_i8_mma_body<MMA_BM / 2>(smem, x, w, alpha, bias, res, res_t, res_scale, y, y_t, y_scale, m,
+                               cin, kpad, cout, act, a0, a1, h, wd, oh, ow, kh, kw, sh, sw, pt, pl,
+                               dh, dw, img_magic, img_shift, row_magic, row_shift);
 }
 
 // im2col for NHWC: cols [M = n*oh*ow, kpad] with k = (ky*kw + kx)*cin + ci; zero padding.

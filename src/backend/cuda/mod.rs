@@ -171,7 +171,12 @@ impl Backend for CudaBackend {
             .with_fixed_input(spec.batch, spec.hw),
         };
         let shape = model.input_shape(spec.batch, spec.hw);
+        let device_start = std::time::Instant::now();
         let dev = engine::Device::new().map_err(build_err)?;
+        engine::log_msg(&format!(
+            "device, kernels and libraries ready in {:.0} ms",
+            device_start.elapsed().as_secs_f64() * 1e3
+        ));
         let target = ops::Target {
             int8_mma: dev.compute >= engine::MMA_COMPUTE,
         };
