@@ -697,13 +697,19 @@ __device__ __forceinline__ void mma_s8(int d[4], const unsigned a[4], const unsi
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 #endif
+// The tensor-core kernel's parameters, and the same names passed on to its body.
+#define MMA_PARAMS                                                                          \
+  const signed char* x, const signed char* w, const float* alpha, const float* bias,       \
+      const void* res, int res_t, float res_scale, void* y, int y_t, float y_scale, int m,  \
+      int cin, int kpad, int cout, int act, float a0, float a1, int h, int wd, int oh,      \
+      int ow, int kh, int kw, int sh, int sw, int pt, int pl, int dh, int dw,               \
+      unsigned img_magic, unsigned img_shift, unsigned row_magic, unsigned row_shift
+#define MMA_ARGS                                                                            \
+  x, w, alpha, bias, res, res_t, res_scale, y, y_t, y_scale, m, cin, kpad, cout, act, a0, a1, \
+      h, wd, oh, ow, kh, kw, sh, sw, pt, pl, dh, dw, img_magic, img_shift, row_magic,       \
+      row_shift
 template <int BM>
-__device__ __forceinline__ void conv_i8_mma_body(
-    unsigned char* smem, const signed char* x, const signed char* w, const float* alpha,
-    const float* bias, const void* res, int res_t, float res_scale, void* y, int y_t, float y_scale, int m, int cin,
-    int kpad, int cout, int act, float a0, float a1, int h, int wd, int oh, int ow, int kh,
-    int kw, int sh, int sw, int pt, int pl, int dh, int dw, unsigned img_magic,
-    unsigned img_shift, unsigned row_magic, unsigned row_shift) {
+__device__ __forceinline__ void conv_i8_mma_body(unsigned char* smem, MMA_PARAMS) {
 #if __CUDA_ARCH__ >= 800
   // BM / 32 rows of the x tile a thread copies; a warp's share of the tile is BM / 2 rows
   // (MI 16-row fragments) by 32 channels.
@@ -880,30 +886,16 @@ __device__ __forceinline__ void conv_i8_mma_body(
 }
 
 // MMA_BM-pixel tiles (a warp 64 x 32; 128 registers, no spills on sm_90), four blocks an SM.
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 4) conv_i8_mma(
-    const signed char* x, const signed char* w, const float* alpha, const float* bias,
-    const void* res, int res_t, float res_scale, void* y, int y_t, float y_scale, int m, int cin,
-    int kpad, int cout, int act, float a0, float a1, int h, int wd, int oh, int ow, int kh,
-    int kw, int sh, int sw, int pt, int pl, int dh, int dw, unsigned img_magic,
-    unsigned img_shift, unsigned row_magic, unsigned row_shift) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, 4) conv_i8_mma(MMA_PARAMS) {
   __shared__ __align__(16) unsigned char smem[MMA_STAGES * (MMA_BM + MMA_BN) * MMA_LD];
-  conv_i8_mma_body<MMA_BM>(smem, x, w, alpha, bias, res, res_t, res_scale, y, y_t, y_scale, m, cin,
-                           kpad, cout, act, a0, a1, h, wd, oh, ow, kh, kw, sh, sw, pt, pl, dh, dw,
-                           img_magic, img_shift, row_magic, row_shift);
+  conv_i8_mma_body<MMA_BM>(smem, MMA_ARGS);
 }
 // Half-height tiles (a warp 32 x 32, 80 registers): six blocks an SM, twice the blocks a
 // layer. For layers whose few pixel tiles leave SMs idle or whose blocks wait on memory with
 // little tensor-core work between (the builder times both).
-extern "C" __global__ void __launch_bounds__(MMA_THREADS, 6) conv_i8_mma64(
-    const signed char* x, const signed char* w, const float* alpha, const float* bias,
-    const void* res, int res_t, float res_scale, void* y, int y_t, float y_scale, int m, int cin,
-    int kpad, int cout, int act, float a0, float a1, int h, int wd, int oh, int ow, int kh,
-    int kw, int sh, int sw, int pt, int pl, int dh, int dw, unsigned img_magic,
-    unsigned img_shift, unsigned row_magic, unsigned row_shift) {
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, 6) conv_i8_mma64(MMA_PARAMS) {
   __shared__ __align__(16) unsigned char smem[MMA_STAGES * (MMA_BM / 2 + MMA_BN) * MMA_LD];
-  conv_i8_mma_body<MMA_BM / 2>(smem, x, w, alpha, bias, res, res_t, res_scale, y, y_t, y_scale, m,
-                               cin, kpad, cout, act, a0, a1, h, wd, oh, ow, kh, kw, sh, sw, pt, pl,
-                               dh, dw, img_magic, img_shift, row_magic, row_shift);
+  conv_i8_mma_body<MMA_BM / 2>(smem, MMA_ARGS);
 }
 
 // im2col for NHWC: cols [M = n*oh*ow, kpad] with k = (ky*kw + kx)*cin + ci; zero padding.
