@@ -844,7 +844,7 @@ __device__ __forceinline__ void conv_i8_mma_body(unsigned char* smem, MMA_PARAMS
   if (epi_i8_ok(y_t, res_t, act)) {
     const EpiI8 e = epi_i8(alpha, bias, c, res_scale, y_scale, act, a0, a1);
     // The output and residual words step by row_step rows: pointer increments, not a 64-bit
-    // row * cout product a word (those were a sixth of the epilogue's instructions).
+    // row * cout product a word (several instructions a word in the SASS).
     const int rows = min(BM, m - m0);
     const i64 step = (i64)row_step * cout, at = (i64)(m0 + r0) * cout + c;
     unsigned* yp = (unsigned*)((signed char*)y + at);
