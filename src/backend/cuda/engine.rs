@@ -211,6 +211,7 @@ struct Kernels {
     resize: CudaFunction,
     space_to_depth: CudaFunction,
     max_pool16: CudaFunction,
+    space_to_depth16: CudaFunction,
     conv_pw_i8: CudaFunction,
     conv_pw_i8_word: CudaFunction,
     conv_i8_mma: CudaFunction,
@@ -220,7 +221,7 @@ struct Kernels {
 
 /// Names of the kernels the engine loads (the compile check makes sure each is in the PTX).
 #[cfg(test)]
-const KERNEL_NAMES: [&str; 31] = [
+const KERNEL_NAMES: [&str; 32] = [
     "epilogue",
     "conv_direct",
     "conv_dw4",
@@ -247,6 +248,7 @@ const KERNEL_NAMES: [&str; 31] = [
     "resize",
     "space_to_depth",
     "max_pool16",
+    "space_to_depth16",
     "conv_pw_i8",
     "conv_pw_i8_word",
     "conv_i8_mma",
@@ -954,6 +956,7 @@ impl Device {
             resize: f("resize")?,
             space_to_depth: f("space_to_depth")?,
             max_pool16: f("max_pool16")?,
+            space_to_depth16: f("space_to_depth16")?,
             conv_pw_i8: f("conv_pw_i8")?,
             conv_pw_i8_word: f("conv_pw_i8_word")?,
             conv_i8_mma: f("conv_i8_mma")?,
@@ -2873,6 +2876,18 @@ impl CudaEngine {
                 .map(|v| v as i64);
                 let (nb, c2, hs, ws) = (od.shape[0], od.shape[1], od.shape[2], od.shape[3]);
                 let i = |v: usize| v as i32;
+                // The int8 16-byte-tap regrouping (2 x 2 cells of four channels): a thread a
+                // pixel.
+                if od.dtype == DType::I8
+                    && *block == 2
+                    && c2 == 16
+                    && c <= 4
+                    && nb * hs * ws < i32::MAX as usize
+                {
+                    return launch!(st, k.space_to_depth16, nb * hs * ws; self.ptr(*input), code(*input), sc(*input),
+                        s[0], s[1], s[2], s[3], i(h), i(w), i(c), self.ptr(*out), sc(*out),
+                        i(nb), i(hs), i(ws), i(pads[0]), i(pads[1]));
+                }
                 launch!(st, k.space_to_depth, nb * hs * ws * c2 / 4; self.ptr(*input), code(*input), sc(*input),
                     s[0], s[1], s[2], s[3], i(h), i(w), i(c), self.ptr(*out), code(*out), sc(*out),
                     i(nb), i(hs), i(ws), i(*block), i(c2 / (block * block)), i(pads[0]), i(pads[1]))
