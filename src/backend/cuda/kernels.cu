@@ -269,8 +269,8 @@ __device__ __forceinline__ Pos nhwc_pos(i64 i, int oh, int ow, i64 c) {
 // No conversion-unit instructions per element: on sm_90 the int8 <-> float conversions
 // (I2F.S8, F2I) issue at a quarter of the FMA rate, and with eight an output word they were
 // the tensor-core kernel's bottleneck on ResNet-50's memory-bound 1x1 layers (Nsight: the
-// epilogue two thirds of the samples). A residual byte is sign-extended by two shifts and
-// converted from int32 (I2FP, full rate); the rounding is an add of EPI_ROUND, after which the
+// epilogue two thirds of the samples). A residual byte is sign-extended by one PRMT
+// (`sext_byte`) and converted from int32 (I2FP, full rate); the rounding is an add of EPI_ROUND, after which the
 // int8 code is the sum's low byte.
 struct EpiI8 {
   float4 al, bi;
