@@ -365,7 +365,7 @@ fn forced_engine(
 fn every_conv_implementation_matches_cpu_on_a_mobilenet_block() {
     let Some(_) = gpu() else { return };
     let int8 = [
-        &["cudnng", "gemmf", "gemm", "f16+cudnn", "dw"][..],
+        &["cudnng", "gemmf", "gemm", "f16+cudnn", "dw", "dwr"][..],
         &INT8_KERNELS,
     ]
     .concat();
@@ -379,7 +379,11 @@ fn every_conv_implementation_matches_cpu_on_a_mobilenet_block() {
 #[test]
 fn every_conv_implementation_matches_cpu_on_an_efficientnet_block() {
     let Some(_) = gpu() else { return };
-    let int8 = [&["cudnng", "gemm", "f16+cudnn", "dw"][..], &INT8_KERNELS].concat();
+    let int8 = [
+        &["cudnng", "gemm", "f16+cudnn", "dw", "dwr"][..],
+        &INT8_KERNELS,
+    ]
+    .concat();
     every_conv_implementation_matches_cpu(efficientnet_block(), true, &FLOAT_FAMILIES, &int8);
 }
 
@@ -393,6 +397,61 @@ fn every_conv_implementation_matches_cpu_on_a_bottleneck_block() {
     let float = ["cudnng", "gemmf", "gemm", "cudnn", "direct"];
     let int8 = [&["cudnng", "gemm", "f16+cudnn"][..], &INT8_KERNELS].concat();
     every_conv_implementation_matches_cpu(bottleneck_block(), false, &float, &int8);
+}
+
+/// The same on a chain of depthwise convs, one of each kernel size and stride the int8
+/// row-window kernels have (`dwr`), against the depthwise kernel they stand beside (`dw`)
+/// and the direct one: partial groups of four outputs along x at every size, padded edges.
+#[test]
+fn every_depthwise_implementation_matches_cpu_at_each_row_kernel_shape() {
+    let Some(_) = gpu() else { return };
+    every_conv_implementation_matches_cpu(
+        depthwise_chain(),
+        false,
+        &["dw", "direct"],
+        &["dw", "dwr", "direct"],
+    );
+}
+
+/// Depthwise convs on [1, 24, 14, 14], pads k / 2: 3x3 stride 1 + ReLU, 3x3 stride 2 +
+/// ReLU6 (Clip), 5x5 stride 1 + SiLU, 5x5 stride 2, 7x7 stride 1 + ReLU (14 -> 14 -> 7 -> 7
+/// -> 4 -> 4 pixels a side).
+fn depthwise_chain() -> GraphBuilder {
+    let c = 24;
+    let mut b = GraphBuilder::new(&[1, c, 14, 14]);
+    let lo = b.constant("zero", &[], &[0.0]);
+    let hi = b.constant("six", &[], &[6.0]);
+    let mut x = "x".to_string();
+    for (i, (k, s)) in [(3, 1), (3, 2), (5, 1), (5, 2), (7, 1)]
+        .into_iter()
+        .enumerate()
+    {
+        let name = format!("dw{i}");
+        let w = b.random(&format!("{name}.w"), &[c, 1, k, k], 2.0 / (k * k) as f32);
+        let bias = b.random(&format!("{name}.b"), &[c], 0.1);
+        let p = (k / 2) as i64;
+        let y = b.node(
+            "Conv",
+            &name,
+            &[&x, &w, &bias],
+            vec![
+                proto::ints_attr("pads", &[p, p, p, p]),
+                proto::ints_attr("strides", &[s, s]),
+                proto::int_attr("group", c as i64),
+            ],
+        );
+        x = match i {
+            1 => b.op("Clip", &format!("{name}.relu6"), &[&y, &lo, &hi]),
+            2 => {
+                let sg = b.op("Sigmoid", &format!("{name}.sigmoid"), &[&y]);
+                b.op("Mul", &format!("{name}.silu"), &[&y, &sg])
+            }
+            3 => y,
+            _ => b.op("Relu", &format!("{name}.relu"), &[&y]),
+        };
+    }
+    b.output(&x);
+    b
 }
 
 /// A ResNet bottleneck on [1, 48, 14, 14]: 1x1 48 -> 64 + ReLU, 3x3 stride 2 64 -> 64 + ReLU,

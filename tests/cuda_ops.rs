@@ -288,6 +288,41 @@ fn elementwise_broadcast_cases() -> Vec<Case> {
         let sg = b.op("HardSigmoid", "sg", &[&p]);
         b.op("Mul", "se", &[&c, &sg])
     }));
+    // Whole groups of 16 channels after a conv (`nary16`, sixteen elements a thread; int8
+    // read and written 16 bytes at a time in INT8): a gate over two images, a per-channel
+    // constant, a tensor plus itself.
+    let wide = [2, 32, 5, 6];
+    cases.push(graph(
+        "SE Mul after conv, 32 channels",
+        &wide,
+        13,
+        |b, x| {
+            let c = after_conv(b, x, 32);
+            let p = b.op("GlobalAveragePool", "gap", &[&c]);
+            let sg = b.op("Sigmoid", "sg", &[&p]);
+            b.op("Mul", "se", &[&sg, &c])
+        },
+    ));
+    cases.push(graph(
+        "Add [1,C,1,1] const, 32 channels",
+        &wide,
+        13,
+        |b, x| {
+            let c = after_conv(b, x, 32);
+            let v: Vec<f32> = values(32, 5).iter().map(|v| 0.5 * v).collect();
+            let k = b.constant("k", &[1, 32, 1, 1], &v);
+            b.op("Add", "ew", &[&c, &k])
+        },
+    ));
+    cases.push(graph(
+        "Add tensor to itself, 32 channels",
+        &wide,
+        13,
+        |b, x| {
+            let c = after_conv(b, x, 32);
+            b.op("Add", "ew", &[&c, &c])
+        },
+    ));
     // Scalar and row vectors (last axis), tensor [1, C, H, 1] against [1, C, H, W].
     cases.push(graph("Add scalar", &s, 13, |b, x| {
         let c = b.constant("c", &[], &[0.25]);

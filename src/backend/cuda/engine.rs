@@ -57,6 +57,10 @@ const MMA_BM: usize = 128;
 const MMA_BN: usize = 64;
 const MMA_BK: usize = 64;
 const MMA_THREADS: usize = 128;
+/// (kernel size, stride) of the row-window int8 depthwise kernels, square both ways
+/// (`conv_dw_i8_k{K}s{S}` in kernels.cu): MobileNets' and EfficientNets' 3x3 and 5x5
+/// depthwise layers, ConvNeXt's 7x7 ones.
+const DW_ROWS_SHAPES: [(usize, usize); 5] = [(3, 1), (3, 2), (5, 1), (5, 2), (7, 1)];
 /// Compute capability from which the tensor-core kernel runs (cp.async, int8 m16n8k32).
 pub(crate) const MMA_COMPUTE: (i32, i32) = (8, 0);
 
@@ -188,6 +192,8 @@ struct Kernels {
     epilogue: CudaFunction,
     conv_direct: CudaFunction,
     conv_dw4: CudaFunction,
+    /// `conv_dw_i8_k{K}s{S}` for each of DW_ROWS_SHAPES, in order.
+    conv_dw_i8: Vec<CudaFunction>,
     im2col: CudaFunction,
     im2col_v16: CudaFunction,
     unary: CudaFunction,
@@ -195,6 +201,8 @@ struct Kernels {
     view: CudaFunction,
     nary: CudaFunction,
     nary4: CudaFunction,
+    nary8: CudaFunction,
+    nary16: CudaFunction,
     reduce: CudaFunction,
     reduce_rows: CudaFunction,
     norm_rows: CudaFunction,
@@ -221,10 +229,15 @@ struct Kernels {
 
 /// Names of the kernels the engine loads (the compile check makes sure each is in the PTX).
 #[cfg(test)]
-const KERNEL_NAMES: [&str; 32] = [
+const KERNEL_NAMES: [&str; 39] = [
     "epilogue",
     "conv_direct",
     "conv_dw4",
+    "conv_dw_i8_k3s1",
+    "conv_dw_i8_k3s2",
+    "conv_dw_i8_k5s1",
+    "conv_dw_i8_k5s2",
+    "conv_dw_i8_k7s1",
     "im2col",
     "im2col_v16",
     "unary",
@@ -232,6 +245,8 @@ const KERNEL_NAMES: [&str; 32] = [
     "view",
     "nary",
     "nary4",
+    "nary8",
+    "nary16",
     "reduce",
     "reduce_rows",
     "norm_rows",
@@ -498,12 +513,13 @@ fn nary_args(
     Ok(a)
 }
 
-/// `a` over groups of 4 along its innermost dim, for `nary4`, with the mask of inputs read
-/// as vectors; `None` when the innermost dim is not whole groups or an input neither runs
-/// along it (stride 1, other strides whole groups) nor stays constant along it (stride 0).
-fn nary_groups_of_4(a: &NaryArgs) -> Option<(NaryArgs, i32)> {
+/// `a` over groups of `width` (`nary4`, `nary8`, `nary16`) along its innermost dim, with
+/// the mask of inputs read as vectors; `None` when the innermost dim is not whole groups or
+/// an input neither runs along it (stride 1, other strides whole groups) nor stays constant
+/// along it (stride 0).
+fn nary_groups(a: &NaryArgs, width: i64) -> Option<(NaryArgs, i32)> {
     let last = (a.rank as usize).checked_sub(1)?;
-    if a.dims[last] % 4 != 0 {
+    if a.dims[last] % width != 0 {
         return None;
     }
     let mut g = *a;
@@ -511,12 +527,12 @@ fn nary_groups_of_4(a: &NaryArgs) -> Option<(NaryArgs, i32)> {
     for k in 0..a.nin as usize {
         match a.strides[k][last] {
             0 => {}
-            1 if a.strides[k][..last].iter().all(|s| s % 4 == 0) => vec |= 1 << k,
+            1 if a.strides[k][..last].iter().all(|s| s % width == 0) => vec |= 1 << k,
             _ => return None,
         }
-        g.strides[k][last] *= 4;
+        g.strides[k][last] *= width;
     }
-    g.dims[last] /= 4;
+    g.dims[last] /= width;
     g.div = FastDiv::of(&g.dims[..=last]);
     Some((g, vec))
 }
@@ -933,6 +949,10 @@ impl Device {
             epilogue: f("epilogue")?,
             conv_direct: f("conv_direct")?,
             conv_dw4: f("conv_dw4")?,
+            conv_dw_i8: DW_ROWS_SHAPES
+                .iter()
+                .map(|(k, s)| f(&format!("conv_dw_i8_k{k}s{s}")))
+                .collect::<Result<_, _>>()?,
             im2col: f("im2col")?,
             im2col_v16: f("im2col_v16")?,
             unary: f("unary")?,
@@ -940,6 +960,8 @@ impl Device {
             view: f("view")?,
             nary: f("nary")?,
             nary4: f("nary4")?,
+            nary8: f("nary8")?,
+            nary16: f("nary16")?,
             reduce: f("reduce")?,
             reduce_rows: f("reduce_rows")?,
             norm_rows: f("norm_rows")?,
@@ -1010,6 +1032,9 @@ pub enum ConvImpl {
     },
     /// Depthwise conv on the vectorized kernel (`conv_dw4`), epilogue fused.
     Depthwise,
+    /// Int8 depthwise conv on the kernels that read each input row's window once
+    /// (`conv_dw_i8_k{K}s{S}`, square kernels and strides of DW_ROWS_SHAPES, dilation 1).
+    DepthwiseRows,
     /// Int8 1x1 conv (or Gemm / MatMul) on the `__dp4a` kernel (`conv_pw_i8`), epilogue fused.
     Pointwise,
     /// The same on `conv_pw_i8_word`: a thread per four output channels of a pixel, so that
@@ -1040,6 +1065,7 @@ impl ConvImpl {
             ConvImpl::Cudnn { algo } => format!("cudnn:{algo}"),
             ConvImpl::CudnnGraph { plan } => format!("cudnng:{plan}"),
             ConvImpl::Depthwise => "dw".into(),
+            ConvImpl::DepthwiseRows => "dwr".into(),
             ConvImpl::Pointwise => "pw".into(),
             ConvImpl::PointwiseWord => "pww".into(),
             ConvImpl::Mma { bm } if *bm == MMA_BM => "mma".into(),
@@ -1072,6 +1098,7 @@ impl ConvImpl {
                 format!("cuDNN graph conv, fused epilogue (plan {plan})")
             }
             ConvImpl::Depthwise => "depthwise kernel".into(),
+            ConvImpl::DepthwiseRows => "depthwise kernel, a row window at a time".into(),
             ConvImpl::Pointwise => "pointwise dp4a kernel".into(),
             ConvImpl::PointwiseWord => "pointwise dp4a kernel, 4 channels a thread".into(),
             ConvImpl::Mma { bm } => {
@@ -1243,6 +1270,9 @@ struct ConvRt {
     kernel_w: Option<DevBuf>,
     /// Weights of the int8 tensor-core kernel (`mma_weights`), kept only when chosen.
     mma_w: Option<DevBuf>,
+    /// Weights of the int8 row-window depthwise kernel (`depthwise_rows_weights`), kept only
+    /// when chosen.
+    rows_w: Option<DevBuf>,
     gemm: Option<GemmSetup>,
     gemm_fused: Option<GemmSetup>,
     cudnn: Option<CudnnSetup>,
@@ -1379,6 +1409,7 @@ impl CudaEngine {
                     direct_w: None,
                     kernel_w: None,
                     mma_w: None,
+                    rows_w: None,
                     gemm: None,
                     gemm_fused: None,
                     cudnn: None,
@@ -1629,6 +1660,11 @@ impl CudaEngine {
             self.convs.get_mut(&si).expect("conv").kernel_w = Some(w);
             cands.push(ConvImpl::Depthwise);
         }
+        if self.depthwise_rows(&step).is_some() {
+            let w = self.depthwise_rows_weights(&step)?;
+            self.convs.get_mut(&si).expect("conv").rows_w = Some(w);
+            cands.push(ConvImpl::DepthwiseRows);
+        }
         if self.pointwise_ok(&step, m) {
             let w = self.pointwise_weights(&step)?;
             self.convs.get_mut(&si).expect("conv").kernel_w = Some(w);
@@ -1764,6 +1800,9 @@ impl CudaEngine {
         if !matches!(pick, ConvImpl::Mma { .. }) {
             rt.mma_w = None;
         }
+        if pick != ConvImpl::DepthwiseRows {
+            rt.rows_w = None;
+        }
         match &pick {
             ConvImpl::AsF16(inner) => {
                 if let Some(f) = rt.f16.as_deref_mut() {
@@ -1866,6 +1905,45 @@ impl CudaEngine {
             && input_ok
             && fits_i32(c.input)
             && fits_i32(c.out)
+    }
+
+    /// Which of the row-window int8 depthwise kernels takes this layer (its index in
+    /// DW_ROWS_SHAPES), if one does: an int8 depthwise layer reading int8 that `depthwise_ok`
+    /// takes, square kernel and stride among DW_ROWS_SHAPES, dilation 1.
+    fn depthwise_rows(&self, c: &ConvStep) -> Option<usize> {
+        let shape = DW_ROWS_SHAPES
+            .iter()
+            .position(|&s| (c.k[0], c.stride[0]) == s)?;
+        (self.depthwise_ok(c)
+            && c.quant.as_ref().is_some_and(|q| q.is_int8())
+            && self.plan.tensors[c.input].dtype == DType::I8
+            && c.k[0] == c.k[1]
+            && c.stride[0] == c.stride[1]
+            && c.dilation == [1, 1])
+        .then_some(shape)
+    }
+
+    /// The row-window depthwise kernel's weights: int8 `[KH][ceil(KW / 4)][C][4]`, a row's taps
+    /// in groups of four, zeros past the row's last tap.
+    fn depthwise_rows_weights(&self, c: &ConvStep) -> DevResult<DevBuf> {
+        let q = c
+            .quant
+            .as_ref()
+            .ok_or("depthwise row kernel: not an int8 layer")?;
+        let (kh, kw) = (c.k[0], c.k[1]);
+        let groups = kw.div_ceil(4);
+        let w: Vec<i8> = (0..kh * groups * c.cout * 4)
+            .map(|i| {
+                let (row, ch, j) = (i / (groups * c.cout * 4), i / 4 % c.cout, i % 4);
+                let kx = i / (c.cout * 4) % groups * 4 + j;
+                if kx < kw {
+                    q.w[(ch * kh + row) * kw + kx]
+                } else {
+                    0
+                }
+            })
+            .collect();
+        DevBuf::from_slice(&w)
     }
 
     /// Whether the int8 pointwise kernels (`conv_pw_i8`, `conv_pw_i8_word`) take this layer:
@@ -2647,7 +2725,22 @@ impl CudaEngine {
                 }
                 let (ac, a0, a1) = act.code();
                 let n = td(*out).numel();
-                if let Some((a4, vec)) = nary_groups_of_4(&a) {
+                // A group of the output's type in one 16-byte word where the shapes allow and
+                // the bases are 16-byte aligned (arena offsets are); else groups of 4.
+                let (width, wide) = match td(*out).dtype {
+                    DType::F32 => (4, &k.nary4),
+                    DType::F16 => (8, &k.nary8),
+                    DType::I8 | DType::F8 => (16, &k.nary16),
+                };
+                let aligned = |g: &NaryArgs, vec: i32| {
+                    self.ptr(*out).is_multiple_of(16)
+                        && (0..g.nin as usize)
+                            .all(|j| vec >> j & 1 == 0 || g.ptrs[j].is_multiple_of(16))
+                };
+                let grouped = nary_groups(&a, width).filter(|(g, v)| aligned(g, *v));
+                if let Some((aw, vec)) = grouped {
+                    launch!(st, *wide, n / width as usize; aw, self.ptr(*out), code(*out), sc(*out), n as i64 / width, op.code(), ac, a0, a1, vec)
+                } else if let Some((a4, vec)) = nary_groups(&a, 4) {
                     launch!(st, k.nary4, n / 4; a4, self.ptr(*out), code(*out), sc(*out), (n / 4) as i64, op.code(), ac, a0, a1, vec)
                 } else {
                     launch!(st, k.nary, n; a, self.ptr(*out), code(*out), sc(*out), n as i64, op.code(), ac, a0, a1)
@@ -3011,6 +3104,22 @@ impl CudaEngine {
                     u(c.k[0]), u(c.k[1]), u(c.stride[0]), u(c.stride[1]), u(c.pads[0]), u(c.pads[1]),
                     u(c.dilation[0]), u(c.dilation[1]), act, a0, a1)
             }
+            ConvImpl::DepthwiseRows => {
+                let w_p = rt
+                    .rows_w
+                    .as_ref()
+                    .ok_or("depthwise row weights missing")?
+                    .ptr;
+                let shape = self
+                    .depthwise_rows(c)
+                    .ok_or("no depthwise row kernel fits")?;
+                // Threads as conv_dw4's: four channels of DW_PX (4) adjacent outputs along x.
+                let threads = n_out / rt.ow / 4 * rt.ow.div_ceil(4);
+                launch!(st, k.conv_dw_i8[shape], threads; way.input, w_p, way.alpha, rt.bias.ptr,
+                    res_p, res_t, res_s, self.ptr(c.out), od.dtype.code(), od.scale,
+                    u(xd.shape[0]), u(h), u(w), u(c.cin), u(rt.oh), u(rt.ow),
+                    u(c.pads[0]), u(c.pads[1]), act, a0, a1)
+            }
             ConvImpl::Pointwise => {
                 let w_p = rt.kernel_w.as_ref().ok_or("pointwise weights missing")?.ptr;
                 // x: pixels; y: blocks of PW_CO output channels.
@@ -3373,12 +3482,12 @@ mod tests {
         assert!(KERNELS.contains(&format!("#define QS_MAX_RANK {MAX_RANK}")));
     }
 
-    /// `nary4` takes an NHWC tensor times a per-channel gate (one vector read each per four
-    /// elements, the gate's too) and a per-pixel scalar operand (one read for four), and
-    /// leaves a channel count that is not whole groups of 4, or an input that steps across
-    /// the innermost dim, to `nary`.
+    /// `nary4`, `nary8` and `nary16` take an NHWC tensor times a per-channel gate (one vector read each
+    /// per group, the gate's too) and a per-pixel scalar operand (one read a group), and leave
+    /// a channel count that is not whole groups, an input whose rows do not start on a group,
+    /// or an input that steps across the innermost dim, to the narrower kernel or `nary`.
     #[test]
-    fn nary_groups_of_4_only_where_every_input_reads_whole_groups() {
+    fn nary_groups_only_where_every_input_reads_whole_groups() {
         let args = |dims: &[i64], strides: &[&[i64]]| {
             let mut a = NaryArgs {
                 rank: dims.len() as i32,
@@ -3392,22 +3501,36 @@ mod tests {
             a.div = FastDiv::of(&a.dims[..dims.len()]);
             a
         };
-        let (g, vec) =
-            nary_groups_of_4(&args(&[2, 36, 8], &[&[288, 8, 1], &[8, 0, 1]])).expect("grouped");
-        assert_eq!(vec, 0b11);
-        assert_eq!(&g.dims[..3], &[2, 36, 2]);
-        assert_eq!(
-            (&g.strides[0][..3], &g.strides[1][..3]),
-            (&[288, 8, 4][..], &[8, 0, 4][..])
-        );
-        assert_eq!(fast_quotient(&g.div, 2, 7), 3, "divides by the group count");
+        let gated = args(&[2, 36, 32], &[&[1152, 32, 1], &[32, 0, 1]]);
+        for (width, groups) in [(4, 8), (8, 4), (16, 2)] {
+            let (g, vec) = nary_groups(&gated, width).expect("grouped");
+            assert_eq!(vec, 0b11);
+            assert_eq!(&g.dims[..3], &[2, 36, groups]);
+            assert_eq!(
+                (&g.strides[0][..3], &g.strides[1][..3]),
+                (&[1152, 32, width][..], &[32, 0, width][..])
+            );
+            assert_eq!(
+                fast_quotient(&g.div, 2, 7),
+                7 / groups as u32,
+                "divides by the group count"
+            );
+        }
         let (_, vec) =
-            nary_groups_of_4(&args(&[2, 36, 8], &[&[288, 8, 1], &[36, 1, 0]])).expect("grouped");
+            nary_groups(&args(&[2, 36, 8], &[&[288, 8, 1], &[36, 1, 0]]), 4).expect("grouped");
         assert_eq!(vec, 0b01, "the per-pixel operand is read once per group");
-        assert!(nary_groups_of_4(&args(&[2, 36, 6], &[&[216, 6, 1]])).is_none());
-        assert!(nary_groups_of_4(&args(&[8, 36], &[&[1, 8]])).is_none());
         assert!(
-            nary_groups_of_4(&args(&[3, 8], &[&[10, 1]])).is_none(),
+            nary_groups(&args(&[2, 36, 8], &[&[288, 8, 1]]), 16).is_none(),
+            "8 channels"
+        );
+        assert!(
+            nary_groups(&args(&[2, 36, 16], &[&[580, 16, 1]]), 16).is_none(),
+            "images 580 elements apart"
+        );
+        assert!(nary_groups(&args(&[2, 36, 6], &[&[216, 6, 1]]), 4).is_none());
+        assert!(nary_groups(&args(&[8, 36], &[&[1, 8]]), 4).is_none());
+        assert!(
+            nary_groups(&args(&[3, 8], &[&[10, 1]]), 4).is_none(),
             "rows of 10"
         );
     }

@@ -408,6 +408,43 @@ extern "C" __global__ void conv_direct(const void* x, int x_t, float x_scale, co
 // and the host keeps input and output under 2^31 elements, so indices are 32-bit (conv_direct's
 // 64-bit divisions per output cost more than the arithmetic of a 3x3 depthwise tap).
 #define DW_PX 4
+// The depthwise kernels' epilogue over a thread's exact int32 sums (int8 input) of `np`
+// outputs along x, DW_PX at most, the first at element offset o0 of y (channels ch .. ch + 3):
+// the int8 epilogue where it applies, else conv_direct's (any output type, activation and
+// residual; EfficientNets' depthwise outputs feed a squeeze-excite pool in float).
+__device__ __forceinline__ void dw_epilogue_i32(const int acc[DW_PX][4], int np, int o0, int c,
+                                                int ch, const float* alpha, const float* bias,
+                                                const void* res, int res_t, float res_scale,
+                                                void* y, int y_t, float y_scale, int act,
+                                                float a0, float a1) {
+  if (epi_i8_ok(y_t, res_t, act)) {
+    const EpiI8 e = epi_i8(alpha, bias, ch, res_scale, y_scale, act, a0, a1);
+#pragma unroll
+    for (int p = 0; p < DW_PX; p++) {
+      if (p >= np) break;
+      int o = o0 + p * c;
+      unsigned r = res_t == 2 ? *(const unsigned*)((const signed char*)res + o) : 0u;
+      *(unsigned*)((signed char*)y + o) =
+          epi_i8_word(e, make_int4(acc[p][0], acc[p][1], acc[p][2], acc[p][3]), r);
+    }
+    return;
+  }
+  float4 al = *(const float4*)(alpha + ch), bi = *(const float4*)(bias + ch);
+  float av[4] = {al.x, al.y, al.z, al.w}, bv[4] = {bi.x, bi.y, bi.z, bi.w};
+#pragma unroll
+  for (int p = 0; p < DW_PX; p++) {
+    if (p >= np) break;
+    int o = o0 + p * c;
+    float v[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      float s = (float)acc[p][j] * av[j] + bv[j];
+      if (res_t >= 0) s += ld(res, res_t, o + j, res_scale);
+      v[j] = act_f(s, act, a0, a1);
+    }
+    st4(y, y_t, o, make_float4(v[0], v[1], v[2], v[3]), y_scale);
+  }
+}
 extern "C" __global__ void conv_dw4(const void* x, int x_t, const void* w, const float* alpha,
                                     const float* bias, const void* res, int res_t,
                                     float res_scale, void* y, int y_t, float y_scale, int n,
@@ -476,16 +513,10 @@ extern "C" __global__ void conv_dw4(const void* x, int x_t, const void* w, const
       }
     }
   }
-  if (x_t == 2 && epi_i8_ok(y_t, res_t, act)) {
-    const EpiI8 e = epi_i8(alpha, bias, ch, res_scale, y_scale, act, a0, a1);
-#pragma unroll
-    for (int p = 0; p < DW_PX; p++) {
-      if (ox0 + p >= ow) break;
-      int o = ((b * oh + oy) * ow + ox0 + p) * c + ch;
-      unsigned r = res_t == 2 ? *(const unsigned*)((const signed char*)res + o) : 0u;
-      *(unsigned*)((signed char*)y + o) =
-          epi_i8_word(e, make_int4(acci[p][0], acci[p][1], acci[p][2], acci[p][3]), r);
-    }
+  int o0 = ((b * oh + oy) * ow + ox0) * c + ch;
+  if (x_t == 2) {
+    dw_epilogue_i32(acci, min(DW_PX, ow - ox0), o0, c, ch, alpha, bias, res, res_t, res_scale, y,
+                    y_t, y_scale, act, a0, a1);
     return;
   }
   float4 al = *(const float4*)(alpha + ch), bi = *(const float4*)(bias + ch);
@@ -493,17 +524,100 @@ extern "C" __global__ void conv_dw4(const void* x, int x_t, const void* w, const
 #pragma unroll
   for (int p = 0; p < DW_PX; p++) {
     if (ox0 + p >= ow) break;
-    int o = ((b * oh + oy) * ow + ox0 + p) * c + ch;
+    int o = o0 + p * c;
     float v[4];
     for (int j = 0; j < 4; j++) {
-      float s = x_t == 2 ? (float)acci[p][j] : acc[p][j];
-      s = s * av[j] + bv[j];
+      float s = acc[p][j] * av[j] + bv[j];
       if (res_t >= 0) s += ld(res, res_t, o + j, res_scale);
       v[j] = act_f(s, act, a0, a1);
     }
     st4(y, y_t, o, make_float4(v[0], v[1], v[2], v[3]), y_scale);
   }
 }
+
+// Int8 depthwise convolution (conv_dw4's epilogue, any output type) a row of taps at a
+// time: square KW x KW kernels, stride S both ways, dilation 1. A thread computes four channels
+// of DW_PX adjacent outputs along x as conv_dw4 does, but loads each input row's NCOL words
+// (four channels each) once and transposes them, four columns at a time, into one word per
+// channel; an output's taps in that row are then byte windows of those words (a funnel shift)
+// for __dp4a against weights [KW rows][ceil(KW / 4) groups][C][4] (zeros past the row's last
+// tap, where the windows read past the row). For 3x3 stride 1 that is 6 loads where conv_dw4
+// makes 36 (each output's nine taps, padded to twelve). Entry points per (KW, S) keep each
+// instance's registers its own. 32-bit indices (the host keeps tensors under 2^31 elements).
+template <int KW, int S>
+__device__ __forceinline__ void conv_dw_i8_body(const signed char* x, const int* w,
+                                                const float* alpha, const float* bias,
+                                                const void* res, int res_t, float res_scale,
+                                                void* y, int y_t, float y_scale, int n, int h,
+                                                int wd, int c, int oh, int ow, int ph, int pw,
+                                                int act, float a0, float a1) {
+  constexpr int TG = (KW + 3) / 4;
+  constexpr int NCOL = (DW_PX - 1) * S + KW;
+  // Words a channel's columns take, covering the last window's last byte.
+  constexpr int NW = ((DW_PX - 1) * S + 4 * TG + 3) / 4;
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  int c4 = c >> 2, owp = (ow + DW_PX - 1) / DW_PX;
+  if (i >= n * oh * owp * c4) return;
+  int ch = (i % c4) * 4, t = i / c4;
+  int ox0 = (t % owp) * DW_PX;
+  t /= owp;
+  int oy = t % oh, b = t / oh;
+  int ix0 = ox0 * S - pw;
+  bool inside = ix0 >= 0 && ix0 + NCOL <= wd;
+  int acc[DW_PX][4] = {};
+#pragma unroll
+  for (int ky = 0; ky < KW; ky++) {
+    int iy = oy * S - ph + ky;
+    if (iy < 0 || iy >= h) continue;
+    const signed char* row = x + ((b * h + iy) * wd + ix0) * c + ch;
+    unsigned col[NW * 4];
+#pragma unroll
+    for (int k = 0; k < NW * 4; k++) {
+      bool ok = k < NCOL && (inside || (ix0 + k >= 0 && ix0 + k < wd));
+      col[k] = ok ? *(const unsigned*)(row + k * c) : 0u;
+    }
+    unsigned tr[NW][4];
+#pragma unroll
+    for (int g = 0; g < NW; g++) {
+      unsigned a = __byte_perm(col[4 * g], col[4 * g + 1], 0x5140);
+      unsigned bb = __byte_perm(col[4 * g], col[4 * g + 1], 0x7362);
+      unsigned cc = __byte_perm(col[4 * g + 2], col[4 * g + 3], 0x5140);
+      unsigned d = __byte_perm(col[4 * g + 2], col[4 * g + 3], 0x7362);
+      tr[g][0] = __byte_perm(a, cc, 0x5410);
+      tr[g][1] = __byte_perm(a, cc, 0x7632);
+      tr[g][2] = __byte_perm(bb, d, 0x5410);
+      tr[g][3] = __byte_perm(bb, d, 0x7632);
+    }
+#pragma unroll
+    for (int tg = 0; tg < TG; tg++) {
+      int4 wq = *(const int4*)(w + (ky * TG + tg) * c + ch);
+      int wv[4] = {wq.x, wq.y, wq.z, wq.w};
+#pragma unroll
+      for (int p = 0; p < DW_PX; p++) {
+        const int o = p * S + 4 * tg, g = o >> 2, sh = 8 * (o & 3);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+          unsigned win = sh == 0 ? tr[g][j] : __funnelshift_r(tr[g][j], tr[g + 1][j], sh);
+          acc[p][j] = __dp4a((int)win, wv[j], acc[p][j]);
+        }
+      }
+    }
+  }
+  dw_epilogue_i32(acc, min(DW_PX, ow - ox0), ((b * oh + oy) * ow + ox0) * c + ch, c, ch, alpha,
+                  bias, res, res_t, res_scale, y, y_t, y_scale, act, a0, a1);
+}
+#define DW_I8_PARAMS                                                                          \
+  const signed char *x, const int *w, const float *alpha, const float *bias, const void *res, \
+      int res_t, float res_scale, void *y, int y_t, float y_scale, int n, int h, int wd, int c, \
+      int oh, int ow, int ph, int pw, int act, float a0, float a1
+#define DW_I8_ARGS                                                                             \
+  x, w, alpha, bias, res, res_t, res_scale, y, y_t, y_scale, n, h, wd, c, oh, ow, ph, pw, act, \
+      a0, a1
+extern "C" __global__ void conv_dw_i8_k3s1(DW_I8_PARAMS) { conv_dw_i8_body<3, 1>(DW_I8_ARGS); }
+extern "C" __global__ void conv_dw_i8_k3s2(DW_I8_PARAMS) { conv_dw_i8_body<3, 2>(DW_I8_ARGS); }
+extern "C" __global__ void conv_dw_i8_k5s1(DW_I8_PARAMS) { conv_dw_i8_body<5, 1>(DW_I8_ARGS); }
+extern "C" __global__ void conv_dw_i8_k5s2(DW_I8_PARAMS) { conv_dw_i8_body<5, 2>(DW_I8_ARGS); }
+extern "C" __global__ void conv_dw_i8_k7s1(DW_I8_PARAMS) { conv_dw_i8_body<7, 1>(DW_I8_ARGS); }
 
 // Pointwise (1x1, stride 1) int8 convolution, and Gemm / MatMul as one, on __dp4a: x int8
 // [m, k] (NHWC pixels or rows), weights as 32-bit words [k / 4, cout] (word v * cout + c holds
@@ -1017,6 +1131,35 @@ __device__ __forceinline__ float ew_f(int op, float a, float b, float c) {
   }
 }
 
+// v[j] = act(op(v[j], b[j], c[j])) for N elements, op and act uniform: one switch each, around
+// the element loop. (ew_f and act_f inlined per element put every case's code in the loop
+// N times over: sixteen elements a thread were 12.5 K instructions.)
+template <int N>
+__device__ __forceinline__ void ew_act_n(int op, int act, float a0, float a1, float* v,
+                                         const float* b, const float* c) {
+  switch (op) {
+#define QS_EW(k)                                                  \
+  case k:                                                         \
+    _Pragma("unroll") for (int j = 0; j < N; j++) v[j] = ew_f(k, v[j], b[j], c[j]); \
+    break;
+    QS_EW(0) QS_EW(1) QS_EW(2) QS_EW(3) QS_EW(4) QS_EW(5) QS_EW(6) QS_EW(7) QS_EW(8) QS_EW(9)
+    QS_EW(10) QS_EW(11) QS_EW(12) QS_EW(13) QS_EW(14) QS_EW(15) QS_EW(16) QS_EW(17) QS_EW(18)
+#undef QS_EW
+    default: break;  // ew_f's default: the first operand
+  }
+  switch (act) {
+    case 0: break;
+#define QS_ACT(k)                                                           \
+  case k:                                                                   \
+    _Pragma("unroll") for (int j = 0; j < N; j++) v[j] = act_f(v[j], k, a0, a1); \
+    break;
+    QS_ACT(1) QS_ACT(2) QS_ACT(3) QS_ACT(4) QS_ACT(5) QS_ACT(8) QS_ACT(9) QS_ACT(17) QS_ACT(24)
+#undef QS_ACT
+    default:
+      for (int j = 0; j < N; j++) v[j] = act_rare(v[j], act, a0, a1);
+  }
+}
+
 // y = act(op(in0, in1, in2)) with NumPy broadcasting: dims are y's stored dims, strides[k]
 // input k's element strides over them (0 where it broadcasts). t[k] < 0: input k is an f32
 // constant buffer. Inputs past `nin` are not read.
@@ -1054,33 +1197,98 @@ extern "C" __global__ void nary(NaryArgs p, void* y, int y_t, float y_scale, i64
   st(y, y_t, i, act_f(ew_f(op, a, b, c), act, a0, a1), y_scale);
 }
 
-// `nary` four elements a thread where y's innermost stored dim is whole groups of 4 and each
-// input either runs along it (bit k of `vec` set: stride 1 there, every other stride a
-// multiple of 4, read as one 4-, 8- or 16-byte vector) or is constant along it (one read for
-// the four: a per-channel gate or bias over NHWC). p's innermost dim and strides count
-// groups (dims / 4, strides * 4). One index unravelling and one vector store per four
-// elements: EfficientNet-B0's squeeze-excite multiply at batch 32 (14 M FP16 elements) took
-// 0.12 ms with a thread per element and 0.05 ms this way (profiled layer times, H200).
-__device__ __forceinline__ float4 nary_ld4(const NaryArgs& p, int k, i64 off, int vec) {
-  if (k >= p.nin) return make_float4(0.f, 0.f, 0.f, 0.f);
-  if (vec >> k & 1) return ld4(p.in[k], p.t[k] < 0 ? 0 : p.t[k], off, p.scale[k]);
-  float v = ldc(p.in[k], p.t[k], off, p.scale[k]);
-  return make_float4(v, v, v, v);
+// `nary` N elements a thread (N = 4, 8 or 16) where y's innermost stored dim is whole groups
+// of N and each input either runs along it (bit k of `vec` set: stride 1 there, every other
+// stride a multiple of N, read as vectors) or is constant along it (one read for the group: a
+// per-channel gate or bias over NHWC). p's innermost dim and strides count groups (dims / N,
+// strides * N). The host picks N so that a group of y's type is 16 bytes where it can (f32 4,
+// f16 8, int8 and FP8 16), each thread then reading and writing whole 16-byte words and a
+// warp whole lines, with a 16-byte aligned y and vector inputs; else 4.
+// EfficientNet-B0's squeeze-excite multiply at batch 32 (14 M FP16 elements) took 0.12 ms
+// with a thread per element and 0.05 ms four a thread (profiled layer times, H200).
+template <int N>
+__device__ __forceinline__ void ld_n(const void* p, int t, i64 i, float scale, float* v) {
+  if (N == 16 && (t == 2 || t == 4)) {
+    int4 q = *(const int4*)((const signed char*)p + i);
+    int w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int j = 0; j < 16; j++) {
+      int b = w[j >> 2] >> (8 * (j & 3));
+      v[j] = (t == 2 ? (float)(signed char)b : f8_to_f32((unsigned char)b)) * scale;
+    }
+    return;
+  }
+  if (N == 8 && t == 1) {
+    uint4 q = *(const uint4*)((const __half*)p + i);
+    unsigned w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      float2 f = __half22float2(*(const __half2*)&w[j]);
+      v[2 * j] = f.x, v[2 * j + 1] = f.y;
+    }
+    return;
+  }
+#pragma unroll
+  for (int g = 0; g < N / 4; g++) {
+    float4 f = ld4(p, t, i + 4 * g, scale);
+    v[4 * g] = f.x, v[4 * g + 1] = f.y, v[4 * g + 2] = f.z, v[4 * g + 3] = f.w;
+  }
 }
-extern "C" __global__ void nary4(NaryArgs p, void* y, int y_t, float y_scale, i64 n4, int op,
-                                 int act, float a0, float a1, int vec) {
+template <int N>
+__device__ __forceinline__ void st_n(void* p, int t, i64 i, const float* v, float scale) {
+  if (N == 16 && t == 2) {
+    float inv = __frcp_rn(scale);
+    unsigned w[4];
+#pragma unroll
+    for (int g = 0; g < 4; g++) {
+      unsigned b0 = (unsigned char)q8(v[4 * g], inv), b1 = (unsigned char)q8(v[4 * g + 1], inv),
+               b2 = (unsigned char)q8(v[4 * g + 2], inv), b3 = (unsigned char)q8(v[4 * g + 3], inv);
+      w[g] = __byte_perm(__byte_perm(b0, b1, 0x0040), __byte_perm(b2, b3, 0x0040), 0x5410);
+    }
+    *(int4*)((signed char*)p + i) = make_int4(w[0], w[1], w[2], w[3]);
+    return;
+  }
+  if (N == 8 && t == 1) {
+    unsigned w[4];
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+      __half2 h = __floats2half2_rn(v[2 * j], v[2 * j + 1]);
+      w[j] = *(unsigned*)&h;
+    }
+    *(uint4*)((__half*)p + i) = make_uint4(w[0], w[1], w[2], w[3]);
+    return;
+  }
+#pragma unroll
+  for (int g = 0; g < N / 4; g++)
+    st4(p, t, i + 4 * g, make_float4(v[4 * g], v[4 * g + 1], v[4 * g + 2], v[4 * g + 3]), scale);
+}
+template <int N>
+__device__ __forceinline__ void nary_ld_n(const NaryArgs& p, int k, i64 off, int vec, float* v) {
+  if (k < p.nin && (vec >> k & 1)) return ld_n<N>(p.in[k], p.t[k] < 0 ? 0 : p.t[k], off, p.scale[k], v);
+  float c = k < p.nin ? ldc(p.in[k], p.t[k], off, p.scale[k]) : 0.f;
+#pragma unroll
+  for (int j = 0; j < N; j++) v[j] = c;
+}
+template <int N>
+__device__ __forceinline__ void nary_n(const NaryArgs& p, void* y, int y_t, float y_scale, i64 groups,
+                                       int op, int act, float a0, float a1, int vec) {
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
-  if (i >= n4) return;
+  if (i >= groups) return;
   i64 off[3];
-  nary_offsets(p, i, QS_FAST(n4), off);
-  float4 a = nary_ld4(p, 0, off[0], vec), b = nary_ld4(p, 1, off[1], vec),
-         c = nary_ld4(p, 2, off[2], vec);
-  float4 r = make_float4(act_f(ew_f(op, a.x, b.x, c.x), act, a0, a1),
-                         act_f(ew_f(op, a.y, b.y, c.y), act, a0, a1),
-                         act_f(ew_f(op, a.z, b.z, c.z), act, a0, a1),
-                         act_f(ew_f(op, a.w, b.w, c.w), act, a0, a1));
-  st4(y, y_t, i * 4, r, y_scale);
+  nary_offsets(p, i, QS_FAST(groups), off);
+  float a[N], b[N], c[N];
+  nary_ld_n<N>(p, 0, off[0], vec, a);
+  nary_ld_n<N>(p, 1, off[1], vec, b);
+  nary_ld_n<N>(p, 2, off[2], vec, c);
+  ew_act_n<N>(op, act, a0, a1, a, b, c);
+  st_n<N>(y, y_t, i * N, a, y_scale);
 }
+#define NARY_N_PARAMS \
+  NaryArgs p, void *y, int y_t, float y_scale, i64 groups, int op, int act, float a0, float a1, int vec
+#define NARY_N_ARGS p, y, y_t, y_scale, groups, op, act, a0, a1, vec
+extern "C" __global__ void nary4(NARY_N_PARAMS) { nary_n<4>(NARY_N_ARGS); }
+extern "C" __global__ void nary8(NARY_N_PARAMS) { nary_n<8>(NARY_N_ARGS); }
+extern "C" __global__ void nary16(NARY_N_PARAMS) { nary_n<16>(NARY_N_ARGS); }
 
 // Reductions of `ReduceOp`: 0 mean, 1 sum, 2 max, 3 min, 4 l2, 5 sum of squares, 6 product,
 // 7 l1, 8 log-sum-exp. `red_comb` is how partial results combine; `red_map` what each element
