@@ -1074,12 +1074,16 @@ fn pooling_cases() -> Vec<Case> {
     cases.push(graph("GlobalMaxPool", &s, 13, |b, x| {
         b.op("GlobalMaxPool", "gmp", &[x])
     }));
-    // The first two run a block per image and 32 channels (the second with a block's 32
-    // pixel lanes each summing several pixels); the third has few images and channels over
-    // many pixels, so the pixels are split across blocks (2 to 8 splits, by the element
-    // size) and a second kernel adds the split sums up.
+    // The first three run a block per image and 32 channels (the first two with fewer pixel
+    // lanes than 32, the third with 32 lanes each summing several pixels); the fourth has few
+    // images and channels over many pixels, so the pixels are split across blocks (2 to 8
+    // splits, by the element size) and a second kernel adds the split sums up.
     for (name, shape) in [
         ("GlobalAveragePool after conv", s),
+        (
+            "GlobalAveragePool after conv, 7 x 7 (8 pixel lanes)",
+            [2, 40, 7, 7],
+        ),
         (
             "GlobalAveragePool after conv, a block per image",
             [2, 8, 20, 20],

@@ -30,6 +30,8 @@ use crate::backend::{BackendError, Engine, EngineInfo, LayerTime, Output, Precis
 const KERNELS: &str = include_str!("kernels.cu");
 /// Workspace offered to cuDNN and cuBLASLt.
 const LIB_WORKSPACE_BYTES: usize = 64 << 20;
+/// cuDNN graph-API execution plans a conv's candidates include, best heuristic first.
+const DNN_PLANS: usize = 3;
 /// Direct kernel is only timed below this many MACs (it is a correctness fallback).
 const DIRECT_MAX_MACS: f64 = 2e8;
 /// Rounds in which every conv candidate is timed once; the median of its rounds decides.
@@ -42,6 +44,8 @@ const CHOICE_MAX_LAUNCHES: usize = 20;
 const COL_MAX_BYTES: usize = 256 << 20;
 /// Blocks a global average pool aims for (four per SM on a 132-SM H100 or H200).
 const GAP_BLOCKS: usize = 512;
+/// The fewest pixels a lane of a global average pool sums where it has fewer than 32 lanes.
+const GAP_LANE_PIXELS: usize = 6;
 /// The least input a split of a global average pool's block reads.
 const GAP_SPLIT_BYTES: usize = 64 << 10;
 /// Output channels per thread of the int8 pointwise kernel (`PW_CO` in kernels.cu).
@@ -535,6 +539,12 @@ fn nary_groups(a: &NaryArgs, width: i64) -> Option<(NaryArgs, i32)> {
     g.dims[last] /= width;
     g.div = FastDiv::of(&g.dims[..=last]);
     Some((g, vec))
+}
+
+/// Pixel lanes of a global average pool's block over `pixels` pixels: six pixels a lane or more,
+/// 32 lanes at most (the kernel's shared memory).
+fn gap_lanes(pixels: usize) -> usize {
+    (pixels / GAP_LANE_PIXELS).clamp(1, 32)
 }
 
 /// Blocks along the pixels of a global average pool of `n` images of `c` channels of
@@ -2099,7 +2109,7 @@ impl CudaEngine {
             },
             out: dt(if split { DType::F16 } else { od.dtype }),
         };
-        let graph = ConvGraph::new(self.dev.cudnn, g, spec, LIB_WORKSPACE_BYTES, 3)?;
+        let graph = ConvGraph::new(self.dev.cudnn, g, spec, LIB_WORKSPACE_BYTES, DNN_PLANS)?;
         let bias: Vec<f32> = c.bias.iter().map(|b| b / unit).collect();
         let (w, scale) = match &c.quant {
             Some(q) => {
@@ -2869,7 +2879,7 @@ impl CudaEngine {
                 let splits = gap_splits(n, c, hw, i.dtype.bytes());
                 let cfg = LaunchConfig {
                     grid_dim: (c.div_ceil(32) as u32, n as u32, splits as u32),
-                    block_dim: (1024, 1, 1),
+                    block_dim: (32 * gap_lanes(hw.div_ceil(splits)) as u32, 1, 1),
                     shared_mem_bytes: 0,
                 };
                 // Split sums go to the raw scratch, which `build` sized for them.
@@ -3456,6 +3466,10 @@ mod tests {
         assert_eq!(gap_splits(8, 320, 33 * 33, 1), 1);
         // DeepLabV3-ResNet50's at batch 1: 64 blocks of 270 KB.
         assert_eq!(gap_splits(1, 2048, 65 * 65, 2), 4);
+        // Lanes: 8 over ResNet-50's 49 pixels, all 32 over 12,544 / 12, one over 1 pixel.
+        assert_eq!(gap_lanes(49), 8);
+        assert_eq!(gap_lanes(112 * 112 / 12), 32);
+        assert_eq!(gap_lanes(1), 1);
     }
 
     #[test]
