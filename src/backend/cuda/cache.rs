@@ -11,16 +11,20 @@ use serde::{Deserialize, Serialize};
 #[serde(default)]
 pub struct Choices {
     pub version: u32,
-    /// Conv node name -> implementation key: `direct`, `dw` (the depthwise kernel),
-    /// `gemm:<i>:<rows|im2col>`, `gemmf:<i>:<rows|im2col>` (the output written by cuBLASLt's
-    /// epilogue), `cudnn:<algo>`, `cudnng:<plan>` (cuDNN graph conv, epilogue fused), and
-    /// those after `f16+` (an int8 layer run in FP16). A key without its algorithm (`gemmf`,
-    /// `f16+cudnn`) picks the first candidate of that family.
+    /// Conv node name -> implementation key (`ConvImpl::key`): `direct`, `dw` (the depthwise
+    /// kernel), `dwr` (the int8 row-window depthwise kernels), `pw` / `pww` (the int8
+    /// pointwise kernels), `mma` / `mma64` (the int8 tensor-core kernel's 128- and 64-pixel
+    /// tiles), `gemm:<i>:<rows|im2col>`, `gemmf:<i>:<rows|im2col>` (the output written by
+    /// cuBLASLt's epilogue), `cudnn:<algo>`, `cudnng:<plan>` (cuDNN graph conv, epilogue
+    /// fused), and those after `f16+` (an int8 layer run in FP16). A key without its
+    /// algorithm (`gemmf`, `f16+cudnn`) picks the first candidate of that family.
     pub convs: BTreeMap<String, String>,
 }
 
 /// 2: `gemm8` / `cudnn8` became `gemmf` / `cudnng` (float layers have them too), `dw` came.
-pub const VERSION: u32 = 2;
+/// 3: `dwr` came (a cached choice made without a candidate never tries it: new candidates
+/// take a new version, so that engines cached before them are timed again).
+pub const VERSION: u32 = 3;
 
 /// `~/.cache/quantscope/cuda` (or `$XDG_CACHE_HOME/quantscope/cuda`); QUANTSCOPE_CUDA_CACHE
 /// overrides the folder, `QUANTSCOPE_CUDA_CACHE=off` disables the cache.

@@ -541,8 +541,8 @@ fn nary_groups(a: &NaryArgs, width: i64) -> Option<(NaryArgs, i32)> {
     Some((g, vec))
 }
 
-/// Pixel lanes of a global average pool's block over `pixels` pixels: six pixels a lane or more,
-/// 32 lanes at most (the kernel's shared memory).
+/// Pixel lanes of a global average pool's block over `pixels` pixels: GAP_LANE_PIXELS a lane
+/// or more, 32 lanes at most (the kernel's shared memory).
 fn gap_lanes(pixels: usize) -> usize {
     (pixels / GAP_LANE_PIXELS).clamp(1, 32)
 }
@@ -3496,10 +3496,10 @@ mod tests {
         assert!(KERNELS.contains(&format!("#define QS_MAX_RANK {MAX_RANK}")));
     }
 
-    /// `nary4`, `nary8` and `nary16` take an NHWC tensor times a per-channel gate (one vector read each
-    /// per group, the gate's too) and a per-pixel scalar operand (one read a group), and leave
-    /// a channel count that is not whole groups, an input whose rows do not start on a group,
-    /// or an input that steps across the innermost dim, to the narrower kernel or `nary`.
+    /// `nary4`, `nary8` and `nary16` take an NHWC tensor times a per-channel gate (one vector
+    /// read each per group, the gate's too) and a per-pixel scalar operand (one read a group),
+    /// and leave a channel count that is not whole groups, an input whose rows do not start on
+    /// a group, or an input that steps across the innermost dim, to a narrower kernel or `nary`.
     #[test]
     fn nary_groups_only_where_every_input_reads_whole_groups() {
         let args = |dims: &[i64], strides: &[&[i64]]| {

@@ -541,9 +541,10 @@ extern "C" __global__ void conv_dw4(const void* x, int x_t, const void* w, const
 // (four channels each) once and transposes them, four columns at a time, into one word per
 // channel; an output's taps in that row are then byte windows of those words (a funnel shift)
 // for __dp4a against weights [KW rows][ceil(KW / 4) groups][C][4] (zeros past the row's last
-// tap, where the windows read past the row). For 3x3 stride 1 that is 6 loads where conv_dw4
-// makes 36 (each output's nine taps, padded to twelve). Entry points per (KW, S) keep each
-// instance's registers its own. 32-bit indices (the host keeps tensors under 2^31 elements).
+// tap, where the windows read past the row). For 3x3 stride 1 a thread makes 18 loads (6 a
+// row) where conv_dw4 makes 36 (each of four outputs' nine taps). Entry points per (KW, S)
+// keep each instance's registers its own. 32-bit indices (the host keeps tensors under 2^31
+// elements).
 template <int KW, int S>
 __device__ __forceinline__ void conv_dw_i8_body(const signed char* x, const int* w,
                                                 const float* alpha, const float* bias,
@@ -1132,14 +1133,15 @@ __device__ __forceinline__ float ew_f(int op, float a, float b, float c) {
 }
 
 // v[j] = act(op(v[j], b[j], c[j])) for N elements, op and act uniform: one switch each, around
-// the element loop. (ew_f and act_f inlined per element put every case's code in the loop
-// N times over: sixteen elements a thread were 12.5 K instructions.)
+// the element loop, so that a thread's path through the code is one case's loop. (With
+// ew_f and act_f inlined per element, every case sat in the loop N times over and the path
+// jumped through all of them: sixteen elements a thread were 12.5 K instructions.)
 template <int N>
 __device__ __forceinline__ void ew_act_n(int op, int act, float a0, float a1, float* v,
                                          const float* b, const float* c) {
   switch (op) {
-#define QS_EW(k)                                                  \
-  case k:                                                         \
+#define QS_EW(k)                                                                   \
+  case k:                                                                          \
     _Pragma("unroll") for (int j = 0; j < N; j++) v[j] = ew_f(k, v[j], b[j], c[j]); \
     break;
     QS_EW(0) QS_EW(1) QS_EW(2) QS_EW(3) QS_EW(4) QS_EW(5) QS_EW(6) QS_EW(7) QS_EW(8) QS_EW(9)
@@ -1149,8 +1151,8 @@ __device__ __forceinline__ void ew_act_n(int op, int act, float a0, float a1, fl
   }
   switch (act) {
     case 0: break;
-#define QS_ACT(k)                                                           \
-  case k:                                                                   \
+#define QS_ACT(k)                                                               \
+  case k:                                                                       \
     _Pragma("unroll") for (int j = 0; j < N; j++) v[j] = act_f(v[j], k, a0, a1); \
     break;
     QS_ACT(1) QS_ACT(2) QS_ACT(3) QS_ACT(4) QS_ACT(5) QS_ACT(8) QS_ACT(9) QS_ACT(17) QS_ACT(24)
@@ -1264,14 +1266,15 @@ __device__ __forceinline__ void st_n(void* p, int t, i64 i, const float* v, floa
 }
 template <int N>
 __device__ __forceinline__ void nary_ld_n(const NaryArgs& p, int k, i64 off, int vec, float* v) {
-  if (k < p.nin && (vec >> k & 1)) return ld_n<N>(p.in[k], p.t[k] < 0 ? 0 : p.t[k], off, p.scale[k], v);
+  if (k < p.nin && (vec >> k & 1))
+    return ld_n<N>(p.in[k], p.t[k] < 0 ? 0 : p.t[k], off, p.scale[k], v);
   float c = k < p.nin ? ldc(p.in[k], p.t[k], off, p.scale[k]) : 0.f;
 #pragma unroll
   for (int j = 0; j < N; j++) v[j] = c;
 }
 template <int N>
-__device__ __forceinline__ void nary_n(const NaryArgs& p, void* y, int y_t, float y_scale, i64 groups,
-                                       int op, int act, float a0, float a1, int vec) {
+__device__ __forceinline__ void nary_n(const NaryArgs& p, void* y, int y_t, float y_scale,
+                                       i64 groups, int op, int act, float a0, float a1, int vec) {
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= groups) return;
   i64 off[3];
@@ -1283,8 +1286,9 @@ __device__ __forceinline__ void nary_n(const NaryArgs& p, void* y, int y_t, floa
   ew_act_n<N>(op, act, a0, a1, a, b, c);
   st_n<N>(y, y_t, i * N, a, y_scale);
 }
-#define NARY_N_PARAMS \
-  NaryArgs p, void *y, int y_t, float y_scale, i64 groups, int op, int act, float a0, float a1, int vec
+#define NARY_N_PARAMS                                                                       \
+  NaryArgs p, void *y, int y_t, float y_scale, i64 groups, int op, int act, float a0, float a1, \
+      int vec
 #define NARY_N_ARGS p, y, y_t, y_scale, groups, op, act, a0, a1, vec
 extern "C" __global__ void nary4(NARY_N_PARAMS) { nary_n<4>(NARY_N_ARGS); }
 extern "C" __global__ void nary8(NARY_N_PARAMS) { nary_n<8>(NARY_N_ARGS); }
@@ -1792,9 +1796,10 @@ extern "C" __global__ void global_avg_pool(const void* x, int x_t, float x_scale
     i64 at = (b * hw + p0 + lane) * c + ch, step = (i64)lanes * c;
     // The common types in their own counted loops, whose loads unroll ahead of their adds
     // (through `ld`'s switch, or to p1 in runtime steps, they ran one after another); int8
-    // codes summed exactly (at most 2^24 / 128 of them a lane) and scaled once.
+    // codes summed as integers in f32 (exact to 2^24) and scaled once.
     if (x_t == 1)
-      acc = gap_lane_sum((const __half*)x, at, step, count, [](__half v) { return __half2float(v); });
+      acc = gap_lane_sum((const __half*)x, at, step, count,
+                         [](__half v) { return __half2float(v); });
     else if (x_t == 2)
       acc = x_scale * gap_lane_sum((const signed char*)x, at, step, count,
                                    [](signed char v) { return (float)v; });
