@@ -445,19 +445,29 @@ __device__ __forceinline__ void dw_epilogue_i32(const int acc[DW_PX][4], int np,
     st4(y, y_t, o, make_float4(v[0], v[1], v[2], v[3]), y_scale);
   }
 }
+// A depthwise thread's outputs: image b, output row oy, the DW_PX columns from ox0, channels
+// ch .. ch + 3 (consecutive threads take consecutive channel groups); false past the last.
+__device__ __forceinline__ bool dw_place(int n, int oh, int ow, int c, int& b, int& oy,
+                                         int& ox0, int& ch) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  int c4 = c >> 2, owp = (ow + DW_PX - 1) / DW_PX;
+  if (i >= n * oh * owp * c4) return false;
+  ch = (i % c4) * 4;
+  int t = i / c4;
+  ox0 = (t % owp) * DW_PX;
+  t /= owp;
+  oy = t % oh;
+  b = t / oh;
+  return true;
+}
 extern "C" __global__ void conv_dw4(const void* x, int x_t, const void* w, const float* alpha,
                                     const float* bias, const void* res, int res_t,
                                     float res_scale, void* y, int y_t, float y_scale, int n,
                                     int h, int wd, int c, int oh, int ow, int kh, int kw, int sh,
                                     int sw, int ph, int pw, int dh, int dw, int act, float a0,
                                     float a1) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  int c4 = c >> 2, owp = (ow + DW_PX - 1) / DW_PX;
-  if (i >= n * oh * owp * c4) return;
-  int ch = (i % c4) * 4, t = i / c4;
-  int ox0 = (t % owp) * DW_PX;
-  t /= owp;
-  int oy = t % oh, b = t / oh;
+  int b, oy, ox0, ch;
+  if (!dw_place(n, oh, ow, c, b, oy, ox0, ch)) return;
   float acc[DW_PX][4] = {};
   int acci[DW_PX][4] = {};
   if (x_t == 2) {
@@ -556,13 +566,8 @@ __device__ __forceinline__ void conv_dw_i8_body(const signed char* x, const int*
   constexpr int NCOL = (DW_PX - 1) * S + KW;
   // Words a channel's columns take, covering the last window's last byte.
   constexpr int NW = ((DW_PX - 1) * S + 4 * TG + 3) / 4;
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  int c4 = c >> 2, owp = (ow + DW_PX - 1) / DW_PX;
-  if (i >= n * oh * owp * c4) return;
-  int ch = (i % c4) * 4, t = i / c4;
-  int ox0 = (t % owp) * DW_PX;
-  t /= owp;
-  int oy = t % oh, b = t / oh;
+  int b, oy, ox0, ch;
+  if (!dw_place(n, oh, ow, c, b, oy, ox0, ch)) return;
   int ix0 = ox0 * S - pw;
   bool inside = ix0 >= 0 && ix0 + NCOL <= wd;
   int acc[DW_PX][4] = {};
