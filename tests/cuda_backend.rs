@@ -401,7 +401,7 @@ fn every_conv_implementation_matches_cpu_on_a_bottleneck_block() {
 
 /// The same on a chain of depthwise convs, one of each kernel size and stride the int8
 /// row-window kernels have (`dwr`), against the depthwise kernel they stand beside (`dw`)
-/// and the direct one: partial groups of four outputs along x at every size, padded edges.
+/// and the direct one: padded edges, and rows of 14 and 7 outputs (partial groups of four).
 #[test]
 fn every_depthwise_implementation_matches_cpu_at_each_row_kernel_shape() {
     let Some(_) = gpu() else { return };

@@ -288,9 +288,9 @@ fn elementwise_broadcast_cases() -> Vec<Case> {
         let sg = b.op("HardSigmoid", "sg", &[&p]);
         b.op("Mul", "se", &[&c, &sg])
     }));
-    // Whole groups of 16 channels after a conv (`nary16`, sixteen elements a thread; int8
-    // read and written 16 bytes at a time in INT8): a gate over two images, a per-channel
-    // constant, a tensor plus itself.
+    // Whole groups of 16 channels after a conv (`nary8` in FP16, `nary16` in INT8: a
+    // thread's 16 bytes of output read and written at once): a gate over two images, a
+    // per-channel constant, a tensor plus itself.
     let wide = [2, 32, 5, 6];
     cases.push(graph(
         "SE Mul after conv, 32 channels",
