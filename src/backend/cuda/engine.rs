@@ -1043,8 +1043,11 @@ pub enum ConvImpl {
     /// Depthwise conv on the vectorized kernel (`conv_dw4`), epilogue fused.
     Depthwise,
     /// Int8 depthwise conv on the kernels that read each input row's window once
-    /// (`conv_dw_i8_k{K}s{S}`, square kernels and strides of DW_ROWS_SHAPES, dilation 1).
-    DepthwiseRows,
+    /// (`conv_dw_i8_k{K}s{S}`, square kernels and strides of DW_ROWS_SHAPES, dilation 1):
+    /// `kernel` indexes DW_ROWS_SHAPES.
+    DepthwiseRows {
+        kernel: usize,
+    },
     /// Int8 1x1 conv (or Gemm / MatMul) on the `__dp4a` kernel (`conv_pw_i8`), epilogue fused.
     Pointwise,
     /// The same on `conv_pw_i8_word`: a thread per four output channels of a pixel, so that
@@ -1075,7 +1078,7 @@ impl ConvImpl {
             ConvImpl::Cudnn { algo } => format!("cudnn:{algo}"),
             ConvImpl::CudnnGraph { plan } => format!("cudnng:{plan}"),
             ConvImpl::Depthwise => "dw".into(),
-            ConvImpl::DepthwiseRows => "dwr".into(),
+            ConvImpl::DepthwiseRows { .. } => "dwr".into(),
             ConvImpl::Pointwise => "pw".into(),
             ConvImpl::PointwiseWord => "pww".into(),
             ConvImpl::Mma { bm } if *bm == MMA_BM => "mma".into(),
@@ -1108,7 +1111,7 @@ impl ConvImpl {
                 format!("cuDNN graph conv, fused epilogue (plan {plan})")
             }
             ConvImpl::Depthwise => "depthwise kernel".into(),
-            ConvImpl::DepthwiseRows => "depthwise kernel, a row window at a time".into(),
+            ConvImpl::DepthwiseRows { .. } => "depthwise kernel, a row window at a time".into(),
             ConvImpl::Pointwise => "pointwise dp4a kernel".into(),
             ConvImpl::PointwiseWord => "pointwise dp4a kernel, 4 channels a thread".into(),
             ConvImpl::Mma { bm } => {
@@ -1670,10 +1673,10 @@ impl CudaEngine {
             self.convs.get_mut(&si).expect("conv").kernel_w = Some(w);
             cands.push(ConvImpl::Depthwise);
         }
-        if self.depthwise_rows(&step).is_some() {
+        if let Some(kernel) = self.depthwise_rows(&step) {
             let w = self.depthwise_rows_weights(&step)?;
             self.convs.get_mut(&si).expect("conv").rows_w = Some(w);
-            cands.push(ConvImpl::DepthwiseRows);
+            cands.push(ConvImpl::DepthwiseRows { kernel });
         }
         if self.pointwise_ok(&step, m) {
             let w = self.pointwise_weights(&step)?;
@@ -1810,7 +1813,7 @@ impl CudaEngine {
         if !matches!(pick, ConvImpl::Mma { .. }) {
             rt.mma_w = None;
         }
-        if pick != ConvImpl::DepthwiseRows {
+        if !matches!(pick, ConvImpl::DepthwiseRows { .. }) {
             rt.rows_w = None;
         }
         match &pick {
@@ -3114,18 +3117,15 @@ impl CudaEngine {
                     u(c.k[0]), u(c.k[1]), u(c.stride[0]), u(c.stride[1]), u(c.pads[0]), u(c.pads[1]),
                     u(c.dilation[0]), u(c.dilation[1]), act, a0, a1)
             }
-            ConvImpl::DepthwiseRows => {
+            ConvImpl::DepthwiseRows { kernel } => {
                 let w_p = rt
                     .rows_w
                     .as_ref()
                     .ok_or("depthwise row weights missing")?
                     .ptr;
-                let shape = self
-                    .depthwise_rows(c)
-                    .ok_or("no depthwise row kernel fits")?;
                 // Threads as conv_dw4's: four channels of DW_PX (4) adjacent outputs along x.
                 let threads = n_out / rt.ow / 4 * rt.ow.div_ceil(4);
-                launch!(st, k.conv_dw_i8[shape], threads; way.input, w_p, way.alpha, rt.bias.ptr,
+                launch!(st, k.conv_dw_i8[*kernel], threads; way.input, w_p, way.alpha, rt.bias.ptr,
                     res_p, res_t, res_s, self.ptr(c.out), od.dtype.code(), od.scale,
                     u(xd.shape[0]), u(h), u(w), u(c.cin), u(rt.oh), u(rt.ow),
                     u(c.pads[0]), u(c.pads[1]), act, a0, a1)
