@@ -61,6 +61,15 @@ const MMA_BM: usize = 128;
 const MMA_BN: usize = 64;
 const MMA_BK: usize = 64;
 const MMA_THREADS: usize = 128;
+/// Its cp.async stages and their rows' bytes (`MMA_STAGES`, `MMA_LD` in kernels.cu).
+const MMA_STAGES: usize = 3;
+const MMA_LD: usize = MMA_BK + 16;
+/// Dynamic shared memory of a `bm`-pixel tensor-core block: the stages, the tile's alphas and
+/// biases (f32), and its int8 residual tile (the layout at `MMA_BM` in kernels.cu). Past the
+/// 48 KiB a launch gets unasked at `MMA_BM`: `Device::new` raises the kernels' limit.
+const fn mma_smem_bytes(bm: usize) -> usize {
+    MMA_STAGES * (bm + MMA_BN) * MMA_LD + 2 * MMA_BN * 4 + bm * MMA_BN
+}
 /// (kernel size, stride) of the row-window int8 depthwise kernels, square both ways
 /// (`conv_dw_i8_k{K}s{S}` in kernels.cu): MobileNets' and EfficientNets' 3x3 and 5x5
 /// depthwise layers, ConvNeXt's 7x7 ones.
@@ -995,6 +1004,17 @@ impl Device {
             conv_i8_mma64: f("conv_i8_mma64")?,
             gap_finish: f("gap_finish")?,
         };
+        if (maj, min) >= MMA_COMPUTE {
+            for (f, bm) in [(&k.conv_i8_mma, MMA_BM), (&k.conv_i8_mma64, MMA_BM / 2)] {
+                drv(
+                    f.set_attribute(
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        mma_smem_bytes(bm) as i32,
+                    ),
+                    "raising the tensor-core kernel's shared memory limit",
+                )?;
+            }
+        }
         let mut cudnn = std::ptr::null_mut();
         dnn_ok(unsafe { dnn::cudnnCreate(&mut cudnn) }, "cudnnCreate")?;
         dnn_ok(
@@ -3168,7 +3188,7 @@ impl CudaEngine {
                 let cfg = LaunchConfig {
                     grid_dim: (c.cout.div_ceil(MMA_BN) as u32, rt.m.div_ceil(*bm) as u32, 1),
                     block_dim: (MMA_THREADS as u32, 1, 1),
-                    shared_mem_bytes: 0,
+                    shared_mem_bytes: mma_smem_bytes(*bm) as u32,
                 };
                 // Row -> (image, output row): divisions by oh * ow and ow.
                 let div = FastDiv::of(&[(oh * ow) as i64, ow as i64]);
@@ -3494,6 +3514,31 @@ mod tests {
             assert!(KERNELS.contains(src), "{src}");
         }
         assert!(KERNELS.contains(&format!("#define QS_MAX_RANK {MAX_RANK}")));
+    }
+
+    /// The host's copies of the tensor-core kernel's tile constants are the kernel's: the
+    /// launch's dynamic shared memory (`mma_smem_bytes`) is sized from them, and a smaller
+    /// size than the kernel's layout would let its copies write past the block's share.
+    #[test]
+    fn tensor_core_tile_constants_match_the_kernels() {
+        for (name, v) in [
+            ("MMA_BM", MMA_BM),
+            ("MMA_BN", MMA_BN),
+            ("MMA_BK", MMA_BK),
+            ("MMA_STAGES", MMA_STAGES),
+            ("MMA_THREADS", MMA_THREADS),
+        ] {
+            assert!(
+                KERNELS.contains(&format!("#define {name} {v}\n")),
+                "{name} {v}"
+            );
+        }
+        assert_eq!(MMA_LD, MMA_BK + 16);
+        assert!(KERNELS.contains("#define MMA_LD (MMA_BK + 16)\n"));
+        // The occupancy the launch bounds ask for (four 128-pixel blocks an SM, six 64-pixel
+        // ones) still fits an sm_90 SM's 228 KiB of shared memory, 1 KiB a block the driver's.
+        assert!(4 * (mma_smem_bytes(MMA_BM) + 1024) <= 228 << 10);
+        assert!(6 * (mma_smem_bytes(MMA_BM / 2) + 1024) <= 228 << 10);
     }
 
     /// `nary4`, `nary8` and `nary16` take an NHWC tensor times a per-channel gate (one vector

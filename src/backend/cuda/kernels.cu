@@ -311,20 +311,26 @@ __device__ __forceinline__ int sext_byte(unsigned r, int k) {
 }
 // Sum s and the residual byte at bit `sh` of the word r -> a word whose low byte is the
 // output code.
+template <bool SILU>
 __device__ __forceinline__ unsigned epi_i8_one(const EpiI8& e, int s, float al, float bi,
                                                unsigned r, int sh) {
   float v = fmaf((float)s, al, fmaf((float)sext_byte(r, sh >> 3), e.rsc, bi));
-  if (e.silu) v = __fdividef(v, 1.f + __expf(-v * e.y_scale));
+  if (SILU) v = __fdividef(v, 1.f + __expf(-v * e.y_scale));
   return __float_as_uint(fminf(fmaxf(v + EPI_ROUND, e.lo), e.hi));
 }
-// Four int32 sums of channels c .. c + 3 and their residual codes (a word, zero if none) ->
-// the output word.
-__device__ __forceinline__ unsigned epi_i8_word(const EpiI8& e, int4 s, unsigned r) {
-  unsigned q0 = epi_i8_one(e, s.x, e.al.x, e.bi.x, r, 0),
-           q1 = epi_i8_one(e, s.y, e.al.y, e.bi.y, r, 8),
-           q2 = epi_i8_one(e, s.z, e.al.z, e.bi.z, r, 16),
-           q3 = epi_i8_one(e, s.w, e.al.w, e.bi.w, r, 24);
+template <bool SILU>
+__device__ __forceinline__ unsigned epi_i8_word_as(const EpiI8& e, int4 s, unsigned r) {
+  unsigned q0 = epi_i8_one<SILU>(e, s.x, e.al.x, e.bi.x, r, 0),
+           q1 = epi_i8_one<SILU>(e, s.y, e.al.y, e.bi.y, r, 8),
+           q2 = epi_i8_one<SILU>(e, s.z, e.al.z, e.bi.z, r, 16),
+           q3 = epi_i8_one<SILU>(e, s.w, e.al.w, e.bi.w, r, 24);
   return __byte_perm(__byte_perm(q0, q1, 0x0040), __byte_perm(q2, q3, 0x0040), 0x5410);
+}
+// Four int32 sums of channels c .. c + 3 and their residual codes (a word, zero if none) ->
+// the output word. One branch a word on the activation: a test a channel was 4 of the 50
+// instructions of conv_i8_mma's epilogue word (sm_90 SASS), the compiler not hoisting it.
+__device__ __forceinline__ unsigned epi_i8_word(const EpiI8& e, int4 s, unsigned r) {
+  return e.silu ? epi_i8_word_as<true>(e, s, r) : epi_i8_word_as<false>(e, s, r);
 }
 
 // Conv epilogue over an NHWC output [M, C]: raw is [M, raw_ld].
@@ -783,12 +789,21 @@ extern "C" __global__ void conv_pw_i8_word(const signed char* x, const int* w,
 // output four channels a thread, 16 threads a row. On an H200, ResNet-50's memory-bound 1x1
 // layers at batch 32 (k 64 to 128, the residual and ReLU fused) took cuBLASLt's int8 GEMM
 // with its own epilogue longer than its FP16 GEMM with twice the bytes, and the __dp4a
-// kernels longer still; this kernel takes 40 us where cuBLASLt takes 59 on layer1's
+// kernels longer still; this kernel takes 34 us where cuBLASLt takes 59 on layer1's
 // 64 -> 256 expansions, and 69 us where cuDNN's int8 graph took 122 on the regrouped stem.
 // cuDNN's int8 graph convs stay about twice as fast on the 3x3 layers and most reductions
 // (the builder times them all). cout % 4 == 0; grid (cout_pad / MMA_BN, ceil(m / BM)),
 // MMA_THREADS threads, so the blocks sharing a tile of x run together. Needs sm_80 (cp.async,
 // the int8 m16n8k32 shape); the host offers it from there.
+//
+// Shared memory is dynamic (mma_smem_bytes on the host): the stages, then the block's 64
+// alphas and biases, then its BM x 64 tile of an int8 residual. Those two are copied with the
+// first stage, so the epilogue reads them from shared memory. Read from global memory after
+// the main loop, their latency came once a block for alpha and bias and once every
+// MMA_EPI_ROWS rows for the residual, after all of the block's tensor-core work: a 1x1 layer
+// of reduction 64 has one stage of it. ResNet-50's layer1 expansions at batch 32 on an H200
+// issued 2 instructions a cycle an SM and used a quarter of the DRAM bandwidth (Nsight
+// Compute), a third of their warps' stalls waiting on those loads; they went from 38 to 34 us.
 #define MMA_BM 128
 #define MMA_BN 64
 #define MMA_BK 64
@@ -860,6 +875,31 @@ __device__ __forceinline__ void conv_i8_mma_body(unsigned char* smem, MMA_PARAMS
     iy0[i] = arow < m ? oy * sh - pt : -(1 << 30);
     ix0[i] = (r - oy * ow) * sw - pl;
     xo[i] = arow < m ? ((b * h + iy0[i]) * wd + ix0[i]) * cin : 0;
+  }
+  // The epilogue's operands (see above), in the first copy group: 32 threads copy the alphas
+  // and biases, every thread BM / 32 pieces of the residual tile (four a row). Channels past
+  // cout (a multiple of 4) and rows past m are zero-filled (a copy of 0 bytes from the
+  // array's start).
+  float* s_al = (float*)(smem + MMA_STAGES * (BM + MMA_BN) * MMA_LD);
+  float* s_bi = s_al + MMA_BN;
+  unsigned char* s_res = (unsigned char*)(s_bi + MMA_BN);
+  if (tid < 2 * MMA_BN / 4) {
+    const int q = tid & (MMA_BN / 4 - 1), cc = n0 + 4 * q;
+    const float* src = tid < MMA_BN / 4 ? alpha : bias;
+    cp_async16((tid < MMA_BN / 4 ? s_al : s_bi) + 4 * q, src + (cc < cout ? cc : 0), cc < cout);
+  }
+  // For the int8 epilogue only, and 16-byte copies need 16-byte rows; otherwise the epilogue
+  // reads the residual from global memory.
+  const bool res_smem = epi_i8_ok(y_t, res_t, act) && res_t == 2 && (cout & 15) == 0 &&
+                        ((size_t)res & 15) == 0;
+  if (res_smem) {
+#pragma unroll
+    for (int i = 0; i < BM / 32; i++) {
+      const int q = tid + MMA_THREADS * i, r = q >> 2, cc = n0 + (q & 3) * 16;
+      const bool in = m0 + r < m && cc < cout;
+      cp_async16(s_res + r * MMA_BN + (q & 3) * 16,
+                 (const signed char*)res + (in ? (i64)(m0 + r) * cout + cc : 0), in);
+    }
   }
   // This thread's weight rows (crow and crow + 32) at its next piece.
   const signed char* wp = w + (i64)(n0 + crow) * kpad + piece * 16;
@@ -962,7 +1002,7 @@ __device__ __forceinline__ void conv_i8_mma_body(unsigned char* smem, MMA_PARAMS
   const int row_step = MMA_THREADS / (MMA_BN / 4);
   if (c >= cout) return;
   if (epi_i8_ok(y_t, res_t, act)) {
-    const EpiI8 e = epi_i8(alpha, bias, c, res_scale, y_scale, act, a0, a1);
+    const EpiI8 e = epi_i8(s_al, s_bi, cl, res_scale, y_scale, act, a0, a1);
     // The output and residual words step by row_step rows: pointer increments, not a 64-bit
     // row * cout product a word (several instructions a word in the SASS).
     const int rows = min(BM, m - m0);
@@ -974,7 +1014,9 @@ __device__ __forceinline__ void conv_i8_mma_body(unsigned char* smem, MMA_PARAMS
       unsigned rq[MMA_EPI_ROWS];
 #pragma unroll
       for (int i = 0; i < MMA_EPI_ROWS; i++) {
-        rq[i] = res_t == 2 && rb + i * row_step < rows ? *rp : 0u;
+        const int r = rb + i * row_step;
+        rq[i] = res_smem ? *(const unsigned*)(s_res + r * MMA_BN + cl)
+                : res_t == 2 && r < rows ? *rp : 0u;
         rp = (const unsigned*)((const signed char*)rp + step);
       }
 #pragma unroll
@@ -989,7 +1031,7 @@ __device__ __forceinline__ void conv_i8_mma_body(unsigned char* smem, MMA_PARAMS
   }
   // Every other output, residual and activation (float outputs of layers that feed float
   // ops, mostly): one row at a time, through the generic conversions.
-  const float4 al = *(const float4*)(alpha + c), bi = *(const float4*)(bias + c);
+  const float4 al = *(const float4*)(s_al + cl), bi = *(const float4*)(s_bi + cl);
   for (int r = r0; r < BM && m0 + r < m; r += row_step) {
     i64 at = (i64)(m0 + r) * cout + c;
     int4 s = *(const int4*)&so[r * MMA_OUT_LD + cl];
@@ -1005,17 +1047,16 @@ __device__ __forceinline__ void conv_i8_mma_body(unsigned char* smem, MMA_PARAMS
 #endif
 }
 
+extern __shared__ __align__(16) unsigned char mma_smem[];
 // MMA_BM-pixel tiles (a warp 64 x 32; 128 registers, no spills on sm_90), four blocks an SM.
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 4) conv_i8_mma(MMA_PARAMS) {
-  __shared__ __align__(16) unsigned char smem[MMA_STAGES * (MMA_BM + MMA_BN) * MMA_LD];
-  conv_i8_mma_body<MMA_BM>(smem, MMA_ARGS);
+  conv_i8_mma_body<MMA_BM>(mma_smem, MMA_ARGS);
 }
 // Half-height tiles (a warp 32 x 32, 80 registers): six blocks an SM, twice the blocks a
 // layer. For layers whose few pixel tiles leave SMs idle or whose blocks wait on memory with
 // little tensor-core work between (the builder times both).
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 6) conv_i8_mma64(MMA_PARAMS) {
-  __shared__ __align__(16) unsigned char smem[MMA_STAGES * (MMA_BM / 2 + MMA_BN) * MMA_LD];
-  conv_i8_mma_body<MMA_BM / 2>(smem, MMA_ARGS);
+  conv_i8_mma_body<MMA_BM / 2>(mma_smem, MMA_ARGS);
 }
 
 // im2col for NHWC: cols [M = n*oh*ow, kpad] with k = (ky*kw + kx)*cin + ci; zero padding.
