@@ -65,10 +65,22 @@ const MMA_THREADS: usize = 128;
 const MMA_STAGES: usize = 3;
 const MMA_LD: usize = MMA_BK + 16;
 /// Dynamic shared memory of a `bm`-pixel tensor-core block: the stages, the tile's alphas and
-/// biases (f32), and its int8 residual tile (the layout at `MMA_BM` in kernels.cu). Past the
-/// 48 KiB a launch gets unasked at `MMA_BM`: `Device::new` raises the kernels' limit.
-const fn mma_smem_bytes(bm: usize) -> usize {
-    MMA_STAGES * (bm + MMA_BN) * MMA_LD + 2 * MMA_BN * 4 + bm * MMA_BN
+/// biases (f32), and with `residual` its int8 residual tile (the layout at `MMA_BM` in
+/// kernels.cu; the kernel reads the residual from global memory where the launch gave it no
+/// room). With the residual, a 128-pixel block takes more than the 48 KiB a launch gets
+/// without asking: `Device::new` raises the kernels' limit.
+const fn mma_smem_bytes(bm: usize, residual: bool) -> usize {
+    MMA_STAGES * (bm + MMA_BN) * MMA_LD + 2 * MMA_BN * 4 + if residual { bm * MMA_BN } else { 0 }
+}
+/// Blocks an SM the tensor-core kernels' launch bounds ask for: (tile height, blocks).
+const MMA_OCCUPANCY: [(usize, usize); 2] = [(MMA_BM, 4), (MMA_BM / 2, 6)];
+/// Whether the residual tile keeps that occupancy on an SM of `smem_per_sm` bytes of shared
+/// memory (the driver takes 1 KiB a block): on sm_90's 228 KiB it does; on the 100 KiB of
+/// sm_86 / sm_89 it would halve the 128-pixel kernel's blocks (2 -> 1 an SM).
+fn mma_residual_fits(smem_per_sm: usize) -> bool {
+    MMA_OCCUPANCY
+        .iter()
+        .all(|&(bm, blocks)| blocks * (mma_smem_bytes(bm, true) + 1024) <= smem_per_sm)
 }
 /// (kernel size, stride) of the row-window int8 depthwise kernels, square both ways
 /// (`conv_dw_i8_k{K}s{S}` in kernels.cu): MobileNets' and EfficientNets' 3x3 and 5x5
@@ -940,6 +952,8 @@ pub struct Device {
     pub name: String,
     /// Compute capability (major, minor).
     pub compute: (i32, i32),
+    /// Whether the tensor-core kernels get room for their residual tile (`mma_residual_fits`).
+    mma_residual: bool,
 }
 
 impl Drop for Device {
@@ -1004,12 +1018,19 @@ impl Device {
             conv_i8_mma64: f("conv_i8_mma64")?,
             gap_finish: f("gap_finish")?,
         };
-        if (maj, min) >= MMA_COMPUTE {
+        let smem_per_sm = drv(
+            ctx.attribute(
+                sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR,
+            ),
+            "shared memory per multiprocessor",
+        )?;
+        let mma_residual = mma_residual_fits(smem_per_sm.max(0) as usize);
+        if (maj, min) >= MMA_COMPUTE && mma_residual {
             for (f, bm) in [(&k.conv_i8_mma, MMA_BM), (&k.conv_i8_mma64, MMA_BM / 2)] {
                 drv(
                     f.set_attribute(
                         sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                        mma_smem_bytes(bm) as i32,
+                        mma_smem_bytes(bm, true) as i32,
                     ),
                     "raising the tensor-core kernel's shared memory limit",
                 )?;
@@ -1031,6 +1052,7 @@ impl Device {
             lt,
             name,
             compute: (maj, min),
+            mma_residual,
         })
     }
 }
@@ -3188,7 +3210,7 @@ impl CudaEngine {
                 let cfg = LaunchConfig {
                     grid_dim: (c.cout.div_ceil(MMA_BN) as u32, rt.m.div_ceil(*bm) as u32, 1),
                     block_dim: (MMA_THREADS as u32, 1, 1),
-                    shared_mem_bytes: mma_smem_bytes(*bm) as u32,
+                    shared_mem_bytes: mma_smem_bytes(*bm, self.dev.mma_residual) as u32,
                 };
                 // Row -> (image, output row): divisions by oh * ow and ow.
                 let div = FastDiv::of(&[(oh * ow) as i64, ow as i64]);
@@ -3516,9 +3538,10 @@ mod tests {
         assert!(KERNELS.contains(&format!("#define QS_MAX_RANK {MAX_RANK}")));
     }
 
-    /// The host's copies of the tensor-core kernel's tile constants are the kernel's: the
-    /// launch's dynamic shared memory (`mma_smem_bytes`) is sized from them, and a smaller
-    /// size than the kernel's layout would let its copies write past the block's share.
+    /// The host's copies of the tensor-core kernel's tile constants and launch bounds are the
+    /// kernel's: the launch's dynamic shared memory (`mma_smem_bytes`) is sized from them (a
+    /// smaller size than the kernel's layout would let its copies write past the block's
+    /// share), and whether the residual tile gets room from the blocks an SM they ask for.
     #[test]
     fn tensor_core_tile_constants_match_the_kernels() {
         for (name, v) in [
@@ -3533,12 +3556,24 @@ mod tests {
                 "{name} {v}"
             );
         }
-        assert_eq!(MMA_LD, MMA_BK + 16);
         assert!(KERNELS.contains("#define MMA_LD (MMA_BK + 16)\n"));
-        // The occupancy the launch bounds ask for (four 128-pixel blocks an SM, six 64-pixel
-        // ones) still fits an sm_90 SM's 228 KiB of shared memory, 1 KiB a block the driver's.
-        assert!(4 * (mma_smem_bytes(MMA_BM) + 1024) <= 228 << 10);
-        assert!(6 * (mma_smem_bytes(MMA_BM / 2) + 1024) <= 228 << 10);
+        for (bm, blocks) in MMA_OCCUPANCY {
+            let bounds = format!("__launch_bounds__(MMA_THREADS, {blocks})");
+            let body = format!(
+                "conv_i8_mma_body<{}>",
+                if bm == MMA_BM { "MMA_BM" } else { "MMA_BM / 2" }
+            );
+            // The kernel with those bounds runs that tile height.
+            let at = KERNELS.find(&bounds).unwrap_or_else(|| panic!("{bounds}"));
+            let end = at + KERNELS[at..].find("\n}\n").expect("kernel end");
+            assert!(KERNELS[at..end].contains(&body), "{bounds} {body}");
+        }
+        // An sm_90 SM (228 KiB) keeps the launch bounds' occupancy with the residual tile; the
+        // 100 KiB of sm_86 / sm_89 do without it (two 128-pixel blocks, three 64-pixel ones).
+        assert!(mma_residual_fits(228 << 10));
+        assert!(!mma_residual_fits(100 << 10));
+        assert!(2 * (mma_smem_bytes(MMA_BM, false) + 1024) <= 100 << 10);
+        assert!(3 * (mma_smem_bytes(MMA_BM / 2, false) + 1024) <= 100 << 10);
     }
 
     /// `nary4`, `nary8` and `nary16` take an NHWC tensor times a per-channel gate (one vector

@@ -797,13 +797,14 @@ extern "C" __global__ void conv_pw_i8_word(const signed char* x, const int* w,
 // the int8 m16n8k32 shape); the host offers it from there.
 //
 // Shared memory is dynamic (mma_smem_bytes on the host): the stages, then the block's 64
-// alphas and biases, then its BM x 64 tile of an int8 residual. Those two are copied with the
-// first stage, so the epilogue reads them from shared memory. Read from global memory after
-// the main loop, their latency came once a block for alpha and bias and once every
-// MMA_EPI_ROWS rows for the residual, after all of the block's tensor-core work: a 1x1 layer
-// of reduction 64 has one stage of it. ResNet-50's layer1 expansions at batch 32 on an H200
-// issued 2 instructions a cycle an SM and used a quarter of the DRAM bandwidth (Nsight
-// Compute), a third of their warps' stalls waiting on those loads; they went from 38 to 34 us.
+// alphas and biases, then (where the launch gives it room) its BM x 64 tile of an int8
+// residual. Those two are copied with the first stage, so the epilogue reads them from
+// shared memory. Read from global memory after the main loop, their latency came once a
+// block for alpha and bias and once every MMA_EPI_ROWS rows for the residual, after all of
+// the block's tensor-core work: a 1x1 layer of reduction 64 has one stage of it. ResNet-50's
+// layer1 expansions at batch 32 on an H200 issued 2 instructions a cycle an SM and used a
+// quarter of the DRAM bandwidth (Nsight Compute), a third of their warps' stalls waiting on
+// those loads; they went from 38 to 34 us.
 #define MMA_BM 128
 #define MMA_BN 64
 #define MMA_BK 64
@@ -888,10 +889,14 @@ __device__ __forceinline__ void conv_i8_mma_body(unsigned char* smem, MMA_PARAMS
     const float* src = tid < MMA_BN / 4 ? alpha : bias;
     cp_async16((tid < MMA_BN / 4 ? s_al : s_bi) + 4 * q, src + (cc < cout ? cc : 0), cc < cout);
   }
-  // For the int8 epilogue only, and 16-byte copies need 16-byte rows; otherwise the epilogue
-  // reads the residual from global memory.
+  // For the int8 epilogue only, where the launch gave the tile room (not on GPUs whose
+  // shared memory it would cost blocks), and 16-byte copies need 16-byte rows; otherwise the
+  // epilogue reads the residual from global memory.
+  unsigned smem_bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem_bytes));
   const bool res_smem = epi_i8_ok(y_t, res_t, act) && res_t == 2 && (cout & 15) == 0 &&
-                        ((size_t)res & 15) == 0;
+                        ((size_t)res & 15) == 0 &&
+                        smem_bytes >= (unsigned)(s_res - smem) + BM * MMA_BN;
   if (res_smem) {
 #pragma unroll
     for (int i = 0; i < BM / 32; i++) {
