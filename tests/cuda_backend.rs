@@ -399,6 +399,98 @@ fn every_conv_implementation_matches_cpu_on_a_bottleneck_block() {
     every_conv_implementation_matches_cpu(bottleneck_block(), false, &float, &int8);
 }
 
+/// Three parallel convs on one input, concatenated, then a 1x1 (an ASPP head) on
+/// [1, 32, 14, 14].
+fn aspp_head() -> GraphBuilder {
+    let mut b = GraphBuilder::new(&[1, 32, 14, 14]);
+    let stem = b.conv("stem", "x", 32, 32, 1);
+    let r = b.op("Relu", "stem.relu", &[&stem]);
+    let a = b.conv("branch1x1", &r, 32, 32, 1);
+    let c = b.conv("branch3x3a", &r, 32, 32, 3);
+    let d = b.conv("branch3x3b", &r, 32, 32, 3);
+    let cat = b.node(
+        "Concat",
+        "cat",
+        &[&a, &c, &d],
+        vec![proto::int_attr("axis", 1)],
+    );
+    let rc = b.op("Relu", "cat.relu", &[&cat]);
+    let y = b.conv("project", &rc, 96, 32, 1);
+    b.output(&y);
+    b
+}
+
+/// Independent branches (an ASPP head's three convs, a bottleneck's strided shortcut) run
+/// on streams beside the main one where their implementation takes none of the main
+/// stream's scratch (here the cuDNN graph conv in FP16, the tensor-core kernel in int8):
+/// the engine says so, its output matches the CPU's, and twenty runs give the same bits
+/// (a missing wait between streams shows as a race).
+#[test]
+fn independent_branches_run_beside_the_main_stream_and_match_cpu() {
+    let Some(_) = gpu() else { return };
+    use quantscope::backend::cuda::ops as plan;
+    for (name, b) in [("aspp", aspp_head()), ("bottleneck", bottleneck_block())] {
+        let m = b.model();
+        let (batch, hw) = (2, [14, 14]);
+        let p = m.with_fixed_input(batch, hw);
+        let x = input_for(&m, batch, hw, 11);
+        let spec = BuildSpec { batch, hw };
+        let reference = cpu_fp32_run(&m, spec, &x);
+        let qdq = max_qdq(&m, hw, 4).expect("qdq");
+        let q = Model {
+            proto: qdq.proto.clone(),
+            ..m.clone()
+        }
+        .with_fixed_input(batch, hw);
+        let cpu8 = cpu_int8_run(&m, &qdq, spec, &x).expect("cpu int8");
+        let step = cpu8.data.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+        for (precision, family) in [(Precision::Fp16, "cudnng"), (Precision::Int8, "mma")] {
+            let (pl, want, tol) = if precision == Precision::Int8 {
+                let pl = plan::lower(&q, m.input_shape(batch, hw), precision).expect("plan");
+                (pl, &cpu8, 2.0 * step)
+            } else {
+                let pl = plan::lower(&p, m.input_shape(batch, hw), precision).expect("plan");
+                let top = reference.data.iter().fold(0f32, |a, v| a.max(v.abs()));
+                (pl, &reference, 2e-2 * top)
+            };
+            let (mut eng, applied, n) = forced_engine(&pl, precision, batch, family);
+            let device = eng.info().device.clone();
+            let beside: Vec<String> = eng
+                .info()
+                .layer_times
+                .iter()
+                .filter(|l| l.kernel.contains("beside the main one"))
+                .map(|l| l.layer.clone())
+                .collect();
+            eprintln!(
+                "{name} {precision} [{family}] on {applied} of {n} convs: {device}; beside: {beside:?}"
+            );
+            assert!(
+                device.contains("streams beside the main one"),
+                "{name} {precision}: {device}"
+            );
+            assert!(
+                !beside.is_empty(),
+                "{name} {precision}: no layer says its stream"
+            );
+            let first = eng.run(&x).expect("cuda run");
+            let abs = first
+                .data
+                .iter()
+                .zip(&want.data)
+                .fold(0f32, |a, (g, c)| a.max((g - c).abs()));
+            assert!(
+                abs <= tol,
+                "{name} {precision}: max abs err {abs} over {tol}"
+            );
+            for _ in 0..20 {
+                let again = eng.run(&x).expect("cuda run");
+                assert!(again.data == first.data, "{name} {precision}: runs differ");
+            }
+        }
+    }
+}
+
 /// The same on a chain of depthwise convs, one of each kernel size and stride the int8
 /// row-window kernels have (`dwr`), against the depthwise kernel they stand beside (`dw`)
 /// and the direct one: padded edges, and rows of 14 and 7 outputs (partial groups of four).

@@ -5,10 +5,11 @@
 //! requantization, or FP16), a cuBLASLt GEMM that writes the layer's output from its own
 //! epilogue, the vectorized depthwise kernel, the direct NVRTC kernel; for int8 and FP8 layers
 //! also the layer run in FP16), captures the whole run in a CUDA graph, and times it with CUDA
-//! events. Every other step runs on an NVRTC kernel of `kernels.cu`; each step's sizes are
+//! events. Independent branches run side by side on auxiliary streams (`streams`). Every other step runs on an NVRTC kernel of `kernels.cu`; each step's sizes are
 //! checked against its tensors before anything is allocated (`check_step`), and its
 //! `Step::constants()` are uploaded once (counted in `weights_bytes`).
 
+use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, OnceLock};
@@ -16,7 +17,8 @@ use std::sync::{Arc, OnceLock};
 use cudarc::cublaslt::sys as lt;
 use cudarc::cudnn::sys as dnn;
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg, result, sys,
+    CudaContext, CudaEvent, CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+    result, sys,
 };
 
 use super::cache::Choices;
@@ -25,11 +27,15 @@ use super::plan::{
     Act, ConvStep, DType, Layout, MAX_RANK, Operand, PadMode, Plan, Step, TensorDesc,
     assign_buffers, float_type,
 };
+use super::streams::{Schedule, schedule};
 use crate::backend::{BackendError, Engine, EngineInfo, LayerTime, Output, Precision};
 
 const KERNELS: &str = include_str!("kernels.cu");
 /// Workspace offered to cuDNN and cuBLASLt.
 const LIB_WORKSPACE_BYTES: usize = 64 << 20;
+/// Auxiliary streams independent branches may run on, beside the main one. An ASPP head has
+/// four convs side by side; ResNet's downsampling blocks one shortcut.
+const AUX_STREAMS: usize = 3;
 /// cuDNN graph-API execution plans a conv's candidates include, best heuristic first.
 const DNN_PLANS: usize = 3;
 /// Direct kernel is only timed below this many MACs (it is a correctness fallback).
@@ -1365,6 +1371,17 @@ pub struct CudaEngine {
     f16_in_off: usize,
     ws_off: usize,
     graph: Option<cudarc::driver::CudaGraph>,
+    /// The streams beside the main one that `schedule` puts steps on.
+    aux: Vec<AuxStream>,
+    /// Stream of each step and its waits; `None` while every step runs on the main stream.
+    schedule: Option<Schedule>,
+    /// Per step, the event recorded after it where a step on another stream waits for it.
+    events: Vec<Option<CudaEvent>>,
+    /// Stream the launches go to: 0 the main one, k the aux stream k - 1.
+    lane: Cell<usize>,
+    /// Set when a step takes the engine-wide scratch (raw output, im2col columns, FP16 input
+    /// copy), which only the main stream owns.
+    scratch_taken: Cell<bool>,
     info: EngineInfo,
     batch: usize,
     out_shape: Vec<usize>,
@@ -1377,6 +1394,17 @@ pub struct CudaEngine {
 
 // The raw cuDNN / cuBLASLt handles are only used from the thread that owns the engine.
 unsafe impl Send for CudaEngine {}
+
+/// An auxiliary stream, with the library workspace of the steps that run on it (the main
+/// stream's is in the engine's scratch).
+struct AuxStream {
+    stream: Arc<CudaStream>,
+    ws: Option<DevBuf>,
+    /// Recorded on the main stream before a run (this stream waits for it) and on this stream
+    /// after its last step (the main stream waits for that).
+    fork: CudaEvent,
+    join: CudaEvent,
+}
 
 /// What the Layers tab calls a quantized type.
 fn quant_name(t: DType) -> &'static str {
@@ -1409,7 +1437,13 @@ impl CudaEngine {
             check_step(&plan, s).map_err(|e| format!("step `{}` ({}): {e}", s.name(), s.kind()))?;
         }
         let (free_before, _) = drv(result::mem_get_info(), "cuMemGetInfo")?;
-        let (slot_of, sizes) = assign_buffers(&plan);
+        // Buffers are shared only between steps that stay ordered when every step that may
+        // leave the main stream does (which ones do is known after the first run).
+        let roots: Vec<usize> = (0..plan.tensors.len())
+            .map(|t| plan.tensors[t].alias_of.unwrap_or(t))
+            .collect();
+        let draft = schedule(&plan, &roots, &vec![true; plan.steps.len()], AUX_STREAMS);
+        let (slot_of, sizes) = assign_buffers(&plan, |a, b| draft.before(a, b));
         let mut bufs = vec![];
         for &s in &sizes {
             bufs.push(DevBuf::new(s)?);
@@ -1526,6 +1560,11 @@ impl CudaEngine {
             f16_in_off,
             ws_off,
             graph: None,
+            aux: vec![],
+            schedule: None,
+            events: vec![],
+            lane: Cell::new(0),
+            scratch_taken: Cell::new(false),
             info: EngineInfo::default(),
             batch,
             tf32: tf32 && float == DType::F32,
@@ -1568,14 +1607,29 @@ impl CudaEngine {
                     .sum::<u64>();
         }
         drv(eng.dev.stream.synchronize(), "synchronize")?;
-        // Per-layer times, then the graph.
-        eng.run_steps()?;
+        // A first run on the main stream, which also tells which steps take the main stream's
+        // scratch; then the streams, the per-layer times and the graph.
+        let mut movable = vec![];
+        for si in 0..eng.plan.steps.len() {
+            eng.scratch_taken.set(false);
+            eng.run_step(si)
+                .map_err(|e| format!("step `{}`: {e}", eng.plan.steps[si].name()))?;
+            movable.push(!eng.scratch_taken.get());
+        }
         drv(eng.dev.stream.synchronize(), "first run")?;
+        eng.set_up_streams(&movable)?;
         let profile_start = std::time::Instant::now();
         let layer_times = eng.profile_layers(precision)?;
         let capture_start = std::time::Instant::now();
         let graph_note = match eng.capture() {
-            Ok(()) => "CUDA graph".to_string(),
+            Ok(()) => match &eng.schedule {
+                Some(s) => format!(
+                    "CUDA graph, {} steps on {} streams beside the main one",
+                    s.aux_steps(),
+                    s.streams - 1
+                ),
+                None => "CUDA graph".to_string(),
+            },
             Err(e) => format!("eager launches (graph capture failed: {e})"),
         };
         log_msg(&format!(
@@ -1603,7 +1657,13 @@ impl CudaEngine {
             float_nodes: eng.plan.float_nodes.clone(),
             weights_bytes,
             activations_bytes: eng.bufs.iter().map(|b| b.bytes as u64).sum(),
-            workspace_bytes: eng.scratch.bytes as u64,
+            workspace_bytes: eng.scratch.bytes as u64
+                + eng
+                    .aux
+                    .iter()
+                    .filter_map(|a| a.ws.as_ref())
+                    .map(|b| b.bytes as u64)
+                    .sum::<u64>(),
             device_mem_bytes: Some(free_before.saturating_sub(free_after) as u64),
             layer_times,
         };
@@ -1611,16 +1671,123 @@ impl CudaEngine {
     }
 
     fn raw_ptr(&self) -> u64 {
+        self.scratch_taken.set(true);
         self.scratch.ptr + self.raw_off as u64
     }
     fn col_ptr(&self) -> u64 {
+        self.scratch_taken.set(true);
         self.scratch.ptr + self.col_off as u64
     }
     fn f16_in_ptr(&self) -> u64 {
+        self.scratch_taken.set(true);
         self.scratch.ptr + self.f16_in_off as u64
     }
+    /// The library workspace of the stream launches go to, and its bytes.
+    fn ws(&self) -> (u64, usize) {
+        match self.lane.get() {
+            0 => (self.scratch.ptr + self.ws_off as u64, LIB_WORKSPACE_BYTES),
+            k => self.aux[k - 1]
+                .ws
+                .as_ref()
+                .map_or((0, 0), |b| (b.ptr, b.bytes)),
+        }
+    }
     fn ws_ptr(&self) -> u64 {
-        self.scratch.ptr + self.ws_off as u64
+        self.ws().0
+    }
+    /// The stream launches go to.
+    fn stream(&self) -> &Arc<CudaStream> {
+        match self.lane.get() {
+            0 => &self.dev.stream,
+            k => &self.aux[k - 1].stream,
+        }
+    }
+
+    /// Library workspace bytes step `si` needs with its chosen implementation.
+    fn ws_need(&self, si: usize) -> usize {
+        let Some(rt) = self.convs.get(&si) else {
+            return 0;
+        };
+        match &rt.chosen {
+            ConvImpl::CudnnGraph { plan } => rt.dnn.as_ref().map_or(0, |d| d.graph.plans[*plan].1),
+            ConvImpl::Gemm { algo, .. } => {
+                rt.gemm.as_ref().map_or(0, |g| g.algos[*algo].workspaceSize)
+            }
+            ConvImpl::GemmFused { algo, .. } => rt
+                .gemm_fused
+                .as_ref()
+                .map_or(0, |g| g.algos[*algo].workspaceSize),
+            ConvImpl::Cudnn { .. } | ConvImpl::AsF16(_) => LIB_WORKSPACE_BYTES,
+            ConvImpl::Direct
+            | ConvImpl::Depthwise
+            | ConvImpl::DepthwiseRows { .. }
+            | ConvImpl::Pointwise
+            | ConvImpl::PointwiseWord
+            | ConvImpl::Mma { .. } => 0,
+        }
+    }
+
+    /// Puts independent branches on auxiliary streams (`streams::schedule`), each with a
+    /// workspace as large as its steps need. `movable[s]`: step `s` took none of the main
+    /// stream's scratch in the first run. Leaves everything on the main stream where no step
+    /// has a branch to run beside.
+    fn set_up_streams(&mut self, movable: &[bool]) -> DevResult<()> {
+        let sch = schedule(&self.plan, &self.slot_of, movable, AUX_STREAMS);
+        if sch.streams == 1 {
+            return Ok(());
+        }
+        let mut need = vec![0usize; sch.streams - 1];
+        for (si, &k) in sch.stream.iter().enumerate() {
+            if k > 0 {
+                need[k - 1] = need[k - 1].max(self.ws_need(si));
+            }
+        }
+        for bytes in need {
+            self.aux.push(AuxStream {
+                stream: drv(self.dev.ctx.new_stream(), "creating a stream")?,
+                ws: if bytes > 0 {
+                    Some(DevBuf::new(bytes)?)
+                } else {
+                    None
+                },
+                fork: drv(self.dev.ctx.new_event(None), "event")?,
+                join: drv(self.dev.ctx.new_event(None), "event")?,
+            });
+        }
+        self.events = sch
+            .signalled()
+            .into_iter()
+            .map(|e| {
+                e.then(|| drv(self.dev.ctx.new_event(None), "event"))
+                    .transpose()
+            })
+            .collect::<DevResult<_>>()?;
+        for (si, s) in self.plan.steps.iter().enumerate() {
+            if sch.stream[si] > 0 || !sch.waits[si].is_empty() {
+                let waits: Vec<&str> = sch.waits[si]
+                    .iter()
+                    .map(|&w| self.plan.steps[w].name())
+                    .collect();
+                log_msg(&format!(
+                    "stream {}: `{}` after {waits:?}",
+                    sch.stream[si],
+                    s.name()
+                ));
+            }
+        }
+        self.schedule = Some(sch);
+        Ok(())
+    }
+
+    /// Makes launches go to stream `lane`, cuDNN's included.
+    fn set_lane(&self, lane: usize) -> DevResult<()> {
+        if self.lane.replace(lane) != lane {
+            dnn_ok(
+                unsafe { dnn::cudnnSetStream(self.dev.cudnn, self.stream().cu_stream() as _) },
+                "cudnnSetStream",
+            )?;
+        }
+        Ok(())
     }
 
     fn choose_conv(&mut self, si: usize, float: DType, cached: &Choices) -> DevResult<ConvImpl> {
@@ -2641,6 +2808,10 @@ impl CudaEngine {
                 }
                 _ => format!("nvrtc {}", s.kind()),
             };
+            let kernel = match self.schedule.as_ref().map_or(0, |sch| sch.stream[si]) {
+                0 => kernel,
+                k => format!("{kernel} (stream {k}, beside the main one)"),
+            };
             let layer = match s {
                 Step::Conv(c) if !c.fused.is_empty() => {
                     format!("{}+{}", c.name, c.fused.join("+"))
@@ -2687,12 +2858,43 @@ impl CudaEngine {
         Ok(g)
     }
 
+    /// Every step, in plan order, each on its stream: the auxiliary streams fork from the main
+    /// one first and join it at the end, so that the run (and a captured graph) starts and ends
+    /// on the main stream.
     fn run_steps(&self) -> DevResult<()> {
-        for si in 0..self.plan.steps.len() {
-            self.run_step(si)
-                .map_err(|e| format!("step `{}`: {e}", self.plan.steps[si].name()))?;
-        }
-        Ok(())
+        let step_err = |si: usize, e: String| format!("step `{}`: {e}", self.plan.steps[si].name());
+        let Some(sch) = &self.schedule else {
+            for si in 0..self.plan.steps.len() {
+                self.run_step(si).map_err(|e| step_err(si, e))?;
+            }
+            return Ok(());
+        };
+        let main = &self.dev.stream;
+        let run = || -> DevResult<()> {
+            for a in &self.aux {
+                drv(a.fork.record(main), "event record")?;
+                drv(a.stream.wait(&a.fork), "stream wait")?;
+            }
+            for si in 0..self.plan.steps.len() {
+                self.set_lane(sch.stream[si])?;
+                for &w in &sch.waits[si] {
+                    let e = self.events[w].as_ref().ok_or("missing event")?;
+                    drv(self.stream().wait(e), "stream wait")?;
+                }
+                self.run_step(si).map_err(|e| step_err(si, e))?;
+                if let Some(e) = &self.events[si] {
+                    drv(e.record(self.stream()), "event record")?;
+                }
+            }
+            for a in &self.aux {
+                drv(a.join.record(&a.stream), "event record")?;
+                drv(main.wait(&a.join), "stream wait")?;
+            }
+            Ok(())
+        };
+        let r = run();
+        self.set_lane(0)?;
+        r
     }
 
     fn launch_all(&self) -> DevResult<()> {
@@ -2728,7 +2930,7 @@ impl CudaEngine {
     fn run_step(&self, si: usize) -> DevResult<()> {
         let s = &self.plan.steps[si];
         let plan = &self.plan;
-        let st = &self.dev.stream;
+        let st = self.stream();
         let k = &self.dev.k;
         let td = |t: usize| &plan.tensors[t];
         let code = |t: usize| td(t).dtype.code();
@@ -3072,7 +3274,7 @@ impl CudaEngine {
             ConvImpl::AsF16(inner) => {
                 let f = rt.f16.as_deref().ok_or("FP16 way missing")?;
                 let n = xd.numel();
-                let (st, k) = (&self.dev.stream, &self.dev.k);
+                let (st, k) = (self.stream(), &self.dev.k);
                 launch!(st, k.unary, n; self.ptr(c.input), xd.dtype.code(), xd.scale,
                     self.f16_in_ptr(), DType::F16.code(), 1.0f32, n as i64, 0i32, 0.0f32, 0.0f32)?;
                 let way = ConvWay {
@@ -3107,7 +3309,7 @@ impl CudaEngine {
     /// Runs conv `rt` with implementation `imp` on the input and setups of `way`.
     fn run_conv_as(&self, rt: &ConvRt, imp: &ConvImpl, way: &ConvWay) -> DevResult<()> {
         let c = &rt.step;
-        let st = &self.dev.stream;
+        let st = self.stream();
         let k = &self.dev.k;
         let xd = &self.plan.tensors[c.input];
         let od = &self.plan.tensors[c.out];
@@ -3285,8 +3487,8 @@ impl CudaEngine {
                             d_ptr as *mut c_void,
                             g.d,
                             &h.algo,
-                            self.ws_ptr() as *mut c_void,
-                            LIB_WORKSPACE_BYTES,
+                            self.ws().0 as *mut c_void,
+                            self.ws().1,
                             st.cu_stream() as _,
                         )
                     },
@@ -3313,8 +3515,8 @@ impl CudaEngine {
                             cd.w.ptr as *const c_void,
                             cd.conv,
                             algo_e,
-                            self.ws_ptr() as *mut c_void,
-                            LIB_WORKSPACE_BYTES,
+                            self.ws().0 as *mut c_void,
+                            self.ws().1,
                             &zero as *const _ as *const c_void,
                             cd.y,
                             self.raw_ptr() as *mut c_void,

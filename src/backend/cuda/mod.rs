@@ -12,6 +12,7 @@ pub mod engine;
 pub mod libs;
 pub mod ops;
 pub mod plan;
+mod streams;
 
 use std::sync::OnceLock;
 

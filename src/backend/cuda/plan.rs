@@ -915,23 +915,31 @@ pub fn fold_casts(plan: &mut Plan) {
 /// Buffer assignment: tensors whose lifetimes do not overlap share a buffer. Returns the slot
 /// of every tensor (aliases share their root's) and each slot's size in bytes. `pinned`
 /// tensors (the host input and output) get slots of their own for the whole run.
-pub fn assign_buffers(plan: &Plan) -> (Vec<usize>, Vec<usize>) {
+///
+/// `ordered(a, b)`: step `a` (before `b` in plan order) finishes before step `b` starts. On one
+/// stream that always holds; where steps run on several (`streams::schedule`), a buffer goes
+/// to step `b` only once every step that wrote or read its last tensor is ordered before `b`.
+pub fn assign_buffers(
+    plan: &Plan,
+    ordered: impl Fn(usize, usize) -> bool,
+) -> (Vec<usize>, Vec<usize>) {
     let nt = plan.tensors.len();
     let root = |t: usize| plan.tensors[t].alias_of.unwrap_or(t);
-    // Last step reading each root.
+    // Last step reading each root, and every step writing or reading it.
     let mut last_use = vec![None::<usize>; nt];
-    let mut first_def = vec![None::<usize>; nt];
+    let mut users: Vec<Vec<usize>> = vec![vec![]; nt];
     for (s, step) in plan.steps.iter().enumerate() {
         for t in step.inputs() {
             last_use[root(t)] = Some(s);
+            users[root(t)].push(s);
         }
-        let o = root(step.output());
-        first_def[o].get_or_insert(s);
+        users[root(step.output())].push(s);
     }
     let pinned = [root(plan.input), root(plan.output)];
     let mut slot_of = vec![usize::MAX; nt];
     let mut sizes: Vec<usize> = vec![];
-    let mut free: Vec<usize> = vec![];
+    // Free slots, with the steps that used the tensor they last held.
+    let mut free: Vec<(usize, Vec<usize>)> = vec![];
     for &p in &pinned {
         if slot_of[p] == usize::MAX {
             slot_of[p] = sizes.len();
@@ -942,19 +950,18 @@ pub fn assign_buffers(plan: &Plan) -> (Vec<usize>, Vec<usize>) {
         let o = root(step.output());
         if slot_of[o] == usize::MAX {
             let need = plan.tensors[o].bytes();
-            // Best fit among free slots, else grow the smallest that is too small, else new.
-            let pick = free
+            let usable: Vec<usize> = (0..free.len())
+                .filter(|&k| free[k].1.iter().all(|&u| ordered(u, s)))
+                .collect();
+            // Best fit among usable slots, else grow the largest, else a new one.
+            let pick = usable
                 .iter()
-                .enumerate()
-                .filter(|(_, sl)| sizes[**sl] >= need)
-                .min_by_key(|(_, sl)| sizes[**sl])
-                .map(|(k, _)| k)
-                .or_else(|| {
-                    (!free.is_empty())
-                        .then(|| (0..free.len()).max_by_key(|&k| sizes[free[k]]).unwrap_or(0))
-                });
+                .filter(|&&k| sizes[free[k].0] >= need)
+                .min_by_key(|&&k| sizes[free[k].0])
+                .or_else(|| usable.iter().max_by_key(|&&k| sizes[free[k].0]))
+                .copied();
             let sl = match pick {
-                Some(k) => free.swap_remove(k),
+                Some(k) => free.swap_remove(k).0,
                 None => {
                     sizes.push(0);
                     sizes.len() - 1
@@ -968,7 +975,7 @@ pub fn assign_buffers(plan: &Plan) -> (Vec<usize>, Vec<usize>) {
         for t in step.inputs() {
             let r = root(t);
             if last_use[r] == Some(s) && !pinned.contains(&r) && r != o && seen.insert(r) {
-                free.push(slot_of[r]);
+                free.push((slot_of[r], std::mem::take(&mut users[r])));
             }
         }
     }
@@ -980,6 +987,5 @@ pub fn assign_buffers(plan: &Plan) -> (Vec<usize>, Vec<usize>) {
         }
         slot_of[t] = slot_of[r];
     }
-    let _ = first_def;
     (slot_of, sizes)
 }
