@@ -491,6 +491,46 @@ fn independent_branches_run_beside_the_main_stream_and_match_cpu() {
     }
 }
 
+/// The same on two stems of a [1, 3, 50, 50] image, concatenated: ResNet's 7x7 stride-2
+/// 3 -> 64 and MobileNet's 3x3 stride-2 3 -> 32 (each + ReLU). The planner regroups them into
+/// 4x4 and 2x2 stride-1 convs over 16 channels, which the row-at-a-time tensor-core kernel
+/// (`mmar`) takes: rows of 25 output pixels (a 16-pixel tile and a partial one), padded
+/// edges, 32 output channels (half a tile of channels).
+#[test]
+fn every_conv_implementation_matches_cpu_on_stems() {
+    let Some(_) = gpu() else { return };
+    let mut b = GraphBuilder::new(&[1, 3, 50, 50]);
+    let stem = |b: &mut GraphBuilder, name: &str, cout: usize, k: usize| {
+        let w = b.random(
+            &format!("{name}.w"),
+            &[cout, 3, k, k],
+            3.0 / (3 * k * k) as f32,
+        );
+        let bias = b.random(&format!("{name}.b"), &[cout], 0.1);
+        let p = (k / 2) as i64;
+        let c = b.node(
+            "Conv",
+            name,
+            &["x", &w, &bias],
+            vec![
+                proto::ints_attr("pads", &[p, p, p, p]),
+                proto::ints_attr("strides", &[2, 2]),
+            ],
+        );
+        b.op("Relu", &format!("{name}.relu"), &[&c])
+    };
+    let r7 = stem(&mut b, "stem7", 64, 7);
+    let r3 = stem(&mut b, "stem3", 32, 3);
+    let y = b.node(
+        "Concat",
+        "cat",
+        &[&r7, &r3],
+        vec![proto::int_attr("axis", 1)],
+    );
+    b.output(&y);
+    every_conv_implementation_matches_cpu(b, false, &["direct"], &["mmar", "mma", "direct"]);
+}
+
 /// The same on a chain of depthwise convs, one of each kernel size and stride the int8
 /// row-window kernels have (`dwr`), against the depthwise kernel they stand beside (`dw`)
 /// and the direct one: padded edges, and rows of 14 and 7 outputs (partial groups of four).
@@ -589,7 +629,7 @@ const INT8_KERNELS: [&str; 5] = ["pw", "pww", "mma", "mma64", "direct"];
 
 /// `dense_on_cudnng`: the FP16 cuDNN graph must take every conv but the depthwise one;
 /// `float_families`, `int8_families`: the float and int8 ways each applying to some conv of
-/// the block.
+/// the block. Batch 2 at the block's own input size.
 fn every_conv_implementation_matches_cpu(
     b: GraphBuilder,
     dense_on_cudnng: bool,
@@ -598,7 +638,7 @@ fn every_conv_implementation_matches_cpu(
 ) {
     use quantscope::backend::cuda::ops as plan;
     let m = b.model();
-    let (batch, hw) = (2, [14, 14]);
+    let (batch, hw) = (2, m.input_hw(None).expect("the block's input size"));
     let p = m.with_fixed_input(batch, hw);
     let x = input_for(&m, batch, hw, 11);
     let spec = BuildSpec { batch, hw };

@@ -24,7 +24,8 @@ pub struct Choices {
 /// 2: `gemm8` / `cudnn8` became `gemmf` / `cudnng` (float layers have them too), `dw` came.
 /// 3: `dwr` came (a cached choice made without a candidate never tries it: new candidates
 /// take a new version, so that engines cached before them are timed again).
-pub const VERSION: u32 = 3;
+/// 4: `mmar` came.
+pub const VERSION: u32 = 4;
 
 /// `~/.cache/quantscope/cuda` (or `$XDG_CACHE_HOME/quantscope/cuda`); QUANTSCOPE_CUDA_CACHE
 /// overrides the folder, `QUANTSCOPE_CUDA_CACHE=off` disables the cache.

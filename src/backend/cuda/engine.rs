@@ -88,6 +88,23 @@ fn mma_residual_fits(smem_per_sm: usize) -> bool {
         .iter()
         .all(|&(bm, blocks)| blocks * (mma_smem_bytes(bm, true) + 1024) <= smem_per_sm)
 }
+/// Output pixels a row at most, for the row-at-a-time tensor-core kernel (`ROWS_MAX_OW` in
+/// kernels.cu: a warp's 16 channels of a row in its registers).
+const ROWS_MAX_OW: usize = 128;
+/// Dynamic shared memory the row-at-a-time kernel may take a block, the limit `Device::new`
+/// raises it to: within the 99 KiB a block may have on sm_86 / sm_89 (sm_80 and sm_90 allow
+/// more).
+const ROWS_MAX_SMEM: usize = 96 << 10;
+/// Dynamic shared memory of a row-at-a-time tensor-core block (the layout in kernels.cu):
+/// MMA_BN weight rows of `kpad` + 16 bytes, two input windows of kh rows of ow + kw - 1
+/// 16-byte pixels (plus 16 of slack), the row's int32 sums in whole 16-pixel tiles, the
+/// alphas and biases.
+fn rows_smem_bytes(kpad: usize, kh: usize, kw: usize, ow: usize) -> usize {
+    MMA_BN * (kpad + 16)
+        + 2 * (kh * (ow + kw - 1) + 16) * 16
+        + ow.next_multiple_of(16) * (MMA_BN + 8) * 4
+        + 2 * MMA_BN * 4
+}
 /// (kernel size, stride) of the row-window int8 depthwise kernels, square both ways
 /// (`conv_dw_i8_k{K}s{S}` in kernels.cu): MobileNets' and EfficientNets' 3x3 and 5x5
 /// depthwise layers, ConvNeXt's 7x7 ones.
@@ -255,12 +272,13 @@ struct Kernels {
     conv_pw_i8_word: CudaFunction,
     conv_i8_mma: CudaFunction,
     conv_i8_mma64: CudaFunction,
+    conv_i8_rows: CudaFunction,
     gap_finish: CudaFunction,
 }
 
 /// Names of the kernels the engine loads (the compile check makes sure each is in the PTX).
 #[cfg(test)]
-const KERNEL_NAMES: [&str; 39] = [
+const KERNEL_NAMES: [&str; 40] = [
     "epilogue",
     "conv_direct",
     "conv_dw4",
@@ -299,6 +317,7 @@ const KERNEL_NAMES: [&str; 39] = [
     "conv_pw_i8_word",
     "conv_i8_mma",
     "conv_i8_mma64",
+    "conv_i8_rows",
     "gap_finish",
 ];
 
@@ -960,6 +979,9 @@ pub struct Device {
     pub compute: (i32, i32),
     /// Whether the tensor-core kernels get room for their residual tile (`mma_residual_fits`).
     mma_residual: bool,
+    /// Multiprocessors, and bytes of shared memory each (the row-at-a-time kernel's grid).
+    sms: usize,
+    smem_per_sm: usize,
 }
 
 impl Drop for Device {
@@ -1022,6 +1044,7 @@ impl Device {
             conv_pw_i8_word: f("conv_pw_i8_word")?,
             conv_i8_mma: f("conv_i8_mma")?,
             conv_i8_mma64: f("conv_i8_mma64")?,
+            conv_i8_rows: f("conv_i8_rows")?,
             gap_finish: f("gap_finish")?,
         };
         let smem_per_sm = drv(
@@ -1042,6 +1065,20 @@ impl Device {
                 )?;
             }
         }
+        if (maj, min) >= MMA_COMPUTE {
+            drv(
+                k.conv_i8_rows.set_attribute(
+                    sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                    ROWS_MAX_SMEM as i32,
+                ),
+                "raising the row-at-a-time kernel's shared memory limit",
+            )?;
+        }
+        let sms = drv(
+            ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
+            "multiprocessor count",
+        )?
+        .max(1) as usize;
         let mut cudnn = std::ptr::null_mut();
         dnn_ok(unsafe { dnn::cudnnCreate(&mut cudnn) }, "cudnnCreate")?;
         dnn_ok(
@@ -1059,6 +1096,8 @@ impl Device {
             name,
             compute: (maj, min),
             mma_residual,
+            sms,
+            smem_per_sm: smem_per_sm.max(0) as usize,
         })
     }
 }
@@ -1107,6 +1146,10 @@ pub enum ConvImpl {
     Mma {
         bm: usize,
     },
+    /// Int8 stride-1 conv over 16 channels (a regrouped stem) on the tensor cores a row of
+    /// output pixels at a time (`conv_i8_rows`), each row's input window read into shared
+    /// memory once.
+    MmaRows,
     /// A layer the Q/DQ plan lets run in int8 (or FP8), run in FP16 because that timed faster:
     /// the quantized input is dequantized into a scratch FP16 copy, the inner float implementation runs on
     /// dequantized weights, and the epilogue writes the planned output type.
@@ -1131,6 +1174,7 @@ impl ConvImpl {
             ConvImpl::PointwiseWord => "pww".into(),
             ConvImpl::Mma { bm } if *bm == MMA_BM => "mma".into(),
             ConvImpl::Mma { bm } => format!("mma{bm}"),
+            ConvImpl::MmaRows => "mmar".into(),
             ConvImpl::AsF16(inner) => format!("f16+{}", inner.key()),
         }
     }
@@ -1164,6 +1208,10 @@ impl ConvImpl {
             ConvImpl::PointwiseWord => "pointwise dp4a kernel, 4 channels a thread".into(),
             ConvImpl::Mma { bm } => {
                 format!("int8 tensor-core implicit GEMM kernel, {bm}-pixel tiles")
+            }
+            ConvImpl::MmaRows => {
+                "int8 tensor-core kernel, a row of pixels a block (input window in shared memory)"
+                    .into()
             }
             ConvImpl::AsF16(inner) => format!("run in fp16 (timed faster): {}", inner.describe()),
         }
@@ -1723,7 +1771,8 @@ impl CudaEngine {
             | ConvImpl::DepthwiseRows { .. }
             | ConvImpl::Pointwise
             | ConvImpl::PointwiseWord
-            | ConvImpl::Mma { .. } => 0,
+            | ConvImpl::Mma { .. }
+            | ConvImpl::MmaRows => 0,
         }
     }
 
@@ -1903,6 +1952,9 @@ impl CudaEngine {
             if m.div_ceil(MMA_BM / 2) <= u16::MAX as usize {
                 cands.push(ConvImpl::Mma { bm: MMA_BM / 2 });
             }
+            if self.mma_rows_ok(&step) {
+                cands.push(ConvImpl::MmaRows);
+            }
         }
         if let Some(f) = &rt_f16 {
             let mut inner = vec![];
@@ -2019,7 +2071,7 @@ impl CudaEngine {
         ) {
             rt.kernel_w = None;
         }
-        if !matches!(pick, ConvImpl::Mma { .. }) {
+        if !matches!(pick, ConvImpl::Mma { .. } | ConvImpl::MmaRows) {
             rt.mma_w = None;
         }
         if !matches!(pick, ConvImpl::DepthwiseRows { .. }) {
@@ -2198,6 +2250,21 @@ impl CudaEngine {
             && m < i32::MAX as usize
             && xd.numel() < i32::MAX as usize
             && m.div_ceil(MMA_BM) <= u16::MAX as usize
+    }
+
+    /// Whether the row-at-a-time tensor-core kernel runs int8 conv `c` (on top of `mma_ok`):
+    /// stride 1, no dilation, 16 input channels, an even kernel width, rows of at most
+    /// ROWS_MAX_OW pixels, and its shared memory within ROWS_MAX_SMEM.
+    fn mma_rows_ok(&self, c: &ConvStep) -> bool {
+        let od = &self.plan.tensors[c.out];
+        od.shape.len() == 4
+            && c.stride == [1, 1]
+            && c.dilation == [1, 1]
+            && c.cin == 16
+            && c.k[1].is_multiple_of(2)
+            && od.shape[3] <= ROWS_MAX_OW
+            && rows_smem_bytes(round_up(c.reduction(), MMA_BK), c.k[0], c.k[1], od.shape[3])
+                <= ROWS_MAX_SMEM
     }
 
     /// The tensor-core kernel's weights: int8 OHWI rows, `[cout rounded up to MMA_BN]` by
@@ -3428,6 +3495,28 @@ impl CudaEngine {
                     u(c.pads[0]), u(c.pads[1]), u(c.dilation[0]), u(c.dilation[1]),
                     div.magic[0], div.shift[0], div.magic[1], div.shift[1])
             }
+            ConvImpl::MmaRows => {
+                let w_p = rt.mma_w.as_ref().ok_or("tensor-core weights missing")?.ptr;
+                let kpad = round_up(c.reduction(), MMA_BK);
+                let smem = rows_smem_bytes(kpad, c.k[0], c.k[1], rt.ow);
+                // Blocks step over the output rows: as many as fit the SMs at once, so that
+                // each reads its weights once.
+                let rows = xd.shape[0] * rt.oh;
+                let per_sm = (self.dev.smem_per_sm / (smem + 1024)).max(1);
+                let cfg = LaunchConfig {
+                    grid_dim: (
+                        c.cout.div_ceil(MMA_BN) as u32,
+                        rows.min(per_sm * self.dev.sms).min(u16::MAX as usize) as u32,
+                        1,
+                    ),
+                    block_dim: (MMA_THREADS as u32, 1, 1),
+                    shared_mem_bytes: smem as u32,
+                };
+                launch!(st, k.conv_i8_rows, cfg cfg; way.input, w_p, way.alpha, rt.bias.ptr,
+                    res_p, res_t, res_s, self.ptr(c.out), od.dtype.code(), od.scale, u(c.cout),
+                    act, a0, a1, u(rows), u(h), u(w), u(rt.oh), u(rt.ow), u(c.k[0]), u(c.k[1]),
+                    u(c.pads[0]), u(c.pads[1]), u(kpad))
+            }
             ConvImpl::Gemm { algo, im2col } | ConvImpl::GemmFused { algo, im2col } => {
                 let g = way.gemm.ok_or("GEMM setup missing")?;
                 let b_ptr = if *im2col {
@@ -3759,6 +3848,15 @@ mod tests {
             );
         }
         assert!(KERNELS.contains("#define MMA_LD (MMA_BK + 16)\n"));
+        assert!(KERNELS.contains(&format!("#define ROWS_MAX_OW {ROWS_MAX_OW}\n")));
+
+        // ResNet-50's regrouped stem (4x4 taps of 16 channels, rows of 112 pixels): three
+        // blocks an sm_90 SM.
+        let stem = rows_smem_bytes(256, 4, 4, 112);
+        assert!(
+            stem <= ROWS_MAX_SMEM && 3 * (stem + 1024) <= 228 << 10,
+            "{stem}"
+        );
         for (bm, blocks) in MMA_OCCUPANCY {
             let bounds = format!("__launch_bounds__(MMA_THREADS, {blocks})");
             let body = format!(

@@ -833,6 +833,68 @@ __device__ __forceinline__ void mma_s8(int d[4], const unsigned a[4], const unsi
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 #endif
+// The tensor-core kernels' epilogue: the block's int32 sums, staged in shared memory `so`
+// (MMA_OUT_LD a row) for `rows` output pixels from m0 by MMA_BN channels from n0, with the
+// alphas and biases (and, with `res_smem`, the int8 residual tile) the block copied into
+// shared memory, to the output; THREADS threads a block.
+#define MMA_EPI_PARAMS                                                                       \
+  const void *res, int res_t, float res_scale, void *y, int y_t, float y_scale, int cout,   \
+      int act, float a0, float a1
+#define MMA_EPI_ARGS res, res_t, res_scale, y, y_t, y_scale, cout, act, a0, a1
+template <int THREADS>
+__device__ __forceinline__ void mma_epilogue(const int* so, const float* s_al, const float* s_bi,
+                                             const unsigned char* s_res, bool res_smem, int m0,
+                                             int rows, int n0, MMA_EPI_PARAMS) {
+  const int tid = threadIdx.x;
+  // A thread's four channels are the same in every row it writes (THREADS is a multiple of
+  // MMA_BN / 4): their alpha and bias are read once. On the int8 path the residual reads
+  // of MMA_EPI_ROWS rows go out together before any store (the output may alias the
+  // residual as far as the compiler knows, so it would not move a read above a store itself).
+  const int cl = (tid % (MMA_BN / 4)) * 4, c = n0 + cl, r0 = tid / (MMA_BN / 4);
+  const int row_step = THREADS / (MMA_BN / 4);
+  if (c >= cout) return;
+  if (epi_i8_ok(y_t, res_t, act)) {
+    const EpiI8 e = epi_i8(s_al, s_bi, cl, res_scale, y_scale, act, a0, a1);
+    // The output and residual words step by row_step rows: pointer increments, not a 64-bit
+    // row * cout product a word (several instructions a word in the SASS).
+    const i64 step = (i64)row_step * cout, at = (i64)(m0 + r0) * cout + c;
+    unsigned* yp = (unsigned*)((signed char*)y + at);
+    const unsigned* rp = (const unsigned*)((const signed char*)res + (res_t == 2 ? at : 0));
+#pragma unroll 1
+    for (int rb = r0; rb < rows; rb += row_step * MMA_EPI_ROWS) {
+      unsigned rq[MMA_EPI_ROWS];
+#pragma unroll
+      for (int i = 0; i < MMA_EPI_ROWS; i++) {
+        const int r = rb + i * row_step;
+        rq[i] = res_smem ? *(const unsigned*)(s_res + r * MMA_BN + cl)
+                : res_t == 2 && r < rows ? *rp : 0u;
+        rp = (const unsigned*)((const signed char*)rp + step);
+      }
+#pragma unroll
+      for (int i = 0; i < MMA_EPI_ROWS; i++) {
+        int r = rb + i * row_step;
+        if (r >= rows) break;
+        *yp = epi_i8_word(e, *(const int4*)&so[r * MMA_OUT_LD + cl], rq[i]);
+        yp = (unsigned*)((signed char*)yp + step);
+      }
+    }
+    return;
+  }
+  // Every other output, residual and activation (float outputs of layers that feed float
+  // ops, mostly): one row at a time, through the generic conversions.
+  const float4 al = *(const float4*)(s_al + cl), bi = *(const float4*)(s_bi + cl);
+  for (int r = r0; r < rows; r += row_step) {
+    i64 at = (i64)(m0 + r) * cout + c;
+    int4 s = *(const int4*)&so[r * MMA_OUT_LD + cl];
+    float4 rs = res_t >= 0 ? ld4(res, res_t, at, res_scale) : make_float4(0.f, 0.f, 0.f, 0.f);
+    float4 v = make_float4(act_f(s.x * al.x + bi.x + rs.x, act, a0, a1),
+                           act_f(s.y * al.y + bi.y + rs.y, act, a0, a1),
+                           act_f(s.z * al.z + bi.z + rs.z, act, a0, a1),
+                           act_f(s.w * al.w + bi.w + rs.w, act, a0, a1));
+    st4(y, y_t, at, v, y_scale);
+  }
+}
+
 // The tensor-core kernel's parameters, and the same names passed on to its body.
 #define MMA_PARAMS                                                                          \
   const signed char* x, const signed char* w, const float* alpha, const float* bias,       \
@@ -999,54 +1061,8 @@ __device__ __forceinline__ void conv_i8_mma_body(unsigned char* smem, MMA_PARAMS
       *(int2*)&so[(r + 8) * MMA_OUT_LD + c] = make_int2(acc[i][j][2], acc[i][j][3]);
     }
   __syncthreads();
-  // A thread's four channels are the same in every row it writes (MMA_THREADS is a multiple
-  // of MMA_BN / 4): their alpha and bias are read once. On the int8 path the residual reads
-  // of MMA_EPI_ROWS rows go out together before any store (the output may alias the
-  // residual as far as the compiler knows, so it would not move a read above a store itself).
-  const int cl = (tid % (MMA_BN / 4)) * 4, c = n0 + cl, r0 = tid / (MMA_BN / 4);
-  const int row_step = MMA_THREADS / (MMA_BN / 4);
-  if (c >= cout) return;
-  if (epi_i8_ok(y_t, res_t, act)) {
-    const EpiI8 e = epi_i8(s_al, s_bi, cl, res_scale, y_scale, act, a0, a1);
-    // The output and residual words step by row_step rows: pointer increments, not a 64-bit
-    // row * cout product a word (several instructions a word in the SASS).
-    const int rows = min(BM, m - m0);
-    const i64 step = (i64)row_step * cout, at = (i64)(m0 + r0) * cout + c;
-    unsigned* yp = (unsigned*)((signed char*)y + at);
-    const unsigned* rp = (const unsigned*)((const signed char*)res + (res_t == 2 ? at : 0));
-#pragma unroll 1
-    for (int rb = r0; rb < rows; rb += row_step * MMA_EPI_ROWS) {
-      unsigned rq[MMA_EPI_ROWS];
-#pragma unroll
-      for (int i = 0; i < MMA_EPI_ROWS; i++) {
-        const int r = rb + i * row_step;
-        rq[i] = res_smem ? *(const unsigned*)(s_res + r * MMA_BN + cl)
-                : res_t == 2 && r < rows ? *rp : 0u;
-        rp = (const unsigned*)((const signed char*)rp + step);
-      }
-#pragma unroll
-      for (int i = 0; i < MMA_EPI_ROWS; i++) {
-        int r = rb + i * row_step;
-        if (r >= rows) break;
-        *yp = epi_i8_word(e, *(const int4*)&so[r * MMA_OUT_LD + cl], rq[i]);
-        yp = (unsigned*)((signed char*)yp + step);
-      }
-    }
-    return;
-  }
-  // Every other output, residual and activation (float outputs of layers that feed float
-  // ops, mostly): one row at a time, through the generic conversions.
-  const float4 al = *(const float4*)(s_al + cl), bi = *(const float4*)(s_bi + cl);
-  for (int r = r0; r < BM && m0 + r < m; r += row_step) {
-    i64 at = (i64)(m0 + r) * cout + c;
-    int4 s = *(const int4*)&so[r * MMA_OUT_LD + cl];
-    float4 rs = res_t >= 0 ? ld4(res, res_t, at, res_scale) : make_float4(0.f, 0.f, 0.f, 0.f);
-    float4 v = make_float4(act_f(s.x * al.x + bi.x + rs.x, act, a0, a1),
-                           act_f(s.y * al.y + bi.y + rs.y, act, a0, a1),
-                           act_f(s.z * al.z + bi.z + rs.z, act, a0, a1),
-                           act_f(s.w * al.w + bi.w + rs.w, act, a0, a1));
-    st4(y, y_t, at, v, y_scale);
-  }
+  mma_epilogue<MMA_THREADS>(so, s_al, s_bi, s_res, res_smem, m0, min(BM, m - m0), n0,
+                            MMA_EPI_ARGS);
 #else
   __trap();
 #endif
@@ -1062,6 +1078,119 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, 4) conv_i8_mma(MMA_PAR
 // little tensor-core work between (the builder times both).
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, 6) conv_i8_mma64(MMA_PARAMS) {
   conv_i8_mma_body<MMA_BM / 2>(mma_smem, MMA_ARGS);
+}
+
+// Int8 stride-1 conv over 16-channel NHWC input (the stems `space_to_depth_stem` regroups:
+// ResNets' 7x7/2 as a 4x4 conv, MobileNets' and EfficientNets' 3x3/2 as a 2x2 one) on the
+// int8 tensor cores, a row of output pixels at a time. conv_i8_mma copies every tap of every
+// output pixel from L2, kh * kw times the input (16 taps of 16 bytes a pixel in ResNet-50's
+// stem, whose 77 us at batch 32 on an H200 were the engine's longest layer). Here a block
+// copies a row's input window (kh input rows of ow + kw - 1 pixels, zero outside the input)
+// into shared memory once and builds the tensor-core A fragments from it: with 16 channels,
+// taps kx and kx + 1 of a pixel are 32 contiguous bytes of the window, one m16n8k32 step, and
+// consecutive pixels are 16 bytes apart, the rows ldmatrix wants, bank-conflict free. A block
+// keeps its MMA_BN channels' weights in shared memory and steps over output rows (grid-
+// stride), copying the next row's window while it computes and writes the current one; each
+// of its warps computes the whole row for 16 channels (a warp whose channels are all past
+// cout skips that). The epilogue is conv_i8_mma's. On an H200, ResNet-50's stem at batch 32
+// took 56 us this way against conv_i8_mma's 77; eight warps a block (16 channels of every
+// other pixel tile each) took 63, and with the sums written out half a row at a time (four
+// blocks an SM, 64 registers, some spilled) 76. Needs
+// ow <= ROWS_MAX_OW, kw even, the weights as conv_i8_mma's (kpad = kh * kw * 16 rounded up to
+// MMA_BK); dynamic shared memory as `rows_smem_bytes` on the host.
+#define ROWS_MAX_OW 128
+#define ROWS_MT (ROWS_MAX_OW / 16)
+extern "C" __global__ void __launch_bounds__(MMA_THREADS)
+    conv_i8_rows(const signed char* x, const signed char* w, const float* alpha,
+                 const float* bias, MMA_EPI_PARAMS, int nrows, int h, int wd, int oh, int ow,
+                 int kh, int kw, int pt, int pl, int kpad) {
+#if __CUDA_ARCH__ >= 800
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int n0 = blockIdx.x * MMA_BN;
+  // Weight rows 16 bytes longer than kpad (a multiple of 64), so that ldmatrix's eight rows
+  // fall in distinct banks; a window has 16 pixels of slack after its last row for the
+  // padding rows of a row's last 16-pixel tile (read, never written out).
+  const int wld = kpad + 16, pw = ow + kw - 1, win = (kh * pw + 16) * 16, mt = (ow + 15) >> 4;
+  unsigned char* s_w = mma_smem;
+  unsigned char* s_win = s_w + MMA_BN * wld;
+  int* so = (int*)(s_win + 2 * win);
+  float* s_al = (float*)(so + mt * 16 * MMA_OUT_LD);
+  float* s_bi = s_al + MMA_BN;
+  for (int q = tid; q < MMA_BN * (kpad / 16); q += MMA_THREADS) {
+    const int r = q / (kpad / 16), p = q - r * (kpad / 16);
+    cp_async16(s_w + r * wld + p * 16, w + (i64)(n0 + r) * kpad + p * 16, true);
+  }
+  if (tid < 2 * MMA_BN / 4) {
+    const int q = tid & (MMA_BN / 4 - 1), cc = n0 + 4 * q;
+    const float* src = tid < MMA_BN / 4 ? alpha : bias;
+    cp_async16((tid < MMA_BN / 4 ? s_al : s_bi) + 4 * q, src + (cc < cout ? cc : 0), cc < cout);
+  }
+  // Output row `row` (image row / oh, row row % oh): its window into buffer `b`.
+  auto load_window = [&](int row, int b) {
+    const int img = row / oh, oy = row - img * oh;
+    unsigned char* dst = s_win + b * win;
+    for (int q = tid; q < kh * pw; q += MMA_THREADS) {
+      const int ky = q / pw, px = q - ky * pw, iy = oy - pt + ky, ix = px - pl;
+      const bool in = (unsigned)iy < (unsigned)h && (unsigned)ix < (unsigned)wd;
+      cp_async16(dst + q * 16, x + (in ? ((i64)(img * h + iy) * wd + ix) * 16 : 0), in);
+    }
+  };
+  int row = blockIdx.y;
+  if (row < nrows) load_window(row, 0);
+  asm volatile("cp.async.commit_group;\n" ::);
+  const int g = lane >> 2, t4 = lane & 3;
+  // This warp's 16 channels.
+  const int wc = warp * 16;
+  const bool busy = n0 + wc < cout;
+  for (int buf = 0; row < nrows; row += gridDim.y, buf ^= 1) {
+    // This row's window (and, the first time, the weights) has landed; every thread is done
+    // with the last row's sums and with the window the next copy overwrites.
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    __syncthreads();
+    if (row + (int)gridDim.y < nrows) load_window(row + gridDim.y, buf ^ 1);
+    asm volatile("cp.async.commit_group;\n" ::);
+    const unsigned char* wnd = s_win + buf * win;
+    int acc[ROWS_MT][2][4];
+#pragma unroll
+    for (int i = 0; i < ROWS_MT; i++)
+#pragma unroll
+      for (int j = 0; j < 2; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[i][j][e] = 0;
+    for (int ky = 0; ky < kh && busy; ky++)
+      for (int kx = 0; kx < kw; kx += 2) {
+        unsigned r4[4];
+        ldsm_x4(r4, s_w + (wc + ((lane >> 4) << 3) + (lane & 7)) * wld + (ky * kw + kx) * 16 +
+                        ((lane >> 3) & 1) * 16);
+        const unsigned b0[2] = {r4[0], r4[1]}, b1[2] = {r4[2], r4[3]};
+        const unsigned char* a0p = wnd + (ky * pw + (lane & 15) + kx + (lane >> 4)) * 16;
+#pragma unroll
+        for (int i = 0; i < ROWS_MT; i++) {
+          if (i < mt) {
+            unsigned af[4];
+            ldsm_x4(af, a0p + i * 256);
+            mma_s8(acc[i][0], af, b0);
+            mma_s8(acc[i][1], af, b1);
+          }
+        }
+      }
+#pragma unroll
+    for (int i = 0; i < ROWS_MT; i++) {
+      if (i < mt) {
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+          const int r = i * 16 + g, c = wc + j * 8 + 2 * t4;
+          *(int2*)&so[r * MMA_OUT_LD + c] = make_int2(acc[i][j][0], acc[i][j][1]);
+          *(int2*)&so[(r + 8) * MMA_OUT_LD + c] = make_int2(acc[i][j][2], acc[i][j][3]);
+        }
+      }
+    }
+    __syncthreads();
+    mma_epilogue<MMA_THREADS>(so, s_al, s_bi, nullptr, false, row * ow, ow, n0, MMA_EPI_ARGS);
+  }
+#else
+  __trap();
+#endif
 }
 
 // im2col for NHWC: cols [M = n*oh*ow, kpad] with k = (ky*kw + kx)*cin + ci; zero padding.
