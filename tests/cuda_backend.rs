@@ -436,14 +436,7 @@ fn independent_branches_run_beside_the_main_stream_and_match_cpu() {
         let x = input_for(&m, batch, hw, 11);
         let spec = BuildSpec { batch, hw };
         let reference = cpu_fp32_run(&m, spec, &x);
-        let qdq = max_qdq(&m, hw, 4).expect("qdq");
-        let q = Model {
-            proto: qdq.proto.clone(),
-            ..m.clone()
-        }
-        .with_fixed_input(batch, hw);
-        let cpu8 = cpu_int8_run(&m, &qdq, spec, &x).expect("cpu int8");
-        let step = cpu8.data.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+        let (q, cpu8, step) = int8_reference(&m, spec, &x);
         for (precision, family) in [(Precision::Fp16, "cudnng"), (Precision::Int8, "mma")] {
             let (pl, want, tol) = if precision == Precision::Int8 {
                 let pl = plan::lower(&q, m.input_shape(batch, hw), precision).expect("plan");
@@ -627,6 +620,25 @@ const FLOAT_FAMILIES: [&str; 6] = ["cudnng", "gemmf", "gemm", "cudnn", "dw", "di
 /// kernels, the tensor-core kernel in both tile heights and the direct one.
 const INT8_KERNELS: [&str; 5] = ["pw", "pww", "mma", "mma64", "direct"];
 
+/// The int8 reference for `m` on `x`: its Q/DQ model (max calibration on 4 images) with the
+/// input fixed at `spec`, the CPU INT8 engine's output, and one output step (the largest
+/// output over 127).
+fn int8_reference(
+    m: &Model,
+    spec: BuildSpec,
+    x: &[f32],
+) -> (tract_onnx::pb::ModelProto, quantscope::backend::Output, f32) {
+    let qdq = max_qdq(m, spec.hw, 4).expect("qdq");
+    let q = Model {
+        proto: qdq.proto.clone(),
+        ..m.clone()
+    }
+    .with_fixed_input(spec.batch, spec.hw);
+    let cpu8 = cpu_int8_run(m, &qdq, spec, x).expect("cpu int8");
+    let step = cpu8.data.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+    (q, cpu8, step)
+}
+
 /// `dense_on_cudnng`: the FP16 cuDNN graph must take every conv but the depthwise one;
 /// `float_families`, `int8_families`: the float and int8 ways each applying to some conv of
 /// the block. Batch 2 at the block's own input size.
@@ -662,14 +674,7 @@ fn every_conv_implementation_matches_cpu(
             assert!(err <= tol, "{precision} [{family}]: rel err {err}");
         }
     }
-    let qdq = max_qdq(&m, hw, 4).expect("qdq");
-    let q = Model {
-        proto: qdq.proto.clone(),
-        ..m.clone()
-    }
-    .with_fixed_input(batch, hw);
-    let cpu8 = cpu_int8_run(&m, &qdq, spec, &x).expect("cpu int8");
-    let step = cpu8.data.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+    let (q, cpu8, step) = int8_reference(&m, spec, &x);
     let pl = plan::lower(&q, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
     for &family in int8_families {
         let (mut eng, applied, n) = forced_engine(&pl, Precision::Int8, batch, family);

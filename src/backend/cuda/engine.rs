@@ -4,8 +4,9 @@
 //! k x k), cuDNN's graph-API conv with the epilogue fused (`dnn_graph`: int8 or FP8 with the
 //! requantization, or FP16), a cuBLASLt GEMM that writes the layer's output from its own
 //! epilogue, the vectorized depthwise kernel, the direct NVRTC kernel; for int8 and FP8 layers
-//! also the layer run in FP16), captures the whole run in a CUDA graph, and times it with CUDA
-//! events. Independent branches run side by side on auxiliary streams (`streams`). Every other step runs on an NVRTC kernel of `kernels.cu`; each step's sizes are
+//! also the layer run in FP16), captures the whole run in a CUDA graph (independent branches
+//! side by side on auxiliary streams, as `streams` schedules them), and times it with CUDA
+//! events. Every other step runs on an NVRTC kernel of `kernels.cu`; each step's sizes are
 //! checked against its tensors before anything is allocated (`check_step`), and its
 //! `Step::constants()` are uploaded once (counted in `weights_bytes`).
 
@@ -3849,7 +3850,6 @@ mod tests {
         }
         assert!(KERNELS.contains("#define MMA_LD (MMA_BK + 16)\n"));
         assert!(KERNELS.contains(&format!("#define ROWS_MAX_OW {ROWS_MAX_OW}\n")));
-
         // ResNet-50's regrouped stem (4x4 taps of 16 channels, rows of 112 pixels): three
         // blocks an sm_90 SM.
         let stem = rows_smem_bytes(256, 4, 4, 112);
