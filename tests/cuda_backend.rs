@@ -484,11 +484,12 @@ fn independent_branches_run_beside_the_main_stream_and_match_cpu() {
     }
 }
 
-/// The same on two stems of a [1, 3, 50, 50] image, concatenated: ResNet's 7x7 stride-2
-/// 3 -> 64 and MobileNet's 3x3 stride-2 3 -> 32 (each + ReLU). The planner regroups them into
-/// 4x4 and 2x2 stride-1 convs over 16 channels, which the row-at-a-time tensor-core kernel
-/// (`mmar`) takes: rows of 25 output pixels (a 16-pixel tile and a partial one), padded
-/// edges, 32 output channels (half a tile of channels).
+/// Every conv implementation against the CPU, as on the blocks above, on two stems of a
+/// [1, 3, 50, 50] image, concatenated: ResNet's 7x7 stride-2 3 -> 64 and MobileNet's 3x3
+/// stride-2 3 -> 32 (each + ReLU). The planner regroups them into 4x4 and 2x2 stride-1 convs
+/// over 16 channels, which the row-at-a-time tensor-core kernel (`mmar`) takes: rows of 25
+/// output pixels (a 16-pixel tile and a partial one), padded edges, 32 output channels (half
+/// a tile of channels).
 #[test]
 fn every_conv_implementation_matches_cpu_on_stems() {
     let Some(_) = gpu() else { return };
