@@ -11,6 +11,7 @@ use std::path::Path;
 mod common;
 
 use common::cuda::{cpu_fp32_run, cpu_int8_run, gpu, input_for, max_qdq, max_qdq_as, rel_err};
+use common::max_err;
 
 use quantscope::backend::cpu::CpuBackend;
 use quantscope::backend::cuda::CudaBackend;
@@ -438,14 +439,9 @@ fn independent_branches_run_beside_the_main_stream_and_match_cpu() {
         let reference = cpu_fp32_run(&m, spec, &x);
         let (q, cpu8, step) = int8_reference(&m, spec, &x);
         for (precision, family) in [(Precision::Fp16, "cudnng"), (Precision::Int8, "mma")] {
-            let (pl, want, tol) = if precision == Precision::Int8 {
-                let pl = plan::lower(&q, m.input_shape(batch, hw), precision).expect("plan");
-                (pl, &cpu8, 2.0 * step)
-            } else {
-                let pl = plan::lower(&p, m.input_shape(batch, hw), precision).expect("plan");
-                let top = reference.data.iter().fold(0f32, |a, v| a.max(v.abs()));
-                (pl, &reference, 2e-2 * top)
-            };
+            let int8 = precision == Precision::Int8;
+            let (model, want) = if int8 { (&q, &cpu8) } else { (&p, &reference) };
+            let pl = plan::lower(model, m.input_shape(batch, hw), precision).expect("plan");
             let (mut eng, applied, n) = forced_engine(&pl, precision, batch, family);
             let device = eng.info().device.clone();
             let beside: Vec<String> = eng
@@ -467,11 +463,8 @@ fn independent_branches_run_beside_the_main_stream_and_match_cpu() {
                 "{name} {precision}: no layer says its stream"
             );
             let first = eng.run(&x).expect("cuda run");
-            let abs = first
-                .data
-                .iter()
-                .zip(&want.data)
-                .fold(0f32, |a, (g, c)| a.max((g - c).abs()));
+            let (abs, top) = max_err(&first.data, &want.data);
+            let tol = if int8 { 2.0 * step } else { 2e-2 * top };
             assert!(
                 abs <= tol,
                 "{name} {precision}: max abs err {abs} over {tol}"
@@ -680,11 +673,7 @@ fn every_conv_implementation_matches_cpu(
     for &family in int8_families {
         let (mut eng, applied, n) = forced_engine(&pl, Precision::Int8, batch, family);
         let out = eng.run(&x).expect("cuda run");
-        let abs = out
-            .data
-            .iter()
-            .zip(&cpu8.data)
-            .fold(0f32, |a, (g, c)| a.max((g - c).abs()));
+        let (abs, _) = max_err(&out.data, &cpu8.data);
         eprintln!(
             "int8 [{family}]: forced on {applied} of {n} convs, max abs err {abs:.3e}, step {step:.3e}"
         );

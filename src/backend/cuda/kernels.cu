@@ -836,22 +836,21 @@ __device__ __forceinline__ void mma_s8(int d[4], const unsigned a[4], const unsi
 // The tensor-core kernels' epilogue: the block's int32 sums, staged in shared memory `so`
 // (MMA_OUT_LD a row) for `rows` output pixels from m0 by MMA_BN channels from n0, with the
 // alphas and biases (and, with `res_smem`, the int8 residual tile) the block copied into
-// shared memory, to the output; THREADS threads a block.
+// shared memory, to the output.
 #define MMA_EPI_PARAMS                                                                       \
   const void *res, int res_t, float res_scale, void *y, int y_t, float y_scale, int cout,   \
       int act, float a0, float a1
 #define MMA_EPI_ARGS res, res_t, res_scale, y, y_t, y_scale, cout, act, a0, a1
-template <int THREADS>
 __device__ __forceinline__ void mma_epilogue(const int* so, const float* s_al, const float* s_bi,
                                              const unsigned char* s_res, bool res_smem, int m0,
                                              int rows, int n0, MMA_EPI_PARAMS) {
   const int tid = threadIdx.x;
-  // A thread's four channels are the same in every row it writes (THREADS is a multiple of
-  // MMA_BN / 4): their alpha and bias are read once. On the int8 path the residual reads
+  // A thread's four channels are the same in every row it writes (MMA_THREADS is a multiple
+  // of MMA_BN / 4): their alpha and bias are read once. On the int8 path the residual reads
   // of MMA_EPI_ROWS rows go out together before any store (the output may alias the
   // residual as far as the compiler knows, so it would not move a read above a store itself).
   const int cl = (tid % (MMA_BN / 4)) * 4, c = n0 + cl, r0 = tid / (MMA_BN / 4);
-  const int row_step = THREADS / (MMA_BN / 4);
+  const int row_step = MMA_THREADS / (MMA_BN / 4);
   if (c >= cout) return;
   if (epi_i8_ok(y_t, res_t, act)) {
     const EpiI8 e = epi_i8(s_al, s_bi, cl, res_scale, y_scale, act, a0, a1);
@@ -1061,7 +1060,7 @@ __device__ __forceinline__ void conv_i8_mma_body(unsigned char* smem, MMA_PARAMS
       *(int2*)&so[(r + 8) * MMA_OUT_LD + c] = make_int2(acc[i][j][2], acc[i][j][3]);
     }
   __syncthreads();
-  mma_epilogue<MMA_THREADS>(so, s_al, s_bi, s_res, res_smem, m0, min(BM, m - m0), n0,
+  mma_epilogue(so, s_al, s_bi, s_res, res_smem, m0, min(BM, m - m0), n0,
                             MMA_EPI_ARGS);
 #else
   __trap();
@@ -1186,7 +1185,7 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS)
       }
     }
     __syncthreads();
-    mma_epilogue<MMA_THREADS>(so, s_al, s_bi, nullptr, false, row * ow, ow, n0, MMA_EPI_ARGS);
+    mma_epilogue(so, s_al, s_bi, nullptr, false, row * ow, ow, n0, MMA_EPI_ARGS);
   }
 #else
   __trap();

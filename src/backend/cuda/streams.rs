@@ -129,20 +129,10 @@ pub fn schedule(plan: &Plan, slot_of: &[usize], movable: &[bool], aux: usize) ->
 mod tests {
     use super::*;
     use crate::backend::Precision;
-    use crate::backend::cuda::ops::lower;
+    use crate::backend::cuda::ops::tests::plan_of;
     use crate::backend::cuda::plan::{Step, assign_buffers};
     use crate::model::proto::int_attr;
     use crate::model::testing::{GraphBuilder, residual_classifier};
-
-    fn plan_of(b: &GraphBuilder, shape: [usize; 4]) -> Plan {
-        let m = b.model();
-        lower(
-            &m.with_fixed_input(shape[0], [shape[2], shape[3]]),
-            shape,
-            Precision::Fp32,
-        )
-        .expect("lowers")
-    }
 
     /// A ResNet downsampling bottleneck: 1x1 -> 3x3 -> 1x1 beside a 1x1 shortcut, added. The
     /// shortcut's output is as large as conv1's, whose buffer is free once conv2 has read it
@@ -244,7 +234,7 @@ mod tests {
 
     #[test]
     fn a_downsampling_shortcut_runs_beside_the_main_branch() {
-        let plan = plan_of(&downsampling_block(), [2, 3, 16, 16]);
+        let plan = plan_of(&downsampling_block(), [2, 3, 16, 16], Precision::Fp32);
         let all = vec![true; plan.steps.len()];
         let (slot_of, sch) = scheduled(&plan, &all, 2);
         let (c1, c2) = (
@@ -296,7 +286,7 @@ mod tests {
 
     #[test]
     fn parallel_branches_take_separate_streams_and_buffer_reuse_stays_ordered() {
-        let plan = plan_of(&three_branches(), [2, 3, 16, 16]);
+        let plan = plan_of(&three_branches(), [2, 3, 16, 16], Precision::Fp32);
         let all = vec![true; plan.steps.len()];
         let (slot_of, sch) = scheduled(&plan, &all, 3);
         let lanes: Vec<usize> = ["a", "b", "c"]
@@ -310,7 +300,7 @@ mod tests {
         assert_eq!(sch.streams, 2);
         assert_hazard_free(&plan, &slot_of, &sch);
         // A chain has nothing to run beside it.
-        let plan = plan_of(&residual_classifier(5), [1, 3, 16, 16]);
+        let plan = plan_of(&residual_classifier(5), [1, 3, 16, 16], Precision::Fp32);
         let (slot_of, sch) = scheduled(&plan, &vec![true; plan.steps.len()], 3);
         assert_eq!(slot_of, assign_buffers(&plan, |_, _| true).0);
         assert_eq!(sch.streams, 1, "{sch:?}");

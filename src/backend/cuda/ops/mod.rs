@@ -813,4 +813,4 @@ fn bool_data(t: &pb::TensorProto) -> Option<Vec<bool>> {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -6,7 +6,7 @@ use crate::backend::cuda::plan::{
 };
 use crate::model::testing::{GraphBuilder, residual_classifier};
 
-fn plan_of(b: &GraphBuilder, shape: [usize; 4], p: Precision) -> Plan {
+pub(crate) fn plan_of(b: &GraphBuilder, shape: [usize; 4], p: Precision) -> Plan {
     let m = b.model();
     lower(
         &m.with_fixed_input(shape[0], [shape[2], shape[3]]),
