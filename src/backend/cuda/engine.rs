@@ -13,13 +13,13 @@
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::ptr::null_mut;
 use std::sync::{Arc, OnceLock};
 
 use cudarc::cublaslt::sys as lt;
 use cudarc::cudnn::sys as dnn;
 use cudarc::driver::{
-    CudaContext, CudaEvent, CudaFunction, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
-    result, sys,
+    CudaContext, CudaEvent, CudaFunction, CudaStream, DeviceRepr, LaunchConfig, result, sys,
 };
 
 use super::cache::Choices;
@@ -98,13 +98,22 @@ const ROWS_MAX_OW: usize = 128;
 const ROWS_MAX_SMEM: usize = 96 << 10;
 /// Dynamic shared memory of a row-at-a-time tensor-core block (the layout in kernels.cu):
 /// MMA_BN weight rows of `kpad` + 16 bytes, two input windows of kh rows of ow + kw - 1
-/// 16-byte pixels (plus 16 of slack), the row's int32 sums in whole 16-pixel tiles, the
-/// alphas and biases.
-fn rows_smem_bytes(kpad: usize, kh: usize, kw: usize, ow: usize) -> usize {
+/// 16-byte pixels (plus 16 of slack), the row in whole 16-pixel tiles (int8 codes of
+/// ROWS_CODE_LD bytes a pixel with `codes`, else int32 sums), the alphas and biases.
+fn rows_smem_bytes(kpad: usize, kh: usize, kw: usize, ow: usize, codes: bool) -> usize {
+    let pixel = if codes { MMA_BN + 16 } else { (MMA_BN + 8) * 4 };
     MMA_BN * (kpad + 16)
         + 2 * (kh * (ow + kw - 1) + 16) * 16
-        + ow.next_multiple_of(16) * (MMA_BN + 8) * 4
+        + ow.next_multiple_of(16) * pixel
         + 2 * MMA_BN * 4
+}
+/// Whether the row-at-a-time kernel stages int8 codes (its epilogue in registers): as
+/// kernels.cu's `epi_i8_ok` without a residual, an int8 output and an activation the int8
+/// epilogue computes.
+fn rows_codes(c: &ConvStep, out: DType) -> bool {
+    out == DType::I8
+        && c.residual.is_none()
+        && matches!(c.act, Act::None | Act::Relu | Act::Clip(..) | Act::Silu)
 }
 /// (kernel size, stride) of the row-window int8 depthwise kernels, square both ways
 /// (`conv_dw_i8_k{K}s{S}` in kernels.cu): MobileNets' and EfficientNets' 3x3 and 5x5
@@ -238,43 +247,43 @@ impl FastDiv {
 }
 
 struct Kernels {
-    epilogue: CudaFunction,
-    conv_direct: CudaFunction,
-    conv_dw4: CudaFunction,
+    epilogue: Kernel,
+    conv_direct: Kernel,
+    conv_dw4: Kernel,
     /// `conv_dw_i8_k{K}s{S}` for each of DW_ROWS_SHAPES, in order.
-    conv_dw_i8: Vec<CudaFunction>,
-    im2col: CudaFunction,
-    im2col_v16: CudaFunction,
-    unary: CudaFunction,
-    unary4: CudaFunction,
-    view: CudaFunction,
-    nary: CudaFunction,
-    nary4: CudaFunction,
-    nary8: CudaFunction,
-    nary16: CudaFunction,
-    reduce: CudaFunction,
-    reduce_rows: CudaFunction,
-    norm_rows: CudaFunction,
-    softmax: CudaFunction,
-    softmax_rows: CudaFunction,
-    matmul: CudaFunction,
-    gather: CudaFunction,
-    pad_nd: CudaFunction,
-    conv_transpose: CudaFunction,
-    pool: CudaFunction,
-    pool4: CudaFunction,
-    gap: CudaFunction,
-    concat: CudaFunction,
-    resize: CudaFunction,
-    space_to_depth: CudaFunction,
-    max_pool16: CudaFunction,
-    space_to_depth16: CudaFunction,
-    conv_pw_i8: CudaFunction,
-    conv_pw_i8_word: CudaFunction,
-    conv_i8_mma: CudaFunction,
-    conv_i8_mma64: CudaFunction,
-    conv_i8_rows: CudaFunction,
-    gap_finish: CudaFunction,
+    conv_dw_i8: Vec<Kernel>,
+    im2col: Kernel,
+    im2col_v16: Kernel,
+    unary: Kernel,
+    unary4: Kernel,
+    view: Kernel,
+    nary: Kernel,
+    nary4: Kernel,
+    nary8: Kernel,
+    nary16: Kernel,
+    reduce: Kernel,
+    reduce_rows: Kernel,
+    norm_rows: Kernel,
+    softmax: Kernel,
+    softmax_rows: Kernel,
+    matmul: Kernel,
+    gather: Kernel,
+    pad_nd: Kernel,
+    conv_transpose: Kernel,
+    pool: Kernel,
+    pool4: Kernel,
+    gap: Kernel,
+    concat: Kernel,
+    resize: Kernel,
+    space_to_depth: Kernel,
+    max_pool16: Kernel,
+    space_to_depth16: Kernel,
+    conv_pw_i8: Kernel,
+    conv_pw_i8_word: Kernel,
+    conv_i8_mma: Kernel,
+    conv_i8_mma64: Kernel,
+    conv_i8_rows: Kernel,
+    gap_finish: Kernel,
 }
 
 /// Names of the kernels the engine loads (the compile check makes sure each is in the PTX).
@@ -950,9 +959,9 @@ macro_rules! launch {
     ($stream:expr, $f:expr, cfg $cfg:expr; $($a:expr),* $(,)?) => {{
         let cfg: LaunchConfig = $cfg;
         let args = ($($a,)*);
-        let mut b = $stream.launch_builder(&$f);
-        push_args!(b, args; (0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35); $($a),*);
-        drv(unsafe { b.launch(cfg) }, "kernel launch").map(|_| ())
+        let mut ptrs: Vec<*mut c_void> = Vec::with_capacity(36);
+        push_args!(ptrs, args; (0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35); $($a),*);
+        $f.launch(&$stream, cfg, &mut ptrs)
     }};
     // One thread per element.
     ($stream:expr, $f:expr, $n:expr; $($a:expr),* $(,)?) => {
@@ -961,11 +970,68 @@ macro_rules! launch {
 }
 
 macro_rules! push_args {
-    ($b:ident, $args:ident; ($($idx:tt)*); ) => {};
-    ($b:ident, $args:ident; ($i0:tt $($idx:tt)*); $a0:expr $(, $a:expr)*) => {
-        $b.arg(&$args.$i0);
-        push_args!($b, $args; ($($idx)*); $($a),*);
+    ($p:ident, $args:ident; ($($idx:tt)*); ) => {};
+    ($p:ident, $args:ident; ($i0:tt $($idx:tt)*); $a0:expr $(, $a:expr)*) => {
+        $p.push(arg_ptr(&$args.$i0));
+        push_args!($p, $args; ($($idx)*); $($a),*);
     };
+}
+
+/// A kernel argument as `cuLaunchKernelEx` takes it: a pointer to the value, which must stay
+/// alive until the launch returns (the `launch!` macro's tuple).
+fn arg_ptr<T: DeviceRepr>(a: &T) -> *mut c_void {
+    a as *const T as *mut c_void
+}
+
+/// A kernel of kernels.cu, and whether it is launched as a programmatic dependent launch:
+/// on sm_90 and later (unless QUANTSCOPE_CUDA_PDL=off) every one is, so that its blocks are
+/// scheduled, and run what precedes their `pdl_wait` (index arithmetic, weight copies), while
+/// the kernel before it in the stream finishes. In ResNet-50's INT8 graph at batch 32 most
+/// layers take 5 to 35 us, and each launch's start-up and the previous kernel's last wave were
+/// time with idle SMs. The kernels themselves wait (`griddepcontrol.wait`) before they read an
+/// activation or write anything, so the attribute is safe only for kernels of this file.
+struct Kernel {
+    f: CudaFunction,
+    pdl: bool,
+}
+
+impl Kernel {
+    /// Launches on `stream` with `args` from `arg_ptr`.
+    fn launch(
+        &self,
+        stream: &CudaStream,
+        cfg: LaunchConfig,
+        args: &mut [*mut c_void],
+    ) -> DevResult<()> {
+        // The driver call takes the calling thread's context, as cudarc's launches bind it.
+        drv(
+            stream.context().bind_to_thread(),
+            "binding the CUDA context",
+        )?;
+        // SAFETY: a zeroed attribute is a valid value of the plain-data union; only the id
+        // and the one field read for that id are set.
+        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
+        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+        attr.value.programmaticStreamSerializationAllowed = 1;
+        let config = sys::CUlaunchConfig {
+            gridDimX: cfg.grid_dim.0,
+            gridDimY: cfg.grid_dim.1,
+            gridDimZ: cfg.grid_dim.2,
+            blockDimX: cfg.block_dim.0,
+            blockDimY: cfg.block_dim.1,
+            blockDimZ: cfg.block_dim.2,
+            sharedMemBytes: cfg.shared_mem_bytes,
+            hStream: stream.cu_stream(),
+            attrs: &mut attr,
+            numAttrs: u32::from(self.pdl),
+        };
+        // SAFETY: `args` points at live values of the kernel's parameter types, in order (the
+        // launch! call sites mirror kernels.cu's signatures, as cudarc's builder did).
+        let r = unsafe {
+            sys::cuLaunchKernelEx(&config, self.f.cu_function(), args.as_mut_ptr(), null_mut())
+        };
+        drv(r.result(), "kernel launch")
+    }
 }
 
 /// Shared handles: context, stream, kernels, cuDNN and cuBLASLt.
@@ -1006,7 +1072,8 @@ impl Device {
             ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx_src)),
             "loading the kernels",
         )?;
-        let f = |n: &str| drv(module.load_function(n), n);
+        let pdl = (maj, min) >= (9, 0) && pdl_enabled();
+        let f = |n: &str| drv(module.load_function(n), n).map(|f| Kernel { f, pdl });
         let k = Kernels {
             epilogue: f("epilogue")?,
             conv_direct: f("conv_direct")?,
@@ -1058,7 +1125,7 @@ impl Device {
         if (maj, min) >= MMA_COMPUTE && mma_residual {
             for (f, bm) in [(&k.conv_i8_mma, MMA_BM), (&k.conv_i8_mma64, MMA_BM / 2)] {
                 drv(
-                    f.set_attribute(
+                    f.f.set_attribute(
                         sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                         mma_smem_bytes(bm, true) as i32,
                     ),
@@ -1068,7 +1135,7 @@ impl Device {
         }
         if (maj, min) >= MMA_COMPUTE {
             drv(
-                k.conv_i8_rows.set_attribute(
+                k.conv_i8_rows.f.set_attribute(
                     sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                     ROWS_MAX_SMEM as i32,
                 ),
@@ -2264,8 +2331,13 @@ impl CudaEngine {
             && c.cin == 16
             && c.k[1].is_multiple_of(2)
             && od.shape[3] <= ROWS_MAX_OW
-            && rows_smem_bytes(round_up(c.reduction(), MMA_BK), c.k[0], c.k[1], od.shape[3])
-                <= ROWS_MAX_SMEM
+            && rows_smem_bytes(
+                round_up(c.reduction(), MMA_BK),
+                c.k[0],
+                c.k[1],
+                od.shape[3],
+                rows_codes(c, od.dtype),
+            ) <= ROWS_MAX_SMEM
     }
 
     /// The tensor-core kernel's weights: int8 OHWI rows, `[cout rounded up to MMA_BN]` by
@@ -3499,7 +3571,7 @@ impl CudaEngine {
             ConvImpl::MmaRows => {
                 let w_p = rt.mma_w.as_ref().ok_or("tensor-core weights missing")?.ptr;
                 let kpad = round_up(c.reduction(), MMA_BK);
-                let smem = rows_smem_bytes(kpad, c.k[0], c.k[1], rt.ow);
+                let smem = rows_smem_bytes(kpad, c.k[0], c.k[1], rt.ow, rows_codes(c, od.dtype));
                 // Blocks step over the output rows: as many as fit the SMs at once, so that
                 // each reads its weights once.
                 let rows = xd.shape[0] * rt.oh;
@@ -3673,6 +3745,15 @@ impl CudaEngine {
     }
 }
 
+/// Whether kernels launch as programmatic dependent launches where the GPU has them
+/// (`Kernel`): `QUANTSCOPE_CUDA_PDL=off` (or 0) launches them plainly, to compare.
+fn pdl_enabled() -> bool {
+    !matches!(
+        std::env::var("QUANTSCOPE_CUDA_PDL").as_deref(),
+        Ok("off" | "0")
+    )
+}
+
 /// Prints `msg` on stderr when `QUANTSCOPE_CUDA_VERBOSE` is set (the builder's candidate times
 /// and phases).
 pub(crate) fn log_msg(msg: &str) {
@@ -3777,6 +3858,19 @@ mod tests {
                     "{arch}: kernel `{name}` missing from the PTX"
                 );
             }
+            // Every kernel launches as a programmatic dependent launch on sm_90 (`Kernel`), which
+            // is safe only if each waits for the kernel before it: each entry's code has the
+            // wait (none on older GPUs, whose PTX has no such instruction).
+            let entries: Vec<&str> = ptx.split(".entry ").skip(1).collect();
+            assert_eq!(entries.len(), KERNEL_NAMES.len(), "{arch}");
+            for body in entries {
+                let name = body.split('(').next().unwrap_or_default();
+                assert_eq!(
+                    body.contains("griddepcontrol.wait"),
+                    arch == "compute_90",
+                    "{arch}: kernel `{name}` and griddepcontrol.wait"
+                );
+            }
             eprintln!(
                 "{arch}: {} kernels, {} bytes of PTX",
                 KERNEL_NAMES.len(),
@@ -3850,13 +3944,16 @@ mod tests {
         }
         assert!(KERNELS.contains("#define MMA_LD (MMA_BK + 16)\n"));
         assert!(KERNELS.contains(&format!("#define ROWS_MAX_OW {ROWS_MAX_OW}\n")));
-        // ResNet-50's regrouped stem (4x4 taps of 16 channels, rows of 112 pixels): three
-        // blocks an sm_90 SM.
-        let stem = rows_smem_bytes(256, 4, 4, 112);
-        assert!(
-            stem <= ROWS_MAX_SMEM && 3 * (stem + 1024) <= 228 << 10,
-            "{stem}"
-        );
+        assert!(KERNELS.contains("#define ROWS_CODE_LD (MMA_BN + 16)\n"));
+        // ResNet-50's regrouped stem (4x4 taps of 16 channels, rows of 112 pixels): five
+        // blocks an sm_90 SM with the int8 epilogue in registers, three staging int32 sums.
+        for (codes, blocks) in [(true, 5), (false, 3)] {
+            let stem = rows_smem_bytes(256, 4, 4, 112, codes);
+            assert!(
+                stem <= ROWS_MAX_SMEM && blocks * (stem + 1024) <= 228 << 10,
+                "{stem}"
+            );
+        }
         for (bm, blocks) in MMA_OCCUPANCY {
             let bounds = format!("__launch_bounds__(MMA_THREADS, {blocks})");
             let body = format!(

@@ -11,6 +11,29 @@
 typedef long long i64;
 #define QS_INF __int_as_float(0x7f800000)
 
+// Programmatic dependent launch (sm_90 on; the host launches every kernel of this file that
+// way there, `Kernel::launch`). A kernel's blocks may then be scheduled while the kernel
+// before it in the stream is still finishing: each block lets the next kernel start once
+// every block of this one is running (`launch_dependents`), and waits for the previous
+// kernel to complete, its writes visible (`griddepcontrol.wait`), before it reads an
+// activation or writes anything. Only what no earlier kernel writes (weights, alphas,
+// biases, index arithmetic) may come before the wait. Without the launch attribute (other
+// GPUs, QUANTSCOPE_CUDA_PDL=off, library kernels between) both are no-ops.
+__device__ __forceinline__ void pdl_trigger() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_enter() {
+  pdl_trigger();
+  pdl_wait();
+}
+
 // FP8 E4M3 (ONNX float8e4m3fn) codes, bit for bit as quant::fp8 in Rust: round to nearest
 // even, saturate to +-448 (ONNX's QuantizeLinear default, CUDA's __NV_SATFINITE), NaN kept.
 // Below 2^-6 the code is the count of 2^-9 steps; above, (e + 7) << 3 plus the mantissa, and
@@ -286,12 +309,11 @@ struct EpiI8 {
 __device__ __forceinline__ bool epi_i8_ok(int y_t, int res_t, int act) {
   return y_t == 2 && (res_t < 0 || res_t == 2) && (act <= 2 || act == 24);
 }
-__device__ __forceinline__ EpiI8 epi_i8(const float* alpha, const float* bias, int c,
-                                        float res_scale, float y_scale, int act, float a0,
-                                        float a1) {
+// The epilogue constants of four channels whose alphas and biases are al and bi.
+__device__ __forceinline__ EpiI8 epi_i8_of(float4 al, float4 bi, float res_scale,
+                                           float y_scale, int act, float a0, float a1) {
   EpiI8 e;
   float inv = __frcp_rn(y_scale);
-  float4 al = *(const float4*)(alpha + c), bi = *(const float4*)(bias + c);
   e.al = make_float4(al.x * inv, al.y * inv, al.z * inv, al.w * inv);
   e.bi = make_float4(bi.x * inv, bi.y * inv, bi.z * inv, bi.w * inv);
   e.rsc = res_scale * inv;
@@ -300,6 +322,13 @@ __device__ __forceinline__ EpiI8 epi_i8(const float* alpha, const float* bias, i
   e.y_scale = y_scale;
   e.silu = act == 24;
   return e;
+}
+// Channels c .. c + 3.
+__device__ __forceinline__ EpiI8 epi_i8(const float* alpha, const float* bias, int c,
+                                        float res_scale, float y_scale, int act, float a0,
+                                        float a1) {
+  return epi_i8_of(*(const float4*)(alpha + c), *(const float4*)(bias + c), res_scale, y_scale,
+                   act, a0, a1);
 }
 // Byte `k` of the word r sign-extended to int32 in one PRMT: a selector nibble with its high
 // bit set replicates the selected byte's sign (PTX prmt; CUDA's __byte_perm masks that bit
@@ -310,20 +339,23 @@ __device__ __forceinline__ int sext_byte(unsigned r, int k) {
   return v;
 }
 // Sum s and the residual byte at bit `sh` of the word r -> a word whose low byte is the
-// output code.
-template <bool SILU>
+// output code. Without RES the residual is not read (the callers that may run without one and
+// branch once outside their loop: a zero residual word still cost a PRMT, a conversion and an
+// FFMA an element, a third of a residual-free layer's epilogue).
+template <bool SILU, bool RES = true>
 __device__ __forceinline__ unsigned epi_i8_one(const EpiI8& e, int s, float al, float bi,
                                                unsigned r, int sh) {
-  float v = fmaf((float)s, al, fmaf((float)sext_byte(r, sh >> 3), e.rsc, bi));
+  float v = RES ? fmaf((float)s, al, fmaf((float)sext_byte(r, sh >> 3), e.rsc, bi))
+                : fmaf((float)s, al, bi);
   if (SILU) v = __fdividef(v, 1.f + __expf(-v * e.y_scale));
   return __float_as_uint(fminf(fmaxf(v + EPI_ROUND, e.lo), e.hi));
 }
-template <bool SILU>
+template <bool SILU, bool RES = true>
 __device__ __forceinline__ unsigned epi_i8_word_as(const EpiI8& e, int4 s, unsigned r) {
-  unsigned q0 = epi_i8_one<SILU>(e, s.x, e.al.x, e.bi.x, r, 0),
-           q1 = epi_i8_one<SILU>(e, s.y, e.al.y, e.bi.y, r, 8),
-           q2 = epi_i8_one<SILU>(e, s.z, e.al.z, e.bi.z, r, 16),
-           q3 = epi_i8_one<SILU>(e, s.w, e.al.w, e.bi.w, r, 24);
+  unsigned q0 = epi_i8_one<SILU, RES>(e, s.x, e.al.x, e.bi.x, r, 0),
+           q1 = epi_i8_one<SILU, RES>(e, s.y, e.al.y, e.bi.y, r, 8),
+           q2 = epi_i8_one<SILU, RES>(e, s.z, e.al.z, e.bi.z, r, 16),
+           q3 = epi_i8_one<SILU, RES>(e, s.w, e.al.w, e.bi.w, r, 24);
   return __byte_perm(__byte_perm(q0, q1, 0x0040), __byte_perm(q2, q3, 0x0040), 0x5410);
 }
 // Four int32 sums of channels c .. c + 3 and their residual codes (a word, zero if none) ->
@@ -342,6 +374,7 @@ extern "C" __global__ void epilogue(const void* raw, int raw_t, i64 raw_ld, cons
                                     const float* bias, const void* res, int res_t, float res_scale,
                                     void* out, int out_t, float out_scale, i64 m, i64 c, int act,
                                     float a0, float a1, int vec4) {
+  pdl_enter();
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   i64 e = vec4 ? i * 4 : i;
   if (e >= m * c) return;
@@ -371,6 +404,7 @@ extern "C" __global__ void conv_direct(const void* x, int x_t, float x_scale, co
                                        int n, int h, int wd, int cin, int oh, int ow, int cout,
                                        int kh, int kw, int sh, int sw, int ph, int pw, int dh,
                                        int dw, int groups, int act, float a0, float a1) {
+  pdl_enter();
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   i64 total = (i64)n * oh * ow * cout;
   if (i >= total) return;
@@ -472,6 +506,7 @@ extern "C" __global__ void conv_dw4(const void* x, int x_t, const void* w, const
                                     int h, int wd, int c, int oh, int ow, int kh, int kw, int sh,
                                     int sw, int ph, int pw, int dh, int dw, int act, float a0,
                                     float a1) {
+  pdl_enter();
   int b, oy, ox0, ch;
   if (!dw_place(n, oh, ow, c, b, oy, ox0, ch)) return;
   float acc[DW_PX][4] = {};
@@ -625,11 +660,11 @@ __device__ __forceinline__ void conv_dw_i8_body(const signed char* x, const int*
 #define DW_I8_ARGS                                                                             \
   x, w, alpha, bias, res, res_t, res_scale, y, y_t, y_scale, n, h, wd, c, oh, ow, ph, pw, act, \
       a0, a1
-extern "C" __global__ void conv_dw_i8_k3s1(DW_I8_PARAMS) { conv_dw_i8_body<3, 1>(DW_I8_ARGS); }
-extern "C" __global__ void conv_dw_i8_k3s2(DW_I8_PARAMS) { conv_dw_i8_body<3, 2>(DW_I8_ARGS); }
-extern "C" __global__ void conv_dw_i8_k5s1(DW_I8_PARAMS) { conv_dw_i8_body<5, 1>(DW_I8_ARGS); }
-extern "C" __global__ void conv_dw_i8_k5s2(DW_I8_PARAMS) { conv_dw_i8_body<5, 2>(DW_I8_ARGS); }
-extern "C" __global__ void conv_dw_i8_k7s1(DW_I8_PARAMS) { conv_dw_i8_body<7, 1>(DW_I8_ARGS); }
+extern "C" __global__ void conv_dw_i8_k3s1(DW_I8_PARAMS) { pdl_enter(); conv_dw_i8_body<3, 1>(DW_I8_ARGS); }
+extern "C" __global__ void conv_dw_i8_k3s2(DW_I8_PARAMS) { pdl_enter(); conv_dw_i8_body<3, 2>(DW_I8_ARGS); }
+extern "C" __global__ void conv_dw_i8_k5s1(DW_I8_PARAMS) { pdl_enter(); conv_dw_i8_body<5, 1>(DW_I8_ARGS); }
+extern "C" __global__ void conv_dw_i8_k5s2(DW_I8_PARAMS) { pdl_enter(); conv_dw_i8_body<5, 2>(DW_I8_ARGS); }
+extern "C" __global__ void conv_dw_i8_k7s1(DW_I8_PARAMS) { pdl_enter(); conv_dw_i8_body<7, 1>(DW_I8_ARGS); }
 
 // Pointwise (1x1, stride 1) int8 convolution, and Gemm / MatMul as one, on __dp4a: x int8
 // [m, k] (NHWC pixels or rows), weights as 32-bit words [k / 4, cout] (word v * cout + c holds
@@ -648,6 +683,7 @@ extern "C" __global__ void conv_pw_i8(const signed char* x, const int* w, const 
                                       const float* bias, const void* res, int res_t,
                                       float res_scale, void* y, int y_t, float y_scale, int m,
                                       int k, int cout, int act, float a0, float a1) {
+  pdl_enter();
   extern __shared__ int sw[];
   int kw4 = k >> 2, co0 = blockIdx.y * PW_CO;
   for (int j = threadIdx.x; j < PW_CO * kw4; j += blockDim.x) {
@@ -725,6 +761,7 @@ extern "C" __global__ void conv_pw_i8_word(const signed char* x, const int* w,
                                            int y_t, float y_scale, int m, int k, int cout,
                                            int act, float a0, float a1, unsigned magic,
                                            unsigned shift) {
+  pdl_enter();
   int cg = cout >> 2;
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= m * cg) return;
@@ -841,6 +878,35 @@ __device__ __forceinline__ void mma_s8(int d[4], const unsigned a[4], const unsi
   const void *res, int res_t, float res_scale, void *y, int y_t, float y_scale, int cout,   \
       int act, float a0, float a1
 #define MMA_EPI_ARGS res, res_t, res_scale, y, y_t, y_scale, cout, act, a0, a1
+// The int8 epilogue's rows (below): this thread's words of channels cl .. cl + 3 in rows r0,
+// r0 + row_step, ..., yp and rp (with RES) at row r0, step bytes a row_step rows.
+template <bool SILU, bool RES>
+__device__ __forceinline__ void mma_epi_i8_rows(const EpiI8& e, const int* so,
+                                                const unsigned char* s_res, bool res_smem,
+                                                int rows, int r0, int cl, unsigned* yp,
+                                                const unsigned* rp, i64 step) {
+  constexpr int row_step = MMA_THREADS / (MMA_BN / 4);
+#pragma unroll 1
+  for (int rb = r0; rb < rows; rb += row_step * MMA_EPI_ROWS) {
+    unsigned rq[MMA_EPI_ROWS];
+    if (RES) {
+#pragma unroll
+      for (int i = 0; i < MMA_EPI_ROWS; i++) {
+        const int r = rb + i * row_step;
+        rq[i] = res_smem ? *(const unsigned*)(s_res + r * MMA_BN + cl) : r < rows ? *rp : 0u;
+        rp = (const unsigned*)((const signed char*)rp + step);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < MMA_EPI_ROWS; i++) {
+      int r = rb + i * row_step;
+      if (r >= rows) break;
+      *yp = epi_i8_word_as<SILU, RES>(e, *(const int4*)&so[r * MMA_OUT_LD + cl],
+                                      RES ? rq[i] : 0u);
+      yp = (unsigned*)((signed char*)yp + step);
+    }
+  }
+}
 __device__ __forceinline__ void mma_epilogue(const int* so, const float* s_al, const float* s_bi,
                                              const unsigned char* s_res, bool res_smem, int m0,
                                              int rows, int n0, MMA_EPI_PARAMS) {
@@ -859,23 +925,16 @@ __device__ __forceinline__ void mma_epilogue(const int* so, const float* s_al, c
     const i64 step = (i64)row_step * cout, at = (i64)(m0 + r0) * cout + c;
     unsigned* yp = (unsigned*)((signed char*)y + at);
     const unsigned* rp = (const unsigned*)((const signed char*)res + (res_t == 2 ? at : 0));
-#pragma unroll 1
-    for (int rb = r0; rb < rows; rb += row_step * MMA_EPI_ROWS) {
-      unsigned rq[MMA_EPI_ROWS];
-#pragma unroll
-      for (int i = 0; i < MMA_EPI_ROWS; i++) {
-        const int r = rb + i * row_step;
-        rq[i] = res_smem ? *(const unsigned*)(s_res + r * MMA_BN + cl)
-                : res_t == 2 && r < rows ? *rp : 0u;
-        rp = (const unsigned*)((const signed char*)rp + step);
-      }
-#pragma unroll
-      for (int i = 0; i < MMA_EPI_ROWS; i++) {
-        int r = rb + i * row_step;
-        if (r >= rows) break;
-        *yp = epi_i8_word(e, *(const int4*)&so[r * MMA_OUT_LD + cl], rq[i]);
-        yp = (unsigned*)((signed char*)yp + step);
-      }
+    // One loop for each activation and residual, chosen once.
+    if (e.silu) {
+      if (res_t == 2)
+        mma_epi_i8_rows<true, true>(e, so, s_res, res_smem, rows, r0, cl, yp, rp, step);
+      else
+        mma_epi_i8_rows<true, false>(e, so, s_res, res_smem, rows, r0, cl, yp, rp, step);
+    } else if (res_t == 2) {
+      mma_epi_i8_rows<false, true>(e, so, s_res, res_smem, rows, r0, cl, yp, rp, step);
+    } else {
+      mma_epi_i8_rows<false, false>(e, so, s_res, res_smem, rows, r0, cl, yp, rp, step);
     }
     return;
   }
@@ -910,6 +969,7 @@ __device__ __forceinline__ void conv_i8_mma_body(unsigned char* smem, MMA_PARAMS
 #if __CUDA_ARCH__ >= 800
   // BM / 32 rows of the x tile a thread copies; a warp's share of the tile is BM / 2 rows
   // (MI 16-row fragments) by 32 channels.
+  pdl_trigger();
   constexpr int XR = BM / 32, MI = BM / 32;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int n0 = blockIdx.x * MMA_BN, m0 = blockIdx.y * BM;
@@ -950,6 +1010,9 @@ __device__ __forceinline__ void conv_i8_mma_body(unsigned char* smem, MMA_PARAMS
     const float* src = tid < MMA_BN / 4 ? alpha : bias;
     cp_async16((tid < MMA_BN / 4 ? s_al : s_bi) + 4 * q, src + (cc < cout ? cc : 0), cc < cout);
   }
+  // Everything above is index arithmetic and constants; the residual and x are the previous
+  // kernels' outputs.
+  pdl_wait();
   // For the int8 epilogue only, where the launch gave the tile room (not on GPUs whose
   // shared memory it would cost blocks), and 16-byte copies need 16-byte rows; otherwise the
   // epilogue reads the residual from global memory.
@@ -1099,21 +1162,79 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, 6) conv_i8_mma64(MMA_P
 // MMA_BK); dynamic shared memory as `rows_smem_bytes` on the host.
 #define ROWS_MAX_OW 128
 #define ROWS_MT (ROWS_MAX_OW / 16)
+// Bytes a pixel of a row's staged int8 codes: MMA_BN and 16 more, so that the eight rows of a
+// quarter warp's 2-byte stores (rows 80 bytes apart) fall in distinct banks.
+#define ROWS_CODE_LD (MMA_BN + 16)
+#if __CUDA_ARCH__ >= 800
+// A warp's int8 epilogue of its row sums in registers (the m16n8 accumulator layout: pixel
+// i * 16 + g and g + 8, channels c0 + j * 8 and the next), each pair of codes a 2-byte store
+// into the row's staged codes. Staging the int32 sums instead took 29 KiB of shared memory a
+// block on ResNet-50's stem (three blocks an SM where this allows five) and a shared-memory
+// round trip a word.
+template <bool SILU>
+__device__ __forceinline__ void rows_codes(const int (&acc)[ROWS_MT][2][4], int mt,
+                                           unsigned char* s_out, int g, int c0,
+                                           const float2* al, const float2* bi, float y_scale,
+                                           int act, float a0, float a1) {
+#pragma unroll
+  for (int j = 0; j < 2; j++) {
+    const int c = c0 + j * 8;
+    const float2 a = al[c / 2], b = bi[c / 2];
+    // The same two channels in both rows of a fragment: x, y for pixel g, z, w for g + 8.
+    const EpiI8 e = epi_i8_of(make_float4(a.x, a.y, a.x, a.y), make_float4(b.x, b.y, b.x, b.y),
+                              0.f, y_scale, act, a0, a1);
+#pragma unroll
+    for (int i = 0; i < ROWS_MT; i++) {
+      if (i < mt) {
+        const unsigned q = epi_i8_word_as<SILU, false>(
+            e, make_int4(acc[i][j][0], acc[i][j][1], acc[i][j][2], acc[i][j][3]), 0u);
+        unsigned char* p = s_out + (i * 16 + g) * ROWS_CODE_LD + c;
+        *(unsigned short*)p = (unsigned short)q;
+        *(unsigned short*)(p + 8 * ROWS_CODE_LD) = (unsigned short)(q >> 16);
+      }
+    }
+  }
+}
+// The staged codes of a row's `ow` pixels, `cw` channels each, to y (pixel stride `cout`
+// bytes): 16-byte pieces where the rows allow, else words (cout is a multiple of 4).
+__device__ __forceinline__ void rows_store(const unsigned char* s_out, signed char* y, int ow,
+                                           int cw, int cout) {
+  if ((cout & 15) == 0 && (cw & 15) == 0 && ((size_t)y & 15) == 0) {
+    const int per = cw >> 4;
+    for (int q = threadIdx.x; q < ow * per; q += blockDim.x) {
+      const int px = q / per, p = q - px * per;
+      *(uint4*)(y + (i64)px * cout + p * 16) = *(const uint4*)(s_out + px * ROWS_CODE_LD + p * 16);
+    }
+  } else {
+    const int per = cw >> 2;
+    for (int q = threadIdx.x; q < ow * per; q += blockDim.x) {
+      const int px = q / per, p = q - px * per;
+      *(unsigned*)(y + (i64)px * cout + p * 4) = *(const unsigned*)(s_out + px * ROWS_CODE_LD + p * 4);
+    }
+  }
+}
+#endif
 extern "C" __global__ void __launch_bounds__(MMA_THREADS)
     conv_i8_rows(const signed char* x, const signed char* w, const float* alpha,
                  const float* bias, MMA_EPI_PARAMS, int nrows, int h, int wd, int oh, int ow,
                  int kh, int kw, int pt, int pl, int kpad) {
 #if __CUDA_ARCH__ >= 800
+  pdl_trigger();
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int n0 = blockIdx.x * MMA_BN;
   // Weight rows 16 bytes longer than kpad (a multiple of 64), so that ldmatrix's eight rows
   // fall in distinct banks; a window has 16 pixels of slack after its last row for the
   // padding rows of a row's last 16-pixel tile (read, never written out).
   const int wld = kpad + 16, pw = ow + kw - 1, win = (kh * pw + 16) * 16, mt = (ow + 15) >> 4;
+  // An int8 output without a residual (the stems) takes its epilogue in registers and stages
+  // the row's codes (ROWS_CODE_LD bytes a pixel); anything else stages the int32 sums for
+  // mma_epilogue. The host sizes shared memory the same way (`rows_smem_bytes`).
+  const bool codes = epi_i8_ok(y_t, res_t, act) && res_t < 0;
   unsigned char* s_w = mma_smem;
   unsigned char* s_win = s_w + MMA_BN * wld;
-  int* so = (int*)(s_win + 2 * win);
-  float* s_al = (float*)(so + mt * 16 * MMA_OUT_LD);
+  unsigned char* s_out = s_win + 2 * win;
+  int* so = (int*)s_out;
+  float* s_al = (float*)(s_out + mt * 16 * (codes ? ROWS_CODE_LD : MMA_OUT_LD * 4));
   float* s_bi = s_al + MMA_BN;
   for (int q = tid; q < MMA_BN * (kpad / 16); q += MMA_THREADS) {
     const int r = q / (kpad / 16), p = q - r * (kpad / 16);
@@ -1124,6 +1245,9 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS)
     const float* src = tid < MMA_BN / 4 ? alpha : bias;
     cp_async16((tid < MMA_BN / 4 ? s_al : s_bi) + 4 * q, src + (cc < cout ? cc : 0), cc < cout);
   }
+  // The weights, alphas and biases are constants: their copies overlap the previous kernel's
+  // end. The windows are its output.
+  pdl_wait();
   // Output row `row` (image row / oh, row row % oh): its window into buffer `b`.
   auto load_window = [&](int row, int b) {
     const int img = row / oh, oy = row - img * oh;
@@ -1173,6 +1297,20 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS)
           }
         }
       }
+    if (codes) {
+      if (busy) {
+        const float2 *al = (const float2*)s_al, *bi = (const float2*)s_bi;
+        const int c0 = wc + 2 * t4;
+        if (act == 24)
+          rows_codes<true>(acc, mt, s_out, g, c0, al, bi, y_scale, act, a0, a1);
+        else
+          rows_codes<false>(acc, mt, s_out, g, c0, al, bi, y_scale, act, a0, a1);
+      }
+      __syncthreads();
+      rows_store(s_out, (signed char*)y + (i64)row * ow * cout + n0, ow, min(MMA_BN, cout - n0),
+                 cout);
+      continue;
+    }
 #pragma unroll
     for (int i = 0; i < ROWS_MT; i++) {
       if (i < mt) {
@@ -1197,6 +1335,7 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS)
 extern "C" __global__ void im2col(const void* x, void* cols, int esize, int n, int h, int wd,
                                   int cin, int oh, int ow, int kh, int kw, int sh, int sw, int ph,
                                   int pw, int dh, int dw, i64 kpad) {
+  pdl_enter();
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   i64 total = (i64)n * oh * ow * kpad;
   if (i >= total) return;
@@ -1225,6 +1364,7 @@ extern "C" __global__ void im2col(const void* x, void* cols, int esize, int n, i
 extern "C" __global__ void im2col_v16(const int4* x, int4* cols, int n, int h, int wd, int cin_v,
                                       int oh, int ow, int kh, int kw, int sh, int sw, int ph,
                                       int pw, int dh, int dw) {
+  pdl_enter();
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   i64 row = (i64)kh * kw * cin_v;
   if (i >= (i64)n * oh * ow * row) return;
@@ -1241,6 +1381,7 @@ extern "C" __global__ void im2col_v16(const int4* x, int4* cols, int n, int h, i
 // Elementwise conversion / activation: y = act(x) (also quantize, dequantize, cast, copy).
 extern "C" __global__ void unary(const void* x, int x_t, float x_scale, void* y, int y_t,
                                  float y_scale, i64 n, int act, float a0, float a1) {
+  pdl_enter();
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   st(y, y_t, i, act_f(ld(x, x_t, i, x_scale), act, a0, a1), y_scale);
@@ -1249,6 +1390,7 @@ extern "C" __global__ void unary(const void* x, int x_t, float x_scale, void* y,
 // `unary` four elements a thread (n4 groups of 4): one 4-, 8- or 16-byte load and store each.
 extern "C" __global__ void unary4(const void* x, int x_t, float x_scale, void* y, int y_t,
                                   float y_scale, i64 n4, int act, float a0, float a1) {
+  pdl_enter();
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n4) return;
   float4 v = ld4(x, x_t, i * 4, x_scale);
@@ -1270,6 +1412,7 @@ struct ViewArgs {
 };
 extern "C" __global__ void view(const void* x, int x_t, float x_scale, void* y, int y_t,
                                 float y_scale, i64 n, ViewArgs p) {
+  pdl_enter();
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   i64 rem = i, src = p.offset;
@@ -1368,6 +1511,7 @@ __device__ __forceinline__ void nary_offsets(const NaryArgs& p, i64 i, bool fast
 }
 extern "C" __global__ void nary(NaryArgs p, void* y, int y_t, float y_scale, i64 n, int op,
                                 int act, float a0, float a1) {
+  pdl_enter();
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   i64 off[3];
@@ -1469,9 +1613,9 @@ __device__ __forceinline__ void nary_n(const NaryArgs& p, void* y, int y_t, floa
   NaryArgs p, void *y, int y_t, float y_scale, i64 groups, int op, int act, float a0, float a1, \
       int vec
 #define NARY_N_ARGS p, y, y_t, y_scale, groups, op, act, a0, a1, vec
-extern "C" __global__ void nary4(NARY_N_PARAMS) { nary_n<4>(NARY_N_ARGS); }
-extern "C" __global__ void nary8(NARY_N_PARAMS) { nary_n<8>(NARY_N_ARGS); }
-extern "C" __global__ void nary16(NARY_N_PARAMS) { nary_n<16>(NARY_N_ARGS); }
+extern "C" __global__ void nary4(NARY_N_PARAMS) { pdl_enter(); nary_n<4>(NARY_N_ARGS); }
+extern "C" __global__ void nary8(NARY_N_PARAMS) { pdl_enter(); nary_n<8>(NARY_N_ARGS); }
+extern "C" __global__ void nary16(NARY_N_PARAMS) { pdl_enter(); nary_n<16>(NARY_N_ARGS); }
 
 // Reductions of `ReduceOp`: 0 mean, 1 sum, 2 max, 3 min, 4 l2, 5 sum of squares, 6 product,
 // 7 l1, 8 log-sum-exp. `red_comb` is how partial results combine; `red_map` what each element
@@ -1500,6 +1644,7 @@ __device__ __forceinline__ float red_fin(int op, float acc, i64 len, float m) {
 // threads read neighbouring elements).
 extern "C" __global__ void reduce(const void* x, int x_t, float x_scale, void* y, int y_t,
                                   float y_scale, i64 outer, i64 len, i64 inner, int op) {
+  pdl_enter();
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= outer * inner) return;
   i64 o = i / inner, k = i - o * inner;
@@ -1520,6 +1665,7 @@ extern "C" __global__ void reduce(const void* x, int x_t, float x_scale, void* y
 // rows), the row reduced across the block.
 extern "C" __global__ void reduce_rows(const void* x, int x_t, float x_scale, void* y, int y_t,
                                        float y_scale, i64 rows, i64 len, int op) {
+  pdl_enter();
   __shared__ float sh[32];
   int comb = red_comb(op);
   for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
@@ -1544,6 +1690,7 @@ extern "C" __global__ void reduce_rows(const void* x, int x_t, float x_scale, vo
 extern "C" __global__ void norm_rows(const void* x, int x_t, float x_scale, void* y, int y_t,
                                      float y_scale, i64 rows, i64 len, float eps,
                                      const float* gamma, const float* beta) {
+  pdl_enter();
   __shared__ float sh[32];
   for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
     i64 base = r * len;
@@ -1569,6 +1716,7 @@ extern "C" __global__ void norm_rows(const void* x, int x_t, float x_scale, void
 // (outer, inner), for inner > 1.
 extern "C" __global__ void softmax(const void* x, int x_t, float x_scale, void* y, int y_t,
                                    float y_scale, i64 outer, i64 len, i64 inner, int log_sm) {
+  pdl_enter();
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= outer * inner) return;
   i64 o = i / inner, k = i % inner;
@@ -1587,6 +1735,7 @@ extern "C" __global__ void softmax(const void* x, int x_t, float x_scale, void* 
 // Softmax over contiguous rows (inner == 1: attention rows), a block per row (grid-stride).
 extern "C" __global__ void softmax_rows(const void* x, int x_t, float x_scale, void* y, int y_t,
                                         float y_scale, i64 rows, i64 len, int log_sm) {
+  pdl_enter();
   __shared__ float sh[32];
   for (i64 r = blockIdx.x; r < rows; r += gridDim.x) {
     i64 base = r * len;
@@ -1612,6 +1761,7 @@ extern "C" __global__ void softmax_rows(const void* x, int x_t, float x_scale, v
 extern "C" __global__ void matmul(const void* a, int a_t, float a_scale, const void* b, int b_t,
                                   float b_scale, void* y, int y_t, float y_scale, i64 batch, int m,
                                   int n, int k, i64 a_stride, i64 b_stride, int trans_b) {
+  pdl_enter();
   __shared__ float as[MM_T][MM_T + 1];
   __shared__ float bs[MM_T][MM_T + 1];
   int tx = threadIdx.x, ty = threadIdx.y;
@@ -1660,6 +1810,7 @@ extern "C" __global__ void matmul(const void* a, int a_t, float a_scale, const v
 extern "C" __global__ void gather(const void* x, int x_t, float x_scale, const void* idx,
                                   int idx_t, float idx_scale, void* y, int y_t, float y_scale,
                                   i64 outer, i64 axis_len, i64 count, i64 inner) {
+  pdl_enter();
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= outer * count * inner) return;
   i64 k = i % inner, t = i / inner;
@@ -1682,6 +1833,7 @@ struct PadArgs {
 };
 extern "C" __global__ void pad_nd(const void* x, int x_t, float x_scale, void* y, int y_t,
                                   float y_scale, i64 n, PadArgs p, float value) {
+  pdl_enter();
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n) return;
   i64 rem = i, src = 0, in_stride = 1;
@@ -1727,6 +1879,7 @@ extern "C" __global__ void space_to_depth(const void* x, int x_t, float x_scale,
                                           i64 sh, i64 sw, int h, int wd, int cin, void* y,
                                           int y_t, float y_scale, int n, int hs, int ws, int s,
                                           int cp, int pt, int pl) {
+  pdl_enter();
   i64 q = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   int quads = s * s * cp / 4;
   if (q >= (i64)n * hs * ws * quads) return;
@@ -1756,6 +1909,7 @@ extern "C" __global__ void space_to_depth16(const void* x, int x_t, float x_scal
                                             i64 sc, i64 sh, i64 sw, int h, int wd, int cin,
                                             uint4* y, float y_scale, int n, int hs, int ws,
                                             int pt, int pl) {
+  pdl_enter();
   int q = blockIdx.x * blockDim.x + threadIdx.x;
   if (q >= n * hs * ws) return;
   int i = q % ws, t = q / ws, j = t % hs, b = t / hs;
@@ -1785,6 +1939,7 @@ extern "C" __global__ void conv_transpose(const void* x, int x_t, float x_scale,
                                           int n, int cin, int h, int wd, int cout, int oh, int ow,
                                           int kh, int kw, int sh, int sw, int ph, int pw, int dh,
                                           int dw, int groups, int act, float a0, float a1) {
+  pdl_enter();
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= (i64)n * cout * oh * ow) return;
   int ox = i % ow;
@@ -1823,6 +1978,7 @@ extern "C" __global__ void pool(const void* x, int x_t, float x_scale, void* y, 
                                 float y_scale, int n, int h, int wd, int c, int oh, int ow, int kh,
                                 int kw, int sh, int sw, int pt, int pl, int pb, int pr, int dh,
                                 int dw, int kind, int count_include_pad) {
+  pdl_enter();
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   i64 total = (i64)n * oh * ow * c;
   if (i >= total) return;
@@ -1855,6 +2011,7 @@ extern "C" __global__ void pool4(const void* x, int x_t, float x_scale, void* y,
                                  float y_scale, int n, int h, int wd, int c, int oh, int ow,
                                  int kh, int kw, int sh, int sw, int pt, int pl, int pb, int pr,
                                  int dh, int dw, int kind, int count_include_pad) {
+  pdl_enter();
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   int c4 = c >> 2;
   i64 total = (i64)n * oh * ow * c4;
@@ -1916,6 +2073,7 @@ extern "C" __global__ void max_pool16(const uint4* x, int t, float x_scale, uint
                                       float y_scale, int n, int h, int wd, int cv, int oh,
                                       int ow, int kh, int kw, int sh, int sw, int pt, int pl,
                                       int dh, int dw) {
+  pdl_enter();
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n * oh * ow * cv) return;
   int v = i % cv, q = i / cv;
@@ -1963,6 +2121,7 @@ __device__ __forceinline__ float gap_lane_sum(const T* x, i64 at, i64 step, int 
 extern "C" __global__ void global_avg_pool(const void* x, int x_t, float x_scale, void* y,
                                            int y_t, float y_scale, int n, i64 hw, int c,
                                            int splits, float* part_sums) {
+  pdl_enter();
   __shared__ float part[32][33];
   int cl = threadIdx.x & 31, lane = threadIdx.x >> 5, lanes = blockDim.x >> 5;
   int ch = blockIdx.x * 32 + cl;
@@ -2006,6 +2165,7 @@ extern "C" __global__ void global_avg_pool(const void* x, int x_t, float x_scale
 // The average of global_avg_pool's split sums: one thread per (image, channel).
 extern "C" __global__ void gap_finish(const float* part_sums, int splits, void* y, int y_t,
                                       float y_scale, int n, i64 hw, int c) {
+  pdl_enter();
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= n * c) return;
   int b = i / c, ch = i - b * c;
@@ -2018,6 +2178,7 @@ extern "C" __global__ void gap_finish(const float* part_sums, int splits, void* 
 extern "C" __global__ void concat_part(const void* x, int x_t, float x_scale, void* y, int y_t,
                                        float y_scale, i64 outer, i64 len, i64 total, i64 off,
                                        i64 inner) {
+  pdl_enter();
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= outer * len * inner) return;
   i64 k = i % inner;
@@ -2078,6 +2239,7 @@ extern "C" __global__ void resize(const void* x, int x_t, float x_scale, void* y
                                   float y_scale, int n, int h, int wd, int c, int oh, int ow,
                                   float scale_h, float scale_w, int mode, int coord, int nearest,
                                   float cubic_a, int exclude_outside) {
+  pdl_enter();
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   i64 total = (i64)n * oh * ow * c;
   if (i >= total) return;
