@@ -101,19 +101,25 @@ const ROWS_MAX_SMEM: usize = 96 << 10;
 /// 16-byte pixels (plus 16 of slack), the row in whole 16-pixel tiles (int8 codes of
 /// ROWS_CODE_LD bytes a pixel with `codes`, else int32 sums), the alphas and biases.
 fn rows_smem_bytes(kpad: usize, kh: usize, kw: usize, ow: usize, codes: bool) -> usize {
-    let pixel = if codes { MMA_BN + 16 } else { (MMA_BN + 8) * 4 };
+    let pixel = if codes {
+        ROWS_CODE_LD
+    } else {
+        (MMA_BN + 8) * 4
+    };
     MMA_BN * (kpad + 16)
         + 2 * (kh * (ow + kw - 1) + 16) * 16
         + ow.next_multiple_of(16) * pixel
         + 2 * MMA_BN * 4
 }
-/// Whether the row-at-a-time kernel stages int8 codes (its epilogue in registers): as
-/// kernels.cu's `epi_i8_ok` without a residual, an int8 output and an activation the int8
-/// epilogue computes.
-fn rows_codes(c: &ConvStep, out: DType) -> bool {
+/// Bytes a pixel of the row-at-a-time kernel's staged int8 codes (`ROWS_CODE_LD`).
+const ROWS_CODE_LD: usize = MMA_BN + 16;
+/// Whether the row-at-a-time kernel stages int8 codes (its epilogue in registers) for an
+/// output of type `out` with activation `act`: as kernels.cu's `epi_i8_ok` without a
+/// residual, an int8 output and an activation the int8 epilogue computes.
+fn rows_codes(out: DType, residual: bool, act: Act) -> bool {
     out == DType::I8
-        && c.residual.is_none()
-        && matches!(c.act, Act::None | Act::Relu | Act::Clip(..) | Act::Silu)
+        && !residual
+        && matches!(act, Act::None | Act::Relu | Act::Clip(..) | Act::Silu)
 }
 /// (kernel size, stride) of the row-window int8 depthwise kernels, square both ways
 /// (`conv_dw_i8_k{K}s{S}` in kernels.cu): MobileNets' and EfficientNets' 3x3 and 5x5
@@ -2336,7 +2342,7 @@ impl CudaEngine {
                 c.k[0],
                 c.k[1],
                 od.shape[3],
-                rows_codes(c, od.dtype),
+                rows_codes(od.dtype, c.residual.is_some(), c.act),
             ) <= ROWS_MAX_SMEM
     }
 
@@ -3571,7 +3577,13 @@ impl CudaEngine {
             ConvImpl::MmaRows => {
                 let w_p = rt.mma_w.as_ref().ok_or("tensor-core weights missing")?.ptr;
                 let kpad = round_up(c.reduction(), MMA_BK);
-                let smem = rows_smem_bytes(kpad, c.k[0], c.k[1], rt.ow, rows_codes(c, od.dtype));
+                let smem = rows_smem_bytes(
+                    kpad,
+                    c.k[0],
+                    c.k[1],
+                    rt.ow,
+                    rows_codes(od.dtype, c.residual.is_some(), c.act),
+                );
                 // Blocks step over the output rows: as many as fit the SMs at once, so that
                 // each reads its weights once.
                 let rows = xd.shape[0] * rt.oh;
@@ -3945,6 +3957,35 @@ mod tests {
         assert!(KERNELS.contains("#define MMA_LD (MMA_BK + 16)\n"));
         assert!(KERNELS.contains(&format!("#define ROWS_MAX_OW {ROWS_MAX_OW}\n")));
         assert!(KERNELS.contains("#define ROWS_CODE_LD (MMA_BN + 16)\n"));
+        assert_eq!(ROWS_CODE_LD, MMA_BN + 16);
+        // The host sizes the row kernel's shared memory by `rows_codes`, the kernel lays it
+        // out by `epi_i8_ok`: the same outputs, residuals and activations.
+        assert!(
+            KERNELS.contains(
+                "return y_t == 2 && (res_t < 0 || res_t == 2) && (act <= 2 || act == 24);"
+            )
+        );
+        for act in [
+            Act::None,
+            Act::Relu,
+            Act::Clip(0.0, 6.0),
+            Act::Silu,
+            Act::Sigmoid,
+            Act::HardSwish,
+            Act::LeakyRelu(0.1),
+            Act::Gelu,
+        ] {
+            let code = act.code().0;
+            for out in [DType::I8, DType::F16, DType::F32] {
+                for residual in [false, true] {
+                    assert_eq!(
+                        rows_codes(out, residual, act),
+                        out == DType::I8 && !residual && (code <= 2 || code == 24),
+                        "{act:?} {out:?} {residual}"
+                    );
+                }
+            }
+        }
         // ResNet-50's regrouped stem (4x4 taps of 16 channels, rows of 112 pixels): five
         // blocks an sm_90 SM with the int8 epilogue in registers, three staging int32 sums.
         for (codes, blocks) in [(true, 5), (false, 3)] {

@@ -660,11 +660,26 @@ __device__ __forceinline__ void conv_dw_i8_body(const signed char* x, const int*
 #define DW_I8_ARGS                                                                             \
   x, w, alpha, bias, res, res_t, res_scale, y, y_t, y_scale, n, h, wd, c, oh, ow, ph, pw, act, \
       a0, a1
-extern "C" __global__ void conv_dw_i8_k3s1(DW_I8_PARAMS) { pdl_enter(); conv_dw_i8_body<3, 1>(DW_I8_ARGS); }
-extern "C" __global__ void conv_dw_i8_k3s2(DW_I8_PARAMS) { pdl_enter(); conv_dw_i8_body<3, 2>(DW_I8_ARGS); }
-extern "C" __global__ void conv_dw_i8_k5s1(DW_I8_PARAMS) { pdl_enter(); conv_dw_i8_body<5, 1>(DW_I8_ARGS); }
-extern "C" __global__ void conv_dw_i8_k5s2(DW_I8_PARAMS) { pdl_enter(); conv_dw_i8_body<5, 2>(DW_I8_ARGS); }
-extern "C" __global__ void conv_dw_i8_k7s1(DW_I8_PARAMS) { pdl_enter(); conv_dw_i8_body<7, 1>(DW_I8_ARGS); }
+extern "C" __global__ void conv_dw_i8_k3s1(DW_I8_PARAMS) {
+  pdl_enter();
+  conv_dw_i8_body<3, 1>(DW_I8_ARGS);
+}
+extern "C" __global__ void conv_dw_i8_k3s2(DW_I8_PARAMS) {
+  pdl_enter();
+  conv_dw_i8_body<3, 2>(DW_I8_ARGS);
+}
+extern "C" __global__ void conv_dw_i8_k5s1(DW_I8_PARAMS) {
+  pdl_enter();
+  conv_dw_i8_body<5, 1>(DW_I8_ARGS);
+}
+extern "C" __global__ void conv_dw_i8_k5s2(DW_I8_PARAMS) {
+  pdl_enter();
+  conv_dw_i8_body<5, 2>(DW_I8_ARGS);
+}
+extern "C" __global__ void conv_dw_i8_k7s1(DW_I8_PARAMS) {
+  pdl_enter();
+  conv_dw_i8_body<7, 1>(DW_I8_ARGS);
+}
 
 // Pointwise (1x1, stride 1) int8 convolution, and Gemm / MatMul as one, on __dp4a: x int8
 // [m, k] (NHWC pixels or rows), weights as 32-bit words [k / 4, cout] (word v * cout + c holds
@@ -967,9 +982,9 @@ __device__ __forceinline__ void mma_epilogue(const int* so, const float* s_al, c
 template <int BM>
 __device__ __forceinline__ void conv_i8_mma_body(unsigned char* smem, MMA_PARAMS) {
 #if __CUDA_ARCH__ >= 800
+  pdl_trigger();
   // BM / 32 rows of the x tile a thread copies; a warp's share of the tile is BM / 2 rows
   // (MI 16-row fragments) by 32 channels.
-  pdl_trigger();
   constexpr int XR = BM / 32, MI = BM / 32;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int n0 = blockIdx.x * MMA_BN, m0 = blockIdx.y * BM;
@@ -1203,13 +1218,15 @@ __device__ __forceinline__ void rows_store(const unsigned char* s_out, signed ch
     const int per = cw >> 4;
     for (int q = threadIdx.x; q < ow * per; q += blockDim.x) {
       const int px = q / per, p = q - px * per;
-      *(uint4*)(y + (i64)px * cout + p * 16) = *(const uint4*)(s_out + px * ROWS_CODE_LD + p * 16);
+      *(uint4*)(y + (i64)px * cout + p * 16) =
+          *(const uint4*)(s_out + px * ROWS_CODE_LD + p * 16);
     }
   } else {
     const int per = cw >> 2;
     for (int q = threadIdx.x; q < ow * per; q += blockDim.x) {
       const int px = q / per, p = q - px * per;
-      *(unsigned*)(y + (i64)px * cout + p * 4) = *(const unsigned*)(s_out + px * ROWS_CODE_LD + p * 4);
+      *(unsigned*)(y + (i64)px * cout + p * 4) =
+          *(const unsigned*)(s_out + px * ROWS_CODE_LD + p * 4);
     }
   }
 }
