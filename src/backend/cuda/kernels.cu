@@ -603,6 +603,7 @@ __device__ __forceinline__ void conv_dw_i8_body(const signed char* x, const int*
                                                 void* y, int y_t, float y_scale, int n, int h,
                                                 int wd, int c, int oh, int ow, int ph, int pw,
                                                 int act, float a0, float a1) {
+  pdl_enter();
   constexpr int TG = (KW + 3) / 4;
   constexpr int NCOL = (DW_PX - 1) * S + KW;
   // Words a channel's columns take, covering the last window's last byte.
@@ -660,26 +661,11 @@ __device__ __forceinline__ void conv_dw_i8_body(const signed char* x, const int*
 #define DW_I8_ARGS                                                                             \
   x, w, alpha, bias, res, res_t, res_scale, y, y_t, y_scale, n, h, wd, c, oh, ow, ph, pw, act, \
       a0, a1
-extern "C" __global__ void conv_dw_i8_k3s1(DW_I8_PARAMS) {
-  pdl_enter();
-  conv_dw_i8_body<3, 1>(DW_I8_ARGS);
-}
-extern "C" __global__ void conv_dw_i8_k3s2(DW_I8_PARAMS) {
-  pdl_enter();
-  conv_dw_i8_body<3, 2>(DW_I8_ARGS);
-}
-extern "C" __global__ void conv_dw_i8_k5s1(DW_I8_PARAMS) {
-  pdl_enter();
-  conv_dw_i8_body<5, 1>(DW_I8_ARGS);
-}
-extern "C" __global__ void conv_dw_i8_k5s2(DW_I8_PARAMS) {
-  pdl_enter();
-  conv_dw_i8_body<5, 2>(DW_I8_ARGS);
-}
-extern "C" __global__ void conv_dw_i8_k7s1(DW_I8_PARAMS) {
-  pdl_enter();
-  conv_dw_i8_body<7, 1>(DW_I8_ARGS);
-}
+extern "C" __global__ void conv_dw_i8_k3s1(DW_I8_PARAMS) { conv_dw_i8_body<3, 1>(DW_I8_ARGS); }
+extern "C" __global__ void conv_dw_i8_k3s2(DW_I8_PARAMS) { conv_dw_i8_body<3, 2>(DW_I8_ARGS); }
+extern "C" __global__ void conv_dw_i8_k5s1(DW_I8_PARAMS) { conv_dw_i8_body<5, 1>(DW_I8_ARGS); }
+extern "C" __global__ void conv_dw_i8_k5s2(DW_I8_PARAMS) { conv_dw_i8_body<5, 2>(DW_I8_ARGS); }
+extern "C" __global__ void conv_dw_i8_k7s1(DW_I8_PARAMS) { conv_dw_i8_body<7, 1>(DW_I8_ARGS); }
 
 // Pointwise (1x1, stride 1) int8 convolution, and Gemm / MatMul as one, on __dp4a: x int8
 // [m, k] (NHWC pixels or rows), weights as 32-bit words [k / 4, cout] (word v * cout + c holds
@@ -1615,6 +1601,7 @@ __device__ __forceinline__ void nary_ld_n(const NaryArgs& p, int k, i64 off, int
 template <int N>
 __device__ __forceinline__ void nary_n(const NaryArgs& p, void* y, int y_t, float y_scale,
                                        i64 groups, int op, int act, float a0, float a1, int vec) {
+  pdl_enter();
   i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= groups) return;
   i64 off[3];
@@ -1630,9 +1617,9 @@ __device__ __forceinline__ void nary_n(const NaryArgs& p, void* y, int y_t, floa
   NaryArgs p, void *y, int y_t, float y_scale, i64 groups, int op, int act, float a0, float a1, \
       int vec
 #define NARY_N_ARGS p, y, y_t, y_scale, groups, op, act, a0, a1, vec
-extern "C" __global__ void nary4(NARY_N_PARAMS) { pdl_enter(); nary_n<4>(NARY_N_ARGS); }
-extern "C" __global__ void nary8(NARY_N_PARAMS) { pdl_enter(); nary_n<8>(NARY_N_ARGS); }
-extern "C" __global__ void nary16(NARY_N_PARAMS) { pdl_enter(); nary_n<16>(NARY_N_ARGS); }
+extern "C" __global__ void nary4(NARY_N_PARAMS) { nary_n<4>(NARY_N_ARGS); }
+extern "C" __global__ void nary8(NARY_N_PARAMS) { nary_n<8>(NARY_N_ARGS); }
+extern "C" __global__ void nary16(NARY_N_PARAMS) { nary_n<16>(NARY_N_ARGS); }
 
 // Reductions of `ReduceOp`: 0 mean, 1 sum, 2 max, 3 min, 4 l2, 5 sum of squares, 6 product,
 // 7 l1, 8 log-sum-exp. `red_comb` is how partial results combine; `red_map` what each element
