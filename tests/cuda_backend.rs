@@ -376,12 +376,13 @@ fn every_conv_implementation_matches_cpu_on_a_mobilenet_block() {
 /// The same on an EfficientNet block: every implementation with SiLU as its fused activation;
 /// the FP16 cuDNN graph takes both dense convs (the expansion's SiLU as Swish). No int8
 /// layer here writes int8 through cuBLASLt's own epilogue: the expansion ends in SiLU, and
-/// the projection, its residual fused, writes the graph's float output.
+/// the projection, its residual fused, writes the graph's float output. The streaming 1x1
+/// kernels (`mmas`, `mmas64`) take the expansion, SiLU in their register epilogue.
 #[test]
 fn every_conv_implementation_matches_cpu_on_an_efficientnet_block() {
     let Some(_) = gpu() else { return };
     let int8 = [
-        &["cudnng", "gemm", "f16+cudnn", "dw", "dwr"][..],
+        &["cudnng", "gemm", "f16+cudnn", "dw", "dwr", "mmas", "mmas64"][..],
         &INT8_KERNELS,
     ]
     .concat();
@@ -391,13 +392,58 @@ fn every_conv_implementation_matches_cpu_on_an_efficientnet_block() {
 /// The same on a ResNet bottleneck with a strided shortcut, for the int8 tensor-core conv
 /// kernel's edges: 48 input channels (less than a tile of the reduction), 96 output channels
 /// (a tile and a half), row counts that are no whole tile, a padded 3x3 stride-2 conv and a
-/// 1x1 stride-2 one.
+/// 1x1 stride-2 one; the streaming 1x1 kernels on the reduction and on the expansion with its
+/// residual and ReLU.
 #[test]
 fn every_conv_implementation_matches_cpu_on_a_bottleneck_block() {
     let Some(_) = gpu() else { return };
     let float = ["cudnng", "gemmf", "gemm", "cudnn", "direct"];
-    let int8 = [&["cudnng", "gemm", "f16+cudnn"][..], &INT8_KERNELS].concat();
+    let int8 = [
+        &["cudnng", "gemm", "f16+cudnn", "mmas", "mmas64"][..],
+        &INT8_KERNELS,
+    ]
+    .concat();
     every_conv_implementation_matches_cpu(bottleneck_block(), false, &float, &int8);
+}
+
+/// The streaming 1x1 tensor-core kernels (`mmas`, `mmas64`) where each block steps over
+/// several pixel tiles, its copies of the next tile beside the current one's work: ResNet
+/// layer1's expansion at batch 16 (50,176 pixels, 64 -> 256 channels: 392 tiles of 128 pixels
+/// for a grid of about 132 blocks on an H100 or H200), one 1x1 conv with no residual and one
+/// with it and ReLU, then a 256 -> 64 reduction (reduction 256: the 64-pixel kernel only) and
+/// a float head, forced on every conv, against the CPU INT8 engine within two output steps.
+#[test]
+fn streaming_1x1_kernels_match_cpu_over_many_tiles() {
+    use quantscope::backend::cuda::ops as plan;
+    let Some(_) = gpu() else { return };
+    let mut b = GraphBuilder::new(&[1, 64, 56, 56]);
+    let s = b.conv("shortcut", "x", 64, 256, 1);
+    let e = b.conv("expand", "x", 64, 256, 1);
+    let add = b.op("Add", "block.add", &[&e, &s]);
+    let r = b.op("Relu", "block.relu", &[&add]);
+    let c = b.conv("reduce", &r, 256, 64, 1);
+    let c = b.op("Relu", "reduce.relu", &[&c]);
+    // A head whose float output (the graph's) no streaming kernel writes.
+    let y = b.conv("head", &c, 64, 16, 1);
+    b.output(&y);
+    let m = b.model();
+    let (batch, hw) = (16, [56, 56]);
+    let x = input_for(&m, batch, hw, 13);
+    let (q, cpu8, step) = int8_reference(&m, BuildSpec { batch, hw }, &x);
+    let pl = plan::lower(&q, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
+    for (family, takes) in [("mmas", 2), ("mmas64", 3)] {
+        let (mut eng, applied, n) = forced_engine(&pl, Precision::Int8, batch, family);
+        let out = eng.run(&x).expect("cuda run");
+        let (abs, _) = max_err(&out.data, &cpu8.data);
+        eprintln!(
+            "int8 [{family}]: forced on {applied} of {n} convs, max abs err {abs:.3e}, step {step:.3e}"
+        );
+        assert_eq!(applied, takes, "int8: {family} on the convs it applies to");
+        assert!(
+            abs <= 2.0 * step,
+            "int8 [{family}]: max abs err {abs} over two steps of {step}"
+        );
+    }
 }
 
 /// Three parallel convs on one input, concatenated, then a 1x1 (an ASPP head) on

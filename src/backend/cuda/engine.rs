@@ -37,7 +37,10 @@ const LIB_WORKSPACE_BYTES: usize = 64 << 20;
 /// Auxiliary streams independent branches may run on, beside the main one. An ASPP head has
 /// four convs side by side; ResNet's downsampling blocks one shortcut.
 const AUX_STREAMS: usize = 3;
-/// cuDNN graph-API execution plans a conv's candidates include, best heuristic first.
+/// cuDNN graph-API execution plans a conv's candidates include, best heuristic first. All of
+/// the (at most 8) configs the heuristics return were 0.8 % faster on ResNet-50's INT8 graph
+/// at batch 32 on an H200 (0.756 ms against 0.762) and doubled its build (53 s against 27):
+/// each plan is finalized, and timed, on every conv.
 const DNN_PLANS: usize = 3;
 /// Direct kernel is only timed below this many MACs (it is a correctness fallback).
 const DIRECT_MAX_MACS: f64 = 2e8;
@@ -89,6 +92,20 @@ fn mma_residual_fits(smem_per_sm: usize) -> bool {
         .iter()
         .all(|&(bm, blocks)| blocks * (mma_smem_bytes(bm, true) + 1024) <= smem_per_sm)
 }
+/// Dynamic shared memory of a streaming 1x1 tensor-core block (`conv_i8_mmas` in kernels.cu)
+/// of `bm`-pixel tiles and reduction `kpad`: its MMA_BN weight rows and two x tiles, `kpad` and
+/// 16 bytes a row, two residual / code tiles of ROWS_CODE_LD bytes a row, the alphas and
+/// biases.
+const fn mmas_smem_bytes(bm: usize, kpad: usize) -> usize {
+    (MMA_BN + 2 * bm) * (kpad + 16) + 2 * bm * ROWS_CODE_LD + 2 * MMA_BN * 4
+}
+/// Reductions (bytes a weight row) the streaming 1x1 kernel takes: 16-byte pieces a row that
+/// divide its threads, and whole rows of weights in shared memory.
+const MMAS_KPADS: [usize; 3] = [64, 128, 256];
+/// Dynamic shared memory the streaming 1x1 kernel may take a block: the row-at-a-time
+/// kernel's limit (within sm_86's and sm_89's 99 KiB), so that its 128-pixel tiles run up to
+/// kpad 128 and its 64-pixel ones up to 256.
+const MMAS_MAX_SMEM: usize = ROWS_MAX_SMEM;
 /// Output pixels a row at most, for the row-at-a-time tensor-core kernel (`ROWS_MAX_OW` in
 /// kernels.cu: a warp's 16 channels of a row in its registers).
 const ROWS_MAX_OW: usize = 128;
@@ -289,12 +306,14 @@ struct Kernels {
     conv_i8_mma: Kernel,
     conv_i8_mma64: Kernel,
     conv_i8_rows: Kernel,
+    conv_i8_mmas: Kernel,
+    conv_i8_mmas64: Kernel,
     gap_finish: Kernel,
 }
 
 /// Names of the kernels the engine loads (the compile check makes sure each is in the PTX).
 #[cfg(test)]
-const KERNEL_NAMES: [&str; 40] = [
+const KERNEL_NAMES: [&str; 42] = [
     "epilogue",
     "conv_direct",
     "conv_dw4",
@@ -334,6 +353,8 @@ const KERNEL_NAMES: [&str; 40] = [
     "conv_i8_mma",
     "conv_i8_mma64",
     "conv_i8_rows",
+    "conv_i8_mmas",
+    "conv_i8_mmas64",
     "gap_finish",
 ];
 
@@ -1119,6 +1140,8 @@ impl Device {
             conv_i8_mma: f("conv_i8_mma")?,
             conv_i8_mma64: f("conv_i8_mma64")?,
             conv_i8_rows: f("conv_i8_rows")?,
+            conv_i8_mmas: f("conv_i8_mmas")?,
+            conv_i8_mmas64: f("conv_i8_mmas64")?,
             gap_finish: f("gap_finish")?,
         };
         let smem_per_sm = drv(
@@ -1147,6 +1170,15 @@ impl Device {
                 ),
                 "raising the row-at-a-time kernel's shared memory limit",
             )?;
+            for f in [&k.conv_i8_mmas, &k.conv_i8_mmas64] {
+                drv(
+                    f.f.set_attribute(
+                        sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                        MMAS_MAX_SMEM as i32,
+                    ),
+                    "raising the streaming 1x1 kernel's shared memory limit",
+                )?;
+            }
         }
         let sms = drv(
             ctx.attribute(sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
@@ -1220,6 +1252,13 @@ pub enum ConvImpl {
     Mma {
         bm: usize,
     },
+    /// Int8 1x1 conv (or Gemm / MatMul) with an int8 output on the tensor cores, each block
+    /// keeping its channels' weights in shared memory and streaming tiles of `bm` output
+    /// pixels (`conv_i8_mmas`, or `conv_i8_mmas64` at half height), the next tile's copy
+    /// overlapping the current one's work.
+    MmaStream {
+        bm: usize,
+    },
     /// Int8 stride-1 conv over 16 channels (a regrouped stem) on the tensor cores a row of
     /// output pixels at a time (`conv_i8_rows`), each row's input window read into shared
     /// memory once.
@@ -1248,6 +1287,8 @@ impl ConvImpl {
             ConvImpl::PointwiseWord => "pww".into(),
             ConvImpl::Mma { bm } if *bm == MMA_BM => "mma".into(),
             ConvImpl::Mma { bm } => format!("mma{bm}"),
+            ConvImpl::MmaStream { bm } if *bm == MMA_BM => "mmas".into(),
+            ConvImpl::MmaStream { bm } => format!("mmas{bm}"),
             ConvImpl::MmaRows => "mmar".into(),
             ConvImpl::AsF16(inner) => format!("f16+{}", inner.key()),
         }
@@ -1282,6 +1323,9 @@ impl ConvImpl {
             ConvImpl::PointwiseWord => "pointwise dp4a kernel, 4 channels a thread".into(),
             ConvImpl::Mma { bm } => {
                 format!("int8 tensor-core implicit GEMM kernel, {bm}-pixel tiles")
+            }
+            ConvImpl::MmaStream { bm } => {
+                format!("int8 tensor-core 1x1 kernel, weights resident, {bm}-pixel tiles streamed")
             }
             ConvImpl::MmaRows => {
                 "int8 tensor-core kernel, a row of pixels a block (input window in shared memory)"
@@ -1846,6 +1890,7 @@ impl CudaEngine {
             | ConvImpl::Pointwise
             | ConvImpl::PointwiseWord
             | ConvImpl::Mma { .. }
+            | ConvImpl::MmaStream { .. }
             | ConvImpl::MmaRows => 0,
         }
     }
@@ -2029,6 +2074,12 @@ impl CudaEngine {
             if self.mma_rows_ok(&step) {
                 cands.push(ConvImpl::MmaRows);
             }
+            cands.extend(
+                [MMA_BM, MMA_BM / 2]
+                    .into_iter()
+                    .filter(|&bm| self.mma_stream_ok(&step, m, bm))
+                    .map(|bm| ConvImpl::MmaStream { bm }),
+            );
         }
         if let Some(f) = &rt_f16 {
             let mut inner = vec![];
@@ -2145,7 +2196,10 @@ impl CudaEngine {
         ) {
             rt.kernel_w = None;
         }
-        if !matches!(pick, ConvImpl::Mma { .. } | ConvImpl::MmaRows) {
+        if !matches!(
+            pick,
+            ConvImpl::Mma { .. } | ConvImpl::MmaStream { .. } | ConvImpl::MmaRows
+        ) {
             rt.mma_w = None;
         }
         if !matches!(pick, ConvImpl::DepthwiseRows { .. }) {
@@ -2344,6 +2398,25 @@ impl CudaEngine {
                 od.shape[3],
                 rows_codes(od.dtype, c.residual.is_some(), c.act),
             ) <= ROWS_MAX_SMEM
+    }
+
+    /// Whether the streaming 1x1 tensor-core kernel runs int8 conv `c` of `m` output pixels in
+    /// `bm`-pixel tiles (on top of `mma_ok`): pointwise (Gemm / MatMul rows are), a reduction
+    /// of MMAS_KPADS, output channels in whole 16-byte pieces and fewer than 2^31 output bytes
+    /// (32-bit offsets), its shared memory within MMAS_MAX_SMEM, and an epilogue the int8 one
+    /// in registers computes: int8 output, int8 residual or none, an activation of
+    /// `epi_i8_ok`. (Tensors start buffers, 256-byte aligned.)
+    fn mma_stream_ok(&self, c: &ConvStep, m: usize, bm: usize) -> bool {
+        let od = &self.plan.tensors[c.out];
+        let kpad = round_up(c.reduction(), MMA_BK);
+        c.is_pointwise()
+            && m * c.cout < i32::MAX as usize
+            && MMAS_KPADS.contains(&kpad)
+            && c.cout.is_multiple_of(16)
+            && mmas_smem_bytes(bm, kpad) <= MMAS_MAX_SMEM
+            && rows_codes(od.dtype, false, c.act)
+            && c.residual
+                .is_none_or(|r| self.plan.tensors[r].dtype == DType::I8)
     }
 
     /// The tensor-core kernel's weights: int8 OHWI rows, `[cout rounded up to MMA_BN]` by
@@ -3574,6 +3647,37 @@ impl CudaEngine {
                     u(c.pads[0]), u(c.pads[1]), u(c.dilation[0]), u(c.dilation[1]),
                     div.magic[0], div.shift[0], div.magic[1], div.shift[1])
             }
+            ConvImpl::MmaStream { bm } => {
+                let w_p = rt.mma_w.as_ref().ok_or("tensor-core weights missing")?.ptr;
+                let kpad = round_up(c.reduction(), MMA_BK);
+                let smem = mmas_smem_bytes(*bm, kpad);
+                let f = if *bm == MMA_BM {
+                    &k.conv_i8_mmas
+                } else {
+                    &k.conv_i8_mmas64
+                };
+                // As many blocks as fit the SMs at once, each stepping over pixel tiles: x
+                // tiles of output channels (the blocks sharing a tile of pixels run together).
+                let per_sm = drv(
+                    f.f.occupancy_max_active_blocks_per_multiprocessor(
+                        MMA_THREADS as u32,
+                        smem,
+                        None,
+                    ),
+                    "the streaming kernel's occupancy",
+                )?
+                .max(1) as usize;
+                let col_tiles = c.cout.div_ceil(MMA_BN);
+                let blocks = (per_sm * self.dev.sms / col_tiles).clamp(1, rt.m.div_ceil(*bm));
+                let cfg = LaunchConfig {
+                    grid_dim: (col_tiles as u32, blocks.min(u16::MAX as usize) as u32, 1),
+                    block_dim: (MMA_THREADS as u32, 1, 1),
+                    shared_mem_bytes: smem as u32,
+                };
+                launch!(st, f, cfg cfg; way.input, w_p, way.alpha, rt.bias.ptr,
+                    res_p, res_t, res_s, self.ptr(c.out), od.dtype.code(), od.scale, u(c.cout),
+                    act, a0, a1, u(rt.m), u(c.cin), u(kpad))
+            }
             ConvImpl::MmaRows => {
                 let w_p = rt.mma_w.as_ref().ok_or("tensor-core weights missing")?.ptr;
                 let kpad = round_up(c.reduction(), MMA_BK);
@@ -4012,6 +4116,34 @@ mod tests {
         assert!(!mma_residual_fits(100 << 10));
         assert!(2 * (mma_smem_bytes(MMA_BM, false) + 1024) <= 100 << 10);
         assert!(3 * (mma_smem_bytes(MMA_BM / 2, false) + 1024) <= 100 << 10);
+        // The streaming 1x1 kernels: the kernel finds its alphas past the weights and the two
+        // x and code tiles, as `mmas_smem_bytes` counts them; at reduction 64 an sm_90 SM
+        // holds the blocks their launch bounds ask for (four 128-pixel, six 64-pixel); within
+        // MMAS_MAX_SMEM the 128-pixel tiles run up to reduction 128, the 64-pixel ones to 256.
+        assert!(KERNELS.contains("(smem + MMA_BN * ld + 2 * BM * (ld + ROWS_CODE_LD))"));
+        for (bm, blocks, kernel) in [
+            (MMA_BM, 4, "conv_i8_mmas"),
+            (MMA_BM / 2, 6, "conv_i8_mmas64"),
+        ] {
+            let decl = format!("__launch_bounds__(MMA_THREADS, {blocks}) {kernel}(");
+            assert!(KERNELS.contains(&decl), "{decl}");
+            assert!(
+                blocks * (mmas_smem_bytes(bm, 64) + 1024) <= 228 << 10,
+                "{bm}"
+            );
+        }
+        for (bm, kpad, fits) in [
+            (MMA_BM, 128, true),
+            (MMA_BM, 256, false),
+            (MMA_BM / 2, 256, true),
+        ] {
+            assert_eq!(
+                mmas_smem_bytes(bm, kpad) <= MMAS_MAX_SMEM,
+                fits,
+                "{bm} {kpad}"
+            );
+        }
+        assert_eq!(MMAS_KPADS.map(|k| MMA_THREADS % (k / 16)), [0; 3]);
     }
 
     /// `nary4`, `nary8` and `nary16` take an NHWC tensor times a per-channel gate (one vector

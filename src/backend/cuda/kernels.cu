@@ -870,6 +870,42 @@ __device__ __forceinline__ void mma_s8(int d[4], const unsigned a[4], const unsi
       : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
+// A block's MMA_BN alphas and biases from channel n0 into shared memory (the first 32 threads
+// a 16-byte copy each; channels past cout, a multiple of 4, zero-filled by a copy of 0 bytes
+// from the array's start).
+__device__ __forceinline__ void copy_alpha_bias(float* s_al, float* s_bi, const float* alpha,
+                                                const float* bias, int n0, int cout) {
+  const int tid = threadIdx.x;
+  if (tid < 2 * MMA_BN / 4) {
+    const int q = tid & (MMA_BN / 4 - 1), cc = n0 + 4 * q;
+    const float* src = tid < MMA_BN / 4 ? alpha : bias;
+    cp_async16((tid < MMA_BN / 4 ? s_al : s_bi) + 4 * q, src + (cc < cout ? cc : 0), cc < cout);
+  }
+}
+// One 32-byte step of the reduction for a warp's MI 16-row fragments by 32 columns (four
+// 8-column tiles): the A rows at sa, lda bytes apart, and the B rows (the output channels) at
+// sb, ldb bytes apart, both already at the step's offset, through ldmatrix into m16n8k32.
+template <int MI>
+__device__ __forceinline__ void mma_k32(int (&acc)[MI][4][4], const unsigned char* sa, int lda,
+                                        const unsigned char* sb, int ldb, int lane) {
+  unsigned af[MI][4], bf[4][2];
+#pragma unroll
+  for (int i = 0; i < MI; i++)
+    ldsm_x4(af[i], sa + (i * 16 + (lane & 15)) * lda + (lane >> 4) * 16);
+#pragma unroll
+  for (int j = 0; j < 2; j++) {
+    unsigned r[4];
+    ldsm_x4(r, sb + (j * 16 + ((lane >> 4) << 3) + (lane & 7)) * ldb + ((lane >> 3) & 1) * 16);
+    bf[2 * j][0] = r[0];
+    bf[2 * j][1] = r[1];
+    bf[2 * j + 1][0] = r[2];
+    bf[2 * j + 1][1] = r[3];
+  }
+#pragma unroll
+  for (int i = 0; i < MI; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++) mma_s8(acc[i][j], af[i], bf[j]);
+}
 #endif
 // The tensor-core kernels' epilogue: the block's int32 sums, staged in shared memory `so`
 // (MMA_OUT_LD a row) for `rows` output pixels from m0 by MMA_BN channels from n0, with the
@@ -1006,11 +1042,7 @@ __device__ __forceinline__ void conv_i8_mma_body(unsigned char* smem, MMA_PARAMS
   float* s_al = (float*)(smem + MMA_STAGES * (BM + MMA_BN) * MMA_LD);
   float* s_bi = s_al + MMA_BN;
   unsigned char* s_res = (unsigned char*)(s_bi + MMA_BN);
-  if (tid < 2 * MMA_BN / 4) {
-    const int q = tid & (MMA_BN / 4 - 1), cc = n0 + 4 * q;
-    const float* src = tid < MMA_BN / 4 ? alpha : bias;
-    cp_async16((tid < MMA_BN / 4 ? s_al : s_bi) + 4 * q, src + (cc < cout ? cc : 0), cc < cout);
-  }
+  copy_alpha_bias(s_al, s_bi, alpha, bias, n0, cout);
   // Everything above is index arithmetic and constants; the residual and x are the previous
   // kernels' outputs.
   pdl_wait();
@@ -1090,26 +1122,8 @@ __device__ __forceinline__ void conv_i8_mma_body(unsigned char* smem, MMA_PARAMS
     const unsigned char* sa = smem + use * (BM + MMA_BN) * MMA_LD;
     const unsigned char* sb = sa + BM * MMA_LD;
 #pragma unroll
-    for (int ks = 0; ks < MMA_BK; ks += 32) {
-      unsigned af[MI][4], bf[4][2];
-#pragma unroll
-      for (int i = 0; i < MI; i++)
-        ldsm_x4(af[i], sa + (wm + i * 16 + (lane & 15)) * MMA_LD + ks + (lane >> 4) * 16);
-#pragma unroll
-      for (int j = 0; j < 2; j++) {
-        unsigned r[4];
-        ldsm_x4(r, sb + (wn + j * 16 + ((lane >> 4) << 3) + (lane & 7)) * MMA_LD + ks +
-                       ((lane >> 3) & 1) * 16);
-        bf[2 * j][0] = r[0];
-        bf[2 * j][1] = r[1];
-        bf[2 * j + 1][0] = r[2];
-        bf[2 * j + 1][1] = r[3];
-      }
-#pragma unroll
-      for (int i = 0; i < MI; i++)
-#pragma unroll
-        for (int j = 0; j < 4; j++) mma_s8(acc[i][j], af[i], bf[j]);
-    }
+    for (int ks = 0; ks < MMA_BK; ks += 32)
+      mma_k32<MI>(acc, sa + wm * MMA_LD + ks, MMA_LD, sb + wn * MMA_LD + ks, MMA_LD, lane);
   }
   asm volatile("cp.async.wait_group 0;\n" ::);
   __syncthreads();
@@ -1243,11 +1257,7 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS)
     const int r = q / (kpad / 16), p = q - r * (kpad / 16);
     cp_async16(s_w + r * wld + p * 16, w + (i64)(n0 + r) * kpad + p * 16, true);
   }
-  if (tid < 2 * MMA_BN / 4) {
-    const int q = tid & (MMA_BN / 4 - 1), cc = n0 + 4 * q;
-    const float* src = tid < MMA_BN / 4 ? alpha : bias;
-    cp_async16((tid < MMA_BN / 4 ? s_al : s_bi) + 4 * q, src + (cc < cout ? cc : 0), cc < cout);
-  }
+  copy_alpha_bias(s_al, s_bi, alpha, bias, n0, cout);
   // The weights, alphas and biases are constants: their copies overlap the previous kernel's
   // end. The windows are its output.
   pdl_wait();
@@ -1331,6 +1341,177 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS)
 #else
   __trap();
 #endif
+}
+
+// Int8 1x1 conv (stride 1, no padding) or Gemm / MatMul rows, int8 out, on the int8 tensor
+// cores with the weights resident: the memory-bound expansions and reductions of bottleneck
+// networks (ResNet-50's layer1 64 -> 256 at batch 32: 6 MB in, 26 MB of residual and 26 MB
+// out for 1.6 G multiply-adds). conv_i8_mma there runs one pixel tile a block: it copies the
+// tile, waits, computes, stages int32 sums in shared memory and writes, each block's memory
+// traffic and its arithmetic in turn. Here a block keeps its MMA_BN channels' weights (kpad
+// <= 256 bytes a row) and alphas in shared memory and steps over pixel tiles (grid-stride,
+// as many blocks as fit the SMs at once): it copies the next tile's x rows and int8 residual
+// while it computes and writes the current one.
+//
+// The epilogue runs on the accumulator fragments in registers. In the m16n8 layout a thread
+// holds rows g and g + 8 of a 16-row fragment at columns 2 t4 and 2 t4 + 1 of each 8-column
+// tile; the block's weight rows are permuted as they are copied (`mmas_channel`) so that
+// columns 2 t4, 2 t4 + 1 of tiles 2 jp and 2 jp + 1 are channels 4 t4 .. 4 t4 + 3 of group jp:
+// a thread's four sums of a row are four consecutive channels, one word of residual codes in
+// and one of output codes out (two-byte pieces took a shift and twice the shared-memory
+// accesses a word). The words go through the tile's staged residual, each code replacing its
+// residual, then out in 16-byte pieces. Shared memory (mmas_smem_bytes on the host): the
+// weights, two x tiles of kpad + 16 bytes a row (ldmatrix's eight rows in distinct banks), two
+// residual / code tiles of ROWS_CODE_LD bytes a row (a quarter warp's eight rows in distinct
+// banks), the alphas and biases. Needs cin % 16 == 0, kpad in {64, 128, 256}, cout % 16 == 0,
+// m * cin and m * cout below 2^31 (32-bit offsets), 16-byte aligned tensors (buffer starts),
+// an int8 output and residual (or none) and an activation the int8 epilogue computes
+// (epi_i8_ok); grid (cout_pad / MMA_BN, blocks), MMA_THREADS threads.
+#if __CUDA_ARCH__ >= 800
+// The channel (within the block's MMA_BN) whose weights go to column `col` of the block's
+// B tiles: in each 16, column 8 h + 2 t4 + e (8-column tile h) holds channel 4 t4 + 2 h + e.
+__device__ __forceinline__ int mmas_channel(int col) {
+  return (col & ~15) | ((col & 6) << 1) | ((col >> 2) & 2) | (col & 1);
+}
+template <int BM, bool SILU, bool RES>
+__device__ __forceinline__ void mmas_tiles(unsigned char* smem, const signed char* x,
+                                           const signed char* res, float res_scale,
+                                           signed char* y, float y_scale, int cout, int act,
+                                           float a0, float a1, int m, int cin, int kpad) {
+  constexpr int MI = BM / 32;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int n0 = blockIdx.x * MMA_BN, tiles = (m + BM - 1) / BM, ld = kpad + 16;
+  const unsigned char* s_w = smem;
+  unsigned char* s_x = smem + MMA_BN * ld;
+  unsigned char* s_c = s_x + 2 * BM * ld;
+  const float* s_al = (const float*)(s_c + 2 * BM * ROWS_CODE_LD);
+  const float* s_bi = s_al + MMA_BN;
+  // A thread copies 16-byte piece xp of x rows xr, xr + xstep, ... (kpad / 16 pieces a row, a
+  // power of two dividing MMA_THREADS), and piece rp of residual rows rr + 32 i; it writes
+  // the same pieces of the tile's output rows.
+  const int pieces = kpad >> 4, xp = tid & (pieces - 1), xr = tid / pieces,
+            xstep = MMA_THREADS / pieces;
+  const bool xin = xp * 16 < cin;
+  const int rp = tid & 3, rr = tid >> 2, rc = n0 + rp * 16;
+  const bool rin = rc < cout;
+  auto load = [&](int t, int b) {
+    unsigned char* sx = s_x + b * BM * ld + xr * ld + xp * 16;
+    int row = t * BM + xr, off = row * cin + xp * 16;
+    for (int r = xr; r < BM; r += xstep, row += xstep, off += xstep * cin, sx += xstep * ld) {
+      const bool in = xin && row < m;
+      cp_async16(sx, x + (in ? off : 0), in);
+    }
+    if (RES) {
+      unsigned char* sc = s_c + b * BM * ROWS_CODE_LD + rr * ROWS_CODE_LD + rp * 16;
+      const int row0 = t * BM + rr;
+#pragma unroll
+      for (int i = 0; i < BM / 32; i++) {
+        const bool in = rin && row0 + 32 * i < m;
+        cp_async16(sc + 32 * i * ROWS_CODE_LD, res + (in ? (row0 + 32 * i) * cout + rc : 0), in);
+      }
+    }
+  };
+  int t = blockIdx.y;
+  if (t < tiles) load(t, 0);
+  asm volatile("cp.async.commit_group;\n" ::);
+  const int wm = (warp >> 1) * (BM / 2), wn = (warp & 1) * 32, g = lane >> 2, t4 = lane & 3;
+  for (int b = 0; t < tiles; t += gridDim.y, b ^= 1) {
+    // Tile t (and, the first time, the weights and alphas) has landed; every thread is done
+    // with the buffers the next copy overwrites (the tile before's codes went out).
+    asm volatile("cp.async.wait_group 0;\n" ::);
+    __syncthreads();
+    if (t + (int)gridDim.y < tiles) load(t + gridDim.y, b ^ 1);
+    asm volatile("cp.async.commit_group;\n" ::);
+    int acc[MI][4][4];
+#pragma unroll
+    for (int i = 0; i < MI; i++)
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[i][j][e] = 0;
+    const unsigned char* sa = s_x + b * BM * ld;
+#pragma unroll 1
+    for (int ks = 0; ks < kpad; ks += 32)
+      mma_k32<MI>(acc, sa + wm * ld + ks, ld, s_w + wn * ld + ks, ld, lane);
+    // Each fragment's row g and row g + 8 words of channels c .. c + 3: the residual codes
+    // read, the output codes written in their place.
+    unsigned char* sc = s_c + b * BM * ROWS_CODE_LD;
+#pragma unroll
+    for (int jp = 0; jp < 2; jp++) {
+      const int c = wn + jp * 16 + 4 * t4;
+      const EpiI8 e = epi_i8(s_al, s_bi, c, res_scale, y_scale, act, a0, a1);
+#pragma unroll
+      for (int i = 0; i < MI; i++) {
+        unsigned* p = (unsigned*)(sc + (wm + i * 16 + g) * ROWS_CODE_LD + c);
+        unsigned* p8 = p + 8 * ROWS_CODE_LD / 4;
+        const int(&lo)[4] = acc[i][2 * jp], (&hi)[4] = acc[i][2 * jp + 1];
+        const unsigned r = RES ? *p : 0u, r8 = RES ? *p8 : 0u;
+        *p = epi_i8_word_as<SILU, RES>(e, make_int4(lo[0], lo[1], hi[0], hi[1]), r);
+        *p8 = epi_i8_word_as<SILU, RES>(e, make_int4(lo[2], lo[3], hi[2], hi[3]), r8);
+      }
+    }
+    __syncthreads();
+    const int row0 = t * BM + rr;
+#pragma unroll
+    for (int i = 0; i < BM / 32; i++) {
+      if (rin && row0 + 32 * i < m)
+        *(uint4*)(y + (row0 + 32 * i) * cout + rc) =
+            *(const uint4*)(sc + (rr + 32 * i) * ROWS_CODE_LD + rp * 16);
+    }
+  }
+}
+#endif
+template <int BM>
+__device__ __forceinline__ void conv_i8_mmas_body(const signed char* x, const signed char* w,
+                                                  const float* alpha, const float* bias,
+                                                  MMA_EPI_PARAMS, int m, int cin, int kpad) {
+#if __CUDA_ARCH__ >= 800
+  pdl_trigger();
+  const int tid = threadIdx.x, n0 = blockIdx.x * MMA_BN, ld = kpad + 16, pieces = kpad >> 4;
+  unsigned char* smem = mma_smem;
+  float* s_al = (float*)(smem + MMA_BN * ld + 2 * BM * (ld + ROWS_CODE_LD));
+  float* s_bi = s_al + MMA_BN;
+  for (int q = tid; q < MMA_BN * pieces; q += MMA_THREADS) {
+    const int col = q / pieces, p = q - col * pieces;
+    cp_async16(smem + col * ld + p * 16, w + (i64)(n0 + mmas_channel(col)) * kpad + p * 16,
+               true);
+  }
+  copy_alpha_bias(s_al, s_bi, alpha, bias, n0, cout);
+  // The weights, alphas and biases are constants: their copies overlap the previous kernel's
+  // end. x and the residual are its output.
+  pdl_wait();
+  const signed char* r8 = (const signed char*)res;
+  signed char* y8 = (signed char*)y;
+  // One tile loop for each activation and residual, chosen once.
+  if (act == 24) {
+    if (res_t == 2)
+      mmas_tiles<BM, true, true>(smem, x, r8, res_scale, y8, y_scale, cout, act, a0, a1, m, cin,
+                                 kpad);
+    else
+      mmas_tiles<BM, true, false>(smem, x, r8, res_scale, y8, y_scale, cout, act, a0, a1, m,
+                                  cin, kpad);
+  } else if (res_t == 2) {
+    mmas_tiles<BM, false, true>(smem, x, r8, res_scale, y8, y_scale, cout, act, a0, a1, m, cin,
+                                kpad);
+  } else {
+    mmas_tiles<BM, false, false>(smem, x, r8, res_scale, y8, y_scale, cout, act, a0, a1, m, cin,
+                                 kpad);
+  }
+#else
+  __trap();
+#endif
+}
+#define MMAS_PARAMS                                                                          \
+  const signed char *x, const signed char *w, const float *alpha, const float *bias,        \
+      MMA_EPI_PARAMS, int m, int cin, int kpad
+#define MMAS_ARGS x, w, alpha, bias, MMA_EPI_ARGS, m, cin, kpad
+// 128-pixel tiles (a warp 64 x 32 of them, as conv_i8_mma's), four blocks an SM at kpad 64.
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, 4) conv_i8_mmas(MMAS_PARAMS) {
+  conv_i8_mmas_body<MMA_BM>(MMAS_ARGS);
+}
+// Half-height tiles: half the shared memory, more blocks an SM.
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, 6) conv_i8_mmas64(MMAS_PARAMS) {
+  conv_i8_mmas_body<MMA_BM / 2>(MMAS_ARGS);
 }
 
 // im2col for NHWC: cols [M = n*oh*ow, kpad] with k = (ky*kw + kx)*cin + ci; zero padding.
