@@ -38,9 +38,10 @@ const LIB_WORKSPACE_BYTES: usize = 64 << 20;
 /// four convs side by side; ResNet's downsampling blocks one shortcut.
 const AUX_STREAMS: usize = 3;
 /// cuDNN graph-API execution plans a conv's candidates include, best heuristic first. All of
-/// the (at most 8) configs the heuristics return were 0.8 % faster on ResNet-50's INT8 graph
-/// at batch 32 on an H200 (0.756 ms against 0.762) and doubled its build (53 s against 27):
-/// each plan is finalized, and timed, on every conv.
+/// the (at most 8) configs the heuristics return made ResNet-50's INT8 graph at batch 32 on an
+/// H200 0.8 % faster (0.756 ms against 0.762) and its eval's build five times as long (53 s
+/// against 9 to 10 s for the other warm runs of that call): each plan is finalized, and
+/// timed, on every conv.
 const DNN_PLANS: usize = 3;
 /// Direct kernel is only timed below this many MACs (it is a correctness fallback).
 const DIRECT_MAX_MACS: f64 = 2e8;
