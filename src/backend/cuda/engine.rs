@@ -2403,15 +2403,15 @@ impl CudaEngine {
 
     /// Whether the streaming 1x1 tensor-core kernel runs int8 conv `c` of `m` output pixels in
     /// `bm`-pixel tiles (on top of `mma_ok`): pointwise (Gemm / MatMul rows are), a reduction
-    /// of MMAS_KPADS, output channels in whole 16-byte pieces and fewer than 2^31 output bytes
-    /// (32-bit offsets), its shared memory within MMAS_MAX_SMEM, and an epilogue the int8 one
+    /// of MMAS_KPADS, output channels in whole 16-byte pieces, input and output offsets below
+    /// 2^31 up to the last tile's end (32-bit offsets), its shared memory within MMAS_MAX_SMEM, and an epilogue the int8 one
     /// in registers computes: int8 output, int8 residual or none, an activation of
     /// `epi_i8_ok`. (Tensors start buffers, 256-byte aligned.)
     fn mma_stream_ok(&self, c: &ConvStep, m: usize, bm: usize) -> bool {
         let od = &self.plan.tensors[c.out];
         let kpad = round_up(c.reduction(), MMA_BK);
         c.is_pointwise()
-            && m * c.cout < i32::MAX as usize
+            && (m + bm) * c.cin.max(c.cout) < i32::MAX as usize
             && MMAS_KPADS.contains(&kpad)
             && c.cout.is_multiple_of(16)
             && mmas_smem_bytes(bm, kpad) <= MMAS_MAX_SMEM

@@ -828,7 +828,8 @@ extern "C" __global__ void conv_pw_i8_word(const signed char* x, const int* w,
 // layers at batch 32 (k 64 to 128, the residual and ReLU fused) took cuBLASLt's int8 GEMM
 // with its own epilogue longer than its FP16 GEMM with twice the bytes, and the __dp4a
 // kernels longer still; this kernel takes 34 us where cuBLASLt takes 59 on layer1's
-// 64 -> 256 expansions, and 69 us where cuDNN's int8 graph took 122 on the regrouped stem.
+// 64 -> 256 expansions (27 on conv_i8_mmas, below, which streams pixel tiles), and 69 us where
+// cuDNN's int8 graph took 122 on the regrouped stem.
 // cuDNN's int8 graph convs stay about twice as fast on the 3x3 layers and most reductions
 // (the builder times them all). cout % 4 == 0; grid (cout_pad / MMA_BN, ceil(m / BM)),
 // MMA_THREADS threads, so the blocks sharing a tile of x run together. Needs sm_80 (cp.async,
@@ -881,6 +882,16 @@ __device__ __forceinline__ void copy_alpha_bias(float* s_al, float* s_bi, const 
     const float* src = tid < MMA_BN / 4 ? alpha : bias;
     cp_async16((tid < MMA_BN / 4 ? s_al : s_bi) + 4 * q, src + (cc < cout ? cc : 0), cc < cout);
   }
+}
+// A warp's MI 16-row fragments by four 8-column tiles of int32 sums, zeroed.
+template <int MI>
+__device__ __forceinline__ void zero_acc(int (&acc)[MI][4][4]) {
+#pragma unroll
+  for (int i = 0; i < MI; i++)
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+      for (int e = 0; e < 4; e++) acc[i][j][e] = 0;
 }
 // One 32-byte step of the reduction for a warp's MI 16-row fragments by 32 columns (four
 // 8-column tiles): the A rows at sa, lda bytes apart, and the B rows (the output channels) at
@@ -1100,12 +1111,7 @@ __device__ __forceinline__ void conv_i8_mma_body(unsigned char* smem, MMA_PARAMS
     step_tap(MMA_BK);
   };
   int acc[MI][4][4];
-#pragma unroll
-  for (int i = 0; i < MI; i++)
-#pragma unroll
-    for (int j = 0; j < 4; j++)
-#pragma unroll
-      for (int e = 0; e < 4; e++) acc[i][j][e] = 0;
+  zero_acc<MI>(acc);
 #pragma unroll
   for (int s = 0; s < MMA_STAGES - 1; s++) {
     if (s < ktiles) load();
@@ -1364,9 +1370,10 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS)
 // weights, two x tiles of kpad + 16 bytes a row (ldmatrix's eight rows in distinct banks), two
 // residual / code tiles of ROWS_CODE_LD bytes a row (a quarter warp's eight rows in distinct
 // banks), the alphas and biases. Needs cin % 16 == 0, kpad in {64, 128, 256}, cout % 16 == 0,
-// m * cin and m * cout below 2^31 (32-bit offsets), 16-byte aligned tensors (buffer starts),
-// an int8 output and residual (or none) and an activation the int8 epilogue computes
-// (epi_i8_ok); grid (cout_pad / MMA_BN, blocks), MMA_THREADS threads.
+// (m + BM) * cin and (m + BM) * cout below 2^31 (32-bit offsets to the last tile's end),
+// 16-byte aligned tensors (buffer starts), an int8 output and residual (or none) and an
+// activation the int8 epilogue computes (epi_i8_ok); grid (cout_pad / MMA_BN, blocks),
+// MMA_THREADS threads.
 #if __CUDA_ARCH__ >= 800
 // The channel (within the block's MMA_BN) whose weights go to column `col` of the block's
 // B tiles: in each 16, column 8 h + 2 t4 + e (8-column tile h) holds channel 4 t4 + 2 h + e.
@@ -1423,12 +1430,7 @@ __device__ __forceinline__ void mmas_tiles(unsigned char* smem, const signed cha
     if (t + (int)gridDim.y < tiles) load(t + gridDim.y, b ^ 1);
     asm volatile("cp.async.commit_group;\n" ::);
     int acc[MI][4][4];
-#pragma unroll
-    for (int i = 0; i < MI; i++)
-#pragma unroll
-      for (int j = 0; j < 4; j++)
-#pragma unroll
-        for (int e = 0; e < 4; e++) acc[i][j][e] = 0;
+    zero_acc<MI>(acc);
     const unsigned char* sa = s_x + b * BM * ld;
 #pragma unroll 1
     for (int ks = 0; ks < kpad; ks += 32)
