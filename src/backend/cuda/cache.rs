@@ -14,7 +14,8 @@ pub struct Choices {
     /// Conv node name -> implementation key (`ConvImpl::key`): `direct`, `dw` (the depthwise
     /// kernel), `dwr` (the int8 row-window depthwise kernels), `pw` / `pww` (the int8
     /// pointwise kernels), `mma` / `mma64` (the int8 tensor-core kernel's 128- and 64-pixel
-    /// tiles), `gemm:<i>:<rows|im2col>`, `gemmf:<i>:<rows|im2col>` (the output written by
+    /// tiles), `mmas` / `mmas64` (the streaming 1x1 tensor-core kernel's), `mmar` (the
+    /// row-at-a-time one), `gemm:<i>:<rows|im2col>`, `gemmf:<i>:<rows|im2col>` (the output written by
     /// cuBLASLt's epilogue), `cudnn:<algo>`, `cudnng:<plan>` (cuDNN graph conv, epilogue
     /// fused), and those after `f16+` (an int8 layer run in FP16). A key without its
     /// algorithm (`gemmf`, `f16+cudnn`) picks the first candidate of that family.
@@ -25,7 +26,8 @@ pub struct Choices {
 /// 3: `dwr` came (a cached choice made without a candidate never tries it: new candidates
 /// take a new version, so that engines cached before them are timed again).
 /// 4: `mmar` came.
-pub const VERSION: u32 = 4;
+/// 5: `mmas` / `mmas64` came.
+pub const VERSION: u32 = 5;
 
 /// `~/.cache/quantscope/cuda` (or `$XDG_CACHE_HOME/quantscope/cuda`); QUANTSCOPE_CUDA_CACHE
 /// overrides the folder, `QUANTSCOPE_CUDA_CACHE=off` disables the cache.
