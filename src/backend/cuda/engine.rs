@@ -83,7 +83,8 @@ const MMA_LD: usize = MMA_BK + 16;
 const fn mma_smem_bytes(bm: usize, residual: bool) -> usize {
     MMA_STAGES * (bm + MMA_BN) * MMA_LD + 2 * MMA_BN * 4 + if residual { bm * MMA_BN } else { 0 }
 }
-/// Blocks an SM the tensor-core kernels' launch bounds ask for: (tile height, blocks).
+/// Blocks an SM the tensor-core kernels' launch bounds ask for: (tile height, blocks), the
+/// implicit GEMM kernels' and the streaming 1x1 ones' alike.
 const MMA_OCCUPANCY: [(usize, usize); 2] = [(MMA_BM, 4), (MMA_BM / 2, 6)];
 /// Whether the residual tile keeps that occupancy on an SM of `smem_per_sm` bytes of shared
 /// memory (the driver takes 1 KiB a block): on sm_90's 228 KiB it does; on the 100 KiB of
@@ -131,13 +132,18 @@ fn rows_smem_bytes(kpad: usize, kh: usize, kw: usize, ow: usize, codes: bool) ->
 }
 /// Bytes a pixel of the row-at-a-time kernel's staged int8 codes (`ROWS_CODE_LD`).
 const ROWS_CODE_LD: usize = MMA_BN + 16;
-/// Whether the row-at-a-time kernel stages int8 codes (its epilogue in registers) for an
-/// output of type `out` with activation `act`: as kernels.cu's `epi_i8_ok` without a
-/// residual, an int8 output and an activation the int8 epilogue computes.
-fn rows_codes(out: DType, residual: bool, act: Act) -> bool {
+/// kernels.cu's `epi_i8_ok`: whether the tensor-core kernels' int8 epilogue computes an
+/// output of type `out` with a residual of type `residual` (or none) and activation `act`:
+/// int8 out, an int8 residual or none, ReLU, clip, SiLU or no activation.
+fn epi_i8_ok(out: DType, residual: Option<DType>, act: Act) -> bool {
     out == DType::I8
-        && !residual
+        && residual.is_none_or(|r| r == DType::I8)
         && matches!(act, Act::None | Act::Relu | Act::Clip(..) | Act::Silu)
+}
+/// Whether the row-at-a-time kernel stages int8 codes (its epilogue in registers) for an
+/// output of type `out` with activation `act`: `epi_i8_ok` without a residual.
+fn rows_codes(out: DType, residual: bool, act: Act) -> bool {
+    !residual && epi_i8_ok(out, None, act)
 }
 /// (kernel size, stride) of the row-window int8 depthwise kernels, square both ways
 /// (`conv_dw_i8_k{K}s{S}` in kernels.cu): MobileNets' and EfficientNets' 3x3 and 5x5
@@ -1206,6 +1212,14 @@ impl Device {
             sms,
             smem_per_sm: smem_per_sm.max(0) as usize,
         })
+    }
+
+    /// Blocks of `smem` bytes of dynamic shared memory an SM holds at once (the driver keeps
+    /// 1 KiB a block), at least one: the grid of the kernels whose blocks step over their
+    /// work, as many as run at once. Registers and launch bounds may allow fewer: callers cap
+    /// it at those.
+    fn resident_blocks(&self, smem: usize) -> usize {
+        (self.smem_per_sm / (smem + 1024)).max(1)
     }
 }
 
@@ -2415,9 +2429,11 @@ impl CudaEngine {
             && MMAS_KPADS.contains(&kpad)
             && c.cout.is_multiple_of(16)
             && mmas_smem_bytes(bm, kpad) <= MMAS_MAX_SMEM
-            && rows_codes(od.dtype, false, c.act)
-            && c.residual
-                .is_none_or(|r| self.plan.tensors[r].dtype == DType::I8)
+            && epi_i8_ok(
+                od.dtype,
+                c.residual.map(|r| self.plan.tensors[r].dtype),
+                c.act,
+            )
     }
 
     /// The tensor-core kernel's weights: int8 OHWI rows, `[cout rounded up to MMA_BN]` by
@@ -3657,17 +3673,14 @@ impl CudaEngine {
                 } else {
                     &k.conv_i8_mmas64
                 };
-                // As many blocks as fit the SMs at once, each stepping over pixel tiles: x
-                // tiles of output channels (the blocks sharing a tile of pixels run together).
-                let per_sm = drv(
-                    f.f.occupancy_max_active_blocks_per_multiprocessor(
-                        MMA_THREADS as u32,
-                        smem,
-                        None,
-                    ),
-                    "the streaming kernel's occupancy",
-                )?
-                .max(1) as usize;
+                // As many blocks as run at once (shared memory, and the launch bounds' blocks
+                // an SM, which the registers allow), each stepping over pixel tiles: x tiles
+                // of output channels (the blocks sharing a tile of pixels run together).
+                let bound = MMA_OCCUPANCY
+                    .iter()
+                    .find(|&&(h, _)| h == *bm)
+                    .map_or(1, |&(_, b)| b);
+                let per_sm = self.dev.resident_blocks(smem).min(bound);
                 let col_tiles = c.cout.div_ceil(MMA_BN);
                 let blocks = (per_sm * self.dev.sms / col_tiles).clamp(1, rt.m.div_ceil(*bm));
                 let cfg = LaunchConfig {
@@ -3692,7 +3705,7 @@ impl CudaEngine {
                 // Blocks step over the output rows: as many as fit the SMs at once, so that
                 // each reads its weights once.
                 let rows = xd.shape[0] * rt.oh;
-                let per_sm = (self.dev.smem_per_sm / (smem + 1024)).max(1);
+                let per_sm = self.dev.resident_blocks(smem);
                 let cfg = LaunchConfig {
                     grid_dim: (
                         c.cout.div_ceil(MMA_BN) as u32,
@@ -4063,8 +4076,8 @@ mod tests {
         assert!(KERNELS.contains(&format!("#define ROWS_MAX_OW {ROWS_MAX_OW}\n")));
         assert!(KERNELS.contains("#define ROWS_CODE_LD (MMA_BN + 16)\n"));
         assert_eq!(ROWS_CODE_LD, MMA_BN + 16);
-        // The host sizes the row kernel's shared memory by `rows_codes`, the kernel lays it
-        // out by `epi_i8_ok`: the same outputs, residuals and activations.
+        // The host's `epi_i8_ok` (and `rows_codes`, which sizes the row kernel's shared memory)
+        // against the kernel's `epi_i8_ok`: the same outputs, residuals and activations.
         assert!(
             KERNELS.contains(
                 "return y_t == 2 && (res_t < 0 || res_t == 2) && (act <= 2 || act == 24);"
@@ -4087,6 +4100,15 @@ mod tests {
                         rows_codes(out, residual, act),
                         out == DType::I8 && !residual && (code <= 2 || code == 24),
                         "{act:?} {out:?} {residual}"
+                    );
+                }
+                // The streaming 1x1 kernels' condition, residual types as the kernel's codes.
+                for res in [None, Some(DType::I8), Some(DType::F16), Some(DType::F32)] {
+                    let res_t = res.map_or(-1, |d| d.code());
+                    assert_eq!(
+                        epi_i8_ok(out, res, act),
+                        out.code() == 2 && (res_t < 0 || res_t == 2) && (code <= 2 || code == 24),
+                        "{act:?} {out:?} {res:?}"
                     );
                 }
             }
@@ -4122,10 +4144,10 @@ mod tests {
         // holds the blocks their launch bounds ask for (four 128-pixel, six 64-pixel); within
         // MMAS_MAX_SMEM the 128-pixel tiles run up to reduction 128, the 64-pixel ones to 256.
         assert!(KERNELS.contains("(smem + MMA_BN * ld + 2 * BM * (ld + ROWS_CODE_LD))"));
-        for (bm, blocks, kernel) in [
-            (MMA_BM, 4, "conv_i8_mmas"),
-            (MMA_BM / 2, 6, "conv_i8_mmas64"),
-        ] {
+        for ((bm, blocks), kernel) in MMA_OCCUPANCY
+            .into_iter()
+            .zip(["conv_i8_mmas", "conv_i8_mmas64"])
+        {
             let decl = format!("__launch_bounds__(MMA_THREADS, {blocks}) {kernel}(");
             assert!(KERNELS.contains(&decl), "{decl}");
             assert!(
