@@ -135,6 +135,13 @@ pub struct OutputArgs {
     /// products at a loss) keeps one; each row says the threads it ran on.
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// CPU engine for the CPU rows and every statistics pass (calibration, GPTQ, bias
+    /// correction, sensitivity): auto = ONNX Runtime where its library is found (ORT_DYLIB_PATH,
+    /// the `onnxruntime` Python package, system paths), else tract; ort = ONNX Runtime or an
+    /// error (exit 2); tract = the built-in engine, 2-7x slower [default: auto].
+    /// `pip install onnxruntime` enables the fast engine.
+    #[arg(long, value_enum, value_name = "ENGINE")]
+    pub cpu_engine: Option<crate::backend::cpu::CpuEngineChoice>,
 }
 
 fn parse_triplet(s: &str) -> Result<[f32; 3], String> {
@@ -578,6 +585,9 @@ impl OutputArgs {
         }
         if let Some(t) = self.threads {
             e.threads = t;
+        }
+        if let Some(c) = self.cpu_engine {
+            e.cpu_engine = c;
         }
     }
 }

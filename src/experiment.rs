@@ -119,6 +119,9 @@ pub struct Experiment {
     pub bench: BenchSpec,
     /// Threads the CPU engines (and the calibration and layer passes) use; 0 = every core.
     pub threads: usize,
+    /// Which CPU engine runs the CPU rows and the statistics passes: auto (ONNX Runtime where
+    /// its library is found, else tract), ort (or an error) or tract (`--cpu-engine`).
+    pub cpu_engine: crate::backend::cpu::CpuEngineChoice,
     /// Node names or op types kept in float in the INT8 engines.
     pub exclude: Vec<String>,
     /// Empirical bias correction: shift each quantized layer's float bias so its output keeps
@@ -173,6 +176,7 @@ impl Default for Experiment {
             fp32_math: Default::default(),
             bench: BenchSpec::default(),
             threads: 0,
+            cpu_engine: Default::default(),
             exclude: vec![],
             bias_correction: false,
             cle: Default::default(),

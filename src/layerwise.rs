@@ -10,6 +10,7 @@ use tract_onnx::pb;
 use tract_onnx::prelude::TValue;
 
 use crate::backend::cpu::{TractModel, lower_qdq};
+use crate::backend::reference::{self, Activation, Interpreter};
 use crate::calib::Ranges;
 use crate::model::{Graph, Model, proto};
 use crate::quant::{self, QuantPlan};
@@ -110,9 +111,9 @@ pub fn isolated_model(
 }
 
 /// The values of every output but the first (the graph's own) for one input.
-pub fn outputs_of(m: &TractModel, input: &[f32]) -> Result<Vec<Vec<f32>>, String> {
-    let outs = m.run_all(input).map_err(|e| format!("{e:#}"))?;
-    outs.iter().skip(1).map(values_of).collect()
+pub fn outputs_of(m: &dyn Interpreter, input: &[f32]) -> Result<Vec<Vec<f32>>, String> {
+    let (_, rest) = m.run(input).map_err(|e| e.to_string())?;
+    Ok(rest.into_iter().map(Activation::into_vec).collect())
 }
 
 /// One output's values, as f32.
@@ -140,7 +141,7 @@ fn per_layer_shifts(
     let (iso, pairs) = isolated_model(model, plan, ranges)?;
     let mut names: Vec<String> = pairs.iter().map(|x| x.1.clone()).collect();
     names.extend(pairs.iter().map(|x| x.2.clone()));
-    let m = TractModel::new(
+    let m = reference::open(
         &Model {
             proto: iso,
             ..model.clone()
@@ -149,12 +150,12 @@ fn per_layer_shifts(
         model.input_shape(1, hw),
         &names,
     )
-    .map_err(|e| format!("{e:#}"))?;
+    .map_err(|e| e.to_string())?;
     let n = pairs.len();
     let mut layouts: Vec<ChannelLayout> = vec![];
     let mut sums: Vec<Vec<f64>> = vec![];
     for x in inputs {
-        let outs = outputs_of(&m, x)?;
+        let outs = outputs_of(m.as_ref(), x)?;
         if layouts.is_empty() {
             layouts = pairs
                 .iter()
@@ -380,19 +381,11 @@ impl<'a> Fp32Reference<'a> {
         if r.nodes.is_empty() {
             return Ok(r);
         }
-        let fp32 = TractModel::new(
-            &model.with_fixed_input(1, hw),
-            model.input_shape(1, hw),
-            &r.outputs(),
-        )
-        .map_err(|e| format!("{e:#}"))?;
+        let fp32 = reference::open_model(model, hw, &r.outputs()).map_err(|e| e.to_string())?;
         for x in inputs {
-            let all = fp32.run_all(x).map_err(|e| format!("{e:#}"))?;
-            r.output.extend(values_of(&all[0])?);
-            let outs = all[1..]
-                .iter()
-                .map(values_of)
-                .collect::<Result<Vec<_>, _>>()?;
+            let (first, rest) = fp32.run(x).map_err(|e| e.to_string())?;
+            r.output.extend(first.data);
+            let outs: Vec<Vec<f32>> = rest.into_iter().map(Activation::into_vec).collect();
             if r.layouts.is_empty() {
                 r.layouts = r
                     .nodes

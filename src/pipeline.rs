@@ -318,7 +318,7 @@ pub fn calibrate(
         ));
     }
     let t0 = Instant::now();
-    let probe = backend::cpu::Probe::new(&p.model, p.hw, &tensors).map_err(|e| {
+    let probe = backend::reference::open_model(&p.model, p.hw, &tensors).map_err(|e| {
         PipelineError::Config(format!(
             "{}: cannot run the model for calibration: {e}. `quantscope inspect` lists its ops; \
              --exclude keeps a failing layer in float",
@@ -327,30 +327,53 @@ pub fn calibrate(
     })?;
     let mut stats = Stats::new(key, &tensors);
     let n = p.calib_images.len();
-    // Histograms are filled on a second thread while the next image runs.
-    let (tx, rx) = crossbeam_channel::bounded::<Vec<backend::cpu::Activation>>(2);
+    // Histograms are filled on a second thread while the next batch runs. Each image is added
+    // on its own, in order, so the statistics do not depend on the batch size.
+    let (tx, rx) = crossbeam_channel::bounded::<(Vec<backend::reference::Activation>, usize)>(2);
     let result = std::thread::scope(|s| -> Result<(), PipelineError> {
         let names = &tensors;
         let stats = &mut stats;
         let filler = std::thread::Builder::new()
             .name("quantscope-histograms".into())
             .spawn_scoped(s, move || {
-                for acts in rx {
-                    stats.add(names, &acts);
+                for (acts, images) in rx {
+                    for k in 0..images {
+                        let one: Vec<&[f32]> = acts.iter().map(|a| a.image(k, images)).collect();
+                        stats.add(names, &one);
+                    }
                 }
             })
             .map_err(|e| PipelineError::Config(e.to_string()))?;
-        for (i, path) in p.calib_images.iter().enumerate() {
+        // The first image runs alone; what its tensors take sizes the batches after it.
+        let mut batch = 1;
+        let mut done = 0;
+        while done < n {
             if cancel.is_cancelled() {
                 break;
             }
-            sink.progress("calibrating (FP32 pass)", i, n);
-            let img = data::open_rgb(path)?;
-            let input = p.input_of(&img);
-            let (_, acts) = probe
-                .run(&input)
-                .map_err(|e| PipelineError::Config(format!("{}: {e}", path.display())))?;
-            if tx.send(acts).is_err() {
+            sink.progress("calibrating (FP32 pass)", done, n);
+            let paths = &p.calib_images[done..(done + batch).min(n)];
+            let input = decode_batch(p, paths)?;
+            let (acts, images) = match probe.run_batch(&input, paths.len()) {
+                Ok((_, acts)) => (acts, paths.len()),
+                // A graph that fixes its batch (a Reshape to [1, ...]) runs one image at a time.
+                Err(_) if paths.len() > 1 => {
+                    batch = 1;
+                    continue;
+                }
+                Err(e) => {
+                    return Err(PipelineError::Config(format!(
+                        "{}: {e}",
+                        paths[0].display()
+                    )));
+                }
+            };
+            if done == 0 {
+                let bytes: usize = acts.iter().map(|a| a.as_ref().len() * 4).sum();
+                batch = backend::reference::batch_for(probe.as_ref(), bytes);
+            }
+            done += images;
+            if tx.send((acts, images)).is_err() {
                 break;
             }
         }
@@ -372,7 +395,11 @@ pub fn calibrate(
             cache.dir.display()
         ));
     }
-    sink.log(&format!("calibration pass: {n} images in {ms:.0} ms"));
+    sink.log(&format!(
+        "calibration pass: {n} images in {ms:.0} ms on {} ({:.1} images/s)",
+        probe.engine(),
+        n as f64 / (ms / 1e3).max(1e-9)
+    ));
     Ok((stats, false, ms))
 }
 
@@ -699,6 +726,7 @@ impl RowCtx<'_> {
         });
         row.simulated = info.simulated;
         row.tf32 = info.tf32;
+        row.engine = info.engine.clone();
         if precision.is_quantized() {
             row.int8_nodes = Some(info.int8_nodes);
             row.float_nodes = info.float_nodes;
@@ -850,6 +878,7 @@ impl<'a> Rows<'a> {
             equalization: None,
             centering: None,
             exports: vec![],
+            cpu_engine: Some(backend::cpu::engine().1),
         };
         let artifacts = Artifacts {
             mask_hw: samples
@@ -1240,10 +1269,16 @@ pub fn run_with_cache(
 ) -> Result<RunOutput, PipelineError> {
     check_outputs(exp, &[], &[])?;
     let p = prepare(exp)?;
+    // The CPU engine runs the statistics passes on every backend, so it is settled first.
+    let cpu_engine = backend::cpu::set_engine(exp.cpu_engine).map_err(PipelineError::Config)?;
     let backend = usable_backend(exp)?;
     let threads = backend::cpu::set_threads(exp.threads);
+    sink.log(&format!("CPU engine: {}", cpu_engine.summary()));
     if exp.backend == backend::BackendKind::Cpu {
-        sink.log(&format!("CPU engines run on {threads} threads"));
+        sink.log(&format!(
+            "CPU engines run on {threads} thread{}",
+            if threads == 1 { "" } else { "s" }
+        ));
     }
     let samples = load_samples(&p, sink, cancel)?;
     let ctx = RowCtx {
@@ -1392,7 +1427,8 @@ fn gptq_model(
             .collect();
         names.sort();
         names.dedup();
-        let probe = backend::cpu::Probe::new(&p.model, p.hw, &names).map_err(|e| e.to_string())?;
+        let probe =
+            backend::reference::open_model(&p.model, p.hw, &names).map_err(|e| e.to_string())?;
         let mut moments: Vec<gptq::Moments> = pass.iter().map(gptq::Moments::new).collect();
         for (i, x) in inputs.iter().enumerate() {
             sink.progress("GPTQ: input moments", i, inputs.len());
@@ -1442,7 +1478,8 @@ fn channel_maxima(
         return Ok(HashMap::new());
     }
     let names: Vec<String> = between.iter().map(|b| b.0.clone()).collect();
-    let probe = backend::cpu::Probe::new(&p.model, p.hw, &names).map_err(|e| e.to_string())?;
+    let probe =
+        backend::reference::open_model(&p.model, p.hw, &names).map_err(|e| e.to_string())?;
     let mut ranges: HashMap<String, Vec<f32>> = HashMap::new();
     for path in &p.calib_images {
         let img = data::open_rgb(path).map_err(|e| e.to_string())?;
@@ -1735,6 +1772,16 @@ pub fn export_qdq(
     qdq.save(&onnx).map_err(err)?;
     qdq.save_calibration_cache(&cache).map_err(err)?;
     Ok([onnx, cache])
+}
+
+/// The inputs of `paths`, back to back, decoded and preprocessed on the thread pool.
+fn decode_batch(p: &Prepared, paths: &[PathBuf]) -> Result<Vec<f32>, PipelineError> {
+    use rayon::prelude::*;
+    let inputs: Vec<Vec<f32>> = paths
+        .par_iter()
+        .map(|f| data::open_rgb(f).map(|img| p.input_of(&img)))
+        .collect::<Result<_, _>>()?;
+    Ok(inputs.concat())
 }
 
 /// Probe inputs for passes that need activations: the first 32 calibration images.

@@ -12,7 +12,7 @@ use std::time::Instant;
 use serde::{Deserialize, Serialize};
 use tract_onnx::pb;
 
-use crate::backend::cpu::TractModel;
+use crate::backend::reference;
 use crate::backend::{self, Backend, BuildInput, BuildSpec, Precision};
 use crate::calib::{Method, Ranges, StatsCache};
 use crate::eval::Sqnr;
@@ -163,19 +163,19 @@ pub fn layer_sqnr(
         }
         .with_fixed_input(1, p.hw)
     };
-    let fp32 = TractModel::new(&p.model.with_fixed_input(1, p.hw), shape, &fp_names)
-        .map_err(|e| err(format!("{e:#}")))?;
-    let isolated =
-        TractModel::new(&fixed(iso), shape, &iso_names).map_err(|e| err(format!("{e:#}")))?;
-    let accumulated = TractModel::new(&fixed(qdq.proto.clone()), shape, &fp_names)
-        .map_err(|e| err(format!("{e:#}")))?;
+    let open = |proto: &pb::ModelProto, names: &[String]| {
+        reference::open(proto, shape, names).map_err(|e| err(e.to_string()))
+    };
+    let fp32 = open(&p.model.with_fixed_input(1, p.hw), &fp_names)?;
+    let isolated = open(&fixed(iso), &iso_names)?;
+    let accumulated = open(&fixed(qdq.proto.clone()), &fp_names)?;
     let mut iso_s = vec![Sqnr::default(); pairs.len()];
     let mut acc_s = vec![Sqnr::default(); pairs.len()];
     for (i, x) in inputs.iter().enumerate() {
         sink.progress("layer-wise SQNR", i, inputs.len());
-        let f = outputs_of(&fp32, x).map_err(err)?;
-        let is = outputs_of(&isolated, x).map_err(err)?;
-        let ac = outputs_of(&accumulated, x).map_err(err)?;
+        let f = outputs_of(fp32.as_ref(), x).map_err(err)?;
+        let is = outputs_of(isolated.as_ref(), x).map_err(err)?;
+        let ac = outputs_of(accumulated.as_ref(), x).map_err(err)?;
         for k in 0..pairs.len() {
             iso_s[k].add(&f[k], &is[k]);
             acc_s[k].add(&f[k], &ac[k]);
@@ -336,6 +336,8 @@ pub fn run_with_cache(
 ) -> Result<(SensitivityReport, QdqModel), PipelineError> {
     let t0 = Instant::now();
     let p = pipeline::prepare(exp)?;
+    let cpu_engine = crate::backend::cpu::set_engine(exp.cpu_engine).map_err(err)?;
+    sink.log(&format!("CPU engine: {}", cpu_engine.summary()));
     crate::backend::cpu::set_threads(exp.threads);
     let backend = backend::backend_with(exp.backend, exp.fp32_math);
     backend.check().map_err(|why| {

@@ -453,3 +453,85 @@ fn a_batch_the_model_cannot_run_is_explained_once() {
             .all(|r| r["error"].is_null())
     );
 }
+
+/// `--cpu-engine`: `ort` without a usable library is exit 2 naming the library and the fix,
+/// never a silent fallback; `auto` falls back to tract and the report says so; `tract` runs
+/// without ONNX Runtime. A file that is not ONNX Runtime is refused at load with its path.
+#[test]
+fn cpu_engine_choice_and_a_missing_or_wrong_library() {
+    let dir = setup("cpu_engine");
+    let args = |report: &str, engine: &str| {
+        let mut a = eval_args(&dir, report);
+        a.truncate(a.len() - 4); // no --md / --export-qdq
+        for v in a.iter_mut().filter(|v| *v == "fp32,fp16,int8") {
+            *v = "fp32".into();
+        }
+        a.extend(["--cpu-engine".into(), engine.into()]);
+        a
+    };
+    let missing = dir.join("nowhere/libonnxruntime.so.1.32.0");
+    let fake = dir.join("libonnxruntime.so.9.9.9");
+    std::fs::write(&fake, b"not a shared library").expect("fake library");
+    for lib in [&missing, &fake] {
+        let out = bin()
+            .args(args("ort.json", "ort"))
+            .env("ORT_DYLIB_PATH", lib)
+            .env("QUANTSCOPE_CACHE", dir.join("cache"))
+            .output()
+            .expect("runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(
+            err.contains(&*lib.to_string_lossy()),
+            "names the library: {err}"
+        );
+        assert!(
+            err.contains("--cpu-engine tract"),
+            "says what runs instead: {err}"
+        );
+        assert!(
+            !dir.join("ort.json").exists(),
+            "no report from a refused run"
+        );
+    }
+    // A real shared library that is not ONNX Runtime.
+    if let Some(libm) = [
+        "/lib/x86_64-linux-gnu/libm.so.6",
+        "/usr/lib/x86_64-linux-gnu/libm.so.6",
+    ]
+    .into_iter()
+    .find(|p| Path::new(p).exists())
+    {
+        let out = bin()
+            .args(args("ort.json", "ort"))
+            .env("ORT_DYLIB_PATH", libm)
+            .env("QUANTSCOPE_CACHE", dir.join("cache"))
+            .output()
+            .expect("runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{err}");
+        assert!(err.contains("not an ONNX Runtime library"), "{err}");
+    }
+    for (engine, report) in [("auto", "auto.json"), ("tract", "tract.json")] {
+        let out = bin()
+            .args(args(report, engine))
+            .env("ORT_DYLIB_PATH", &missing)
+            .env("QUANTSCOPE_CACHE", dir.join("cache"))
+            .output()
+            .expect("runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{engine}: {err}");
+        let json: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join(report)).expect("report"))
+                .expect("json");
+        assert_eq!(json["cpu_engine"]["name"], "tract", "{engine}");
+        assert!(
+            err.contains("CPU engine: tract"),
+            "{engine}: the header says so: {err}"
+        );
+        if engine == "auto" {
+            let note = json["cpu_engine"]["note"].as_str().unwrap_or_default();
+            assert!(note.contains("pip install onnxruntime"), "{note}");
+        }
+    }
+}

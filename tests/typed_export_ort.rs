@@ -1,12 +1,12 @@
 //! The strongly typed FP16 and mixed INT8/FP16 exports run in ONNX Runtime and match
-//! quantscope's engines for the same plan: FP16 model vs the CPU's simulated FP16 engine, mixed
-//! model vs the INT8 engine of the same Q/DQ model (float layers FP32), within the tolerances
-//! `quant::ort_check` states.
+//! quantscope's engines for the same plan: FP16 model vs tract's simulated FP16 engine (an engine
+//! independent of ONNX Runtime), mixed model vs the INT8 engine of the same Q/DQ model (float
+//! layers FP32), within the tolerances `quant::ort_check` states.
 
 mod common;
 
-use quantscope::backend::cpu::Probe;
-use quantscope::backend::{BackendKind, backend};
+use quantscope::backend::cpu::{Probe, TractBackend};
+use quantscope::backend::{Backend, BackendKind, backend};
 use quantscope::calib::{Method, Stats};
 use quantscope::export;
 use quantscope::model::testing::{GraphBuilder, residual_classifier, values};
@@ -58,7 +58,8 @@ fn fp16_and_mixed_exports_match_quantscope_engines_in_onnx_runtime() {
         return;
     }
     let dir = common::temp_dir("typed-ort");
-    let cpu = backend(BackendKind::Cpu);
+    // tract's FP16 numerics: an engine independent of the ONNX Runtime that checks the file.
+    let cpu: Box<dyn Backend> = Box::new(TractBackend);
     for (name, model, keep) in [
         ("classifier", residual_classifier(10).model(), "block.conv2"),
         ("segmenter", segmenter(), "c3"),

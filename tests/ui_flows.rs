@@ -299,3 +299,65 @@ fn qdq_export_from_the_window_and_run_history() {
     );
     assert_eq!(h.state().results.rows().len(), 2);
 }
+
+/// The workbench's own Run, again and again, on an experiment named by `QUANTSCOPE_GUI_SOAK`
+/// (a `.ron` file), `QUANTSCOPE_GUI_SOAK_RUNS` times (default 3): the check for crashes on a
+/// real model and CPU (the AMX host's DeepLab run), through the same worker, pipeline and CPU
+/// engine a window would drive. Skipped, saying so, when the variable is not set.
+#[test]
+fn soak_runs_a_saved_experiment_in_the_workbench() {
+    let Some(path) = std::env::var_os("QUANTSCOPE_GUI_SOAK") else {
+        eprintln!("skipped: set QUANTSCOPE_GUI_SOAK=EXPERIMENT.ron to run it in the workbench");
+        return;
+    };
+    let runs: usize = std::env::var("QUANTSCOPE_GUI_SOAK_RUNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
+    let exp = Experiment::load(Path::new(&path)).expect("the experiment loads");
+    let mut wb = Workbench::new(None, Settings::default());
+    wb.apply(Command::SetExperiment(Box::new(exp)));
+    let mut h = harness(wb);
+    for k in 0..runs {
+        let start = Instant::now();
+        h.state_mut().push(Command::Run);
+        h.step();
+        while h.state().is_running() {
+            h.step();
+            assert!(
+                start.elapsed() < Duration::from_secs(900),
+                "run {k} never ended"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let rows = h.state().results.rows();
+        let errors: Vec<String> = rows.iter().filter_map(|r| r.error.clone()).collect();
+        eprintln!(
+            "run {k}: {} rows in {:.1} s, {} errors{}",
+            rows.len(),
+            start.elapsed().as_secs_f64(),
+            errors.len(),
+            rows.iter()
+                .map(|r| format!(
+                    "; {} {} {}",
+                    r.label(),
+                    quantscope::report::pct(r.metric()),
+                    r.engine.clone().unwrap_or_default()
+                ))
+                .collect::<String>()
+        );
+        assert!(
+            !rows.is_empty() && errors.is_empty(),
+            "run {k}: {errors:?} {:?}",
+            h.state().log
+        );
+    }
+    let engine: Vec<String> = h
+        .state()
+        .log
+        .iter()
+        .filter(|l| l.text.starts_with("CPU engine"))
+        .map(|l| l.text.clone())
+        .collect();
+    eprintln!("{engine:?}");
+}

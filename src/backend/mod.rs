@@ -4,6 +4,7 @@
 
 pub mod cpu;
 pub mod cuda;
+pub mod reference;
 
 use serde::{Deserialize, Serialize};
 
@@ -75,7 +76,7 @@ pub enum Fp32Math {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
-    /// tract, on this machine's CPU. Runs everywhere.
+    /// This machine's CPU: ONNX Runtime where its library is found, else tract (runs everywhere).
     #[default]
     Cpu,
     /// cuDNN + cuBLASLt + NVRTC through cudarc, loaded at run time.
@@ -193,6 +194,10 @@ pub struct EngineInfo {
     /// Device memory taken by the engine as the driver reports it (GPU backends).
     pub device_mem_bytes: Option<u64>,
     pub layer_times: Vec<LayerTime>,
+    /// The runtime that ran the engine and the form it ran, where there was a choice
+    /// ("onnxruntime 1.32.0; INT8 form: u8 activations (zero point 128), ...").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
 }
 
 /// The first model output of a batch.

@@ -1,6 +1,7 @@
 //! Bias correction on a small conv chain whose quantization shifts add up in depth.
 
 use super::*;
+use crate::backend::cpu::Probe;
 use crate::calib::Method;
 use crate::model::testing::{GraphBuilder, values};
 
@@ -43,7 +44,7 @@ fn inputs(n: usize) -> Vec<Vec<f32>> {
 /// grows layer after layer.
 fn clipping_ranges(m: &Model, plan: &QuantPlan, inputs: &[Vec<f32>]) -> Ranges {
     let tensors = plan.tensors();
-    let fp32 = TractModel::new(&m.with_fixed_input(1, HW), m.input_shape(1, HW), &tensors)
+    let fp32 = Probe::from_graph(&m.with_fixed_input(1, HW), m.input_shape(1, HW), &tensors)
         .expect("fp32 model");
     let mut amax: BTreeMap<String, f32> = BTreeMap::new();
     for x in inputs {
@@ -81,7 +82,7 @@ fn residual(m: &Model, plan: &QuantPlan, ranges: &Ranges, inputs: &[Vec<f32>]) -
     let convs: Vec<String> = (0..5).map(|i| format!("conv{i}")).collect();
     let outs: Vec<String> = convs.iter().map(|c| format!("{c}.out")).collect();
     let means = |p: &pb::ModelProto| -> Vec<Vec<f64>> {
-        let e = TractModel::new(p, m.input_shape(1, HW), &outs).expect("engine");
+        let e = Probe::from_graph(p, m.input_shape(1, HW), &outs).expect("engine");
         let mut sums: Vec<Vec<f64>> = vec![vec![]; convs.len()];
         for x in inputs {
             for (k, o) in outputs_of(&e, x).expect("run").iter().enumerate() {

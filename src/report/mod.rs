@@ -69,6 +69,9 @@ pub struct Row {
     /// Per evaluation image: its mIoU (segmentation) or 1/0 for a correct top-1.
     pub per_image: Vec<f64>,
     pub error: Option<String>,
+    /// The runtime that ran the row and the form it ran ("onnxruntime 1.32.0; INT8 form: ...").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
 }
 
 impl Row {
@@ -198,6 +201,10 @@ pub struct Report {
     /// Models written for deployment (`--export`), with their trtexec lines and ORT checks.
     #[serde(default)]
     pub exports: Vec<crate::export::ExportedModel>,
+    /// The CPU engine that ran the CPU rows and the statistics passes: name, version, library
+    /// path, the CPU's instruction set, and why where there was a choice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_engine: Option<crate::backend::cpu::CpuEngineInfo>,
 }
 
 /// A fraction as a percentage with two decimals, "–" when absent (tables in reports and UI).
@@ -239,7 +246,7 @@ impl Report {
             .rows
             .iter()
             .find_map(|r| r.threads)
-            .map(|t| format!(" ({t} threads)"))
+            .map(|t| format!(" ({t} thread{})", if t == 1 { "" } else { "s" }))
             .unwrap_or_default();
         let mut s = format!(
             "# quantscope report\n\nModel: `{}` ({} parameters), input {}x{}, backend {}{threads}.\n\n",
@@ -249,6 +256,9 @@ impl Report {
             self.input_hw[1],
             self.rows.first().map(|r| r.backend.as_str()).unwrap_or("-"),
         );
+        if let Some(e) = &self.cpu_engine {
+            s.push_str(&format!("CPU engine: {}.\n\n", e.summary()));
+        }
         if let Some(c) = &self.calibration {
             s.push_str(&format!(
                 "Calibration: {} images ({}; pass {:.0} ms, all four methods' ranges {:.0} ms).\n\n",

@@ -1140,7 +1140,12 @@ impl Workbench {
                     }
                 }
             }
-            Event::Backends { status, .. } if self.backend_job == Some(job) => {
+            Event::Backends { status, ort, .. } if self.backend_job == Some(job) => {
+                match &ort {
+                    Ok(v) => self.log_info(format!("CPU engine: ONNX Runtime {v}")),
+                    Err(why) => self.log_info(format!("CPU engine: tract ({why})")),
+                }
+                self.ort = Some(ort);
                 for (k, s) in &status {
                     match s {
                         Ok(dev) => self.log_info(format!("backend {}: {dev}", k.name())),
@@ -1709,13 +1714,33 @@ impl Workbench {
                 (crate::backend::BackendKind::Cpu, n) => format!(", {n} threads"),
                 _ => String::new(),
             };
+            let cpu_engine = match (self.exp.cpu_engine, &self.ort) {
+                (crate::backend::cpu::CpuEngineChoice::Tract, _) => "tract".to_string(),
+                (_, Some(Ok(v))) => format!("ONNX Runtime {}", v.split(' ').next().unwrap_or("")),
+                (crate::backend::cpu::CpuEngineChoice::Ort, Some(Err(_))) => {
+                    "ONNX Runtime (not found)".to_string()
+                }
+                (_, Some(Err(_))) => "tract (no ONNX Runtime)".to_string(),
+                (_, None) => "…".to_string(),
+            };
             ui.label(format!(
-                "Backend: {} — {dev}{threads}",
+                "Backend: {} — {dev}{threads} · CPU engine: {cpu_engine}",
                 kind.name().to_uppercase()
             ))
-            .on_hover_text(
-                "The backend engines are built on, its device, and the threads the CPU engines use",
-            );
+            .on_hover_text(match &self.ort {
+                Some(Ok(v)) => format!(
+                    "The backend engines are built on, its device, and the threads the CPU \
+                     engines use. The CPU engine (CPU rows and every statistics pass): ONNX \
+                     Runtime {v}"
+                ),
+                Some(Err(why)) => format!(
+                    "The backend engines are built on, its device, and the threads the CPU \
+                     engines use. The CPU engine is tract: {why}"
+                ),
+                None => "The backend engines are built on, its device, and the threads the CPU \
+                         engines use"
+                    .to_string(),
+            });
             ui.separator();
             match &self.run {
                 Some(run) => {

@@ -249,6 +249,14 @@ pub enum DialogPurpose {
     Export(ExportKind),
 }
 
+/// ONNX Runtime as the worker found it, for the Build panel's CPU engine combo.
+pub struct CpuEngineStatus {
+    /// Its version, or why it cannot be used.
+    pub ort: Option<Result<String, String>>,
+    /// "version (library path)", or why not.
+    pub detail: Result<String, String>,
+}
+
 /// The whole workbench: saved experiment, runtime state, worker handle.
 pub struct Workbench {
     pub exp: Experiment,
@@ -274,6 +282,9 @@ pub struct Workbench {
     /// A message shown above the results (e.g. a missing experiment file).
     pub banner: Option<(String, bool)>,
     pub backends: Vec<(BackendKind, Result<String, String>)>,
+    /// ONNX Runtime for the CPU engine: "version (library)", or why it is not found; `None`
+    /// until the worker has looked.
+    pub ort: Option<Result<String, String>>,
     /// The method used when "compare all methods" is off.
     pub primary_method: Method,
     pub open_path_text: String,
@@ -342,6 +353,7 @@ impl Workbench {
             log: vec![],
             banner: None,
             backends: vec![(BackendKind::Cpu, Ok("this machine's CPU".into()))],
+            ort: None,
             open_path_text: String::new(),
             open_path_window: false,
             trt_commands: vec![],
@@ -401,6 +413,18 @@ impl Workbench {
         if self.log.len() > 5000 {
             self.log.drain(..1000);
         }
+    }
+
+    /// What the CPU engine choice can be here: ONNX Runtime's version, or why it is missing.
+    pub fn cpu_engine_status(&self) -> Option<CpuEngineStatus> {
+        self.ort.as_ref().map(|o| CpuEngineStatus {
+            ort: Some(
+                o.as_ref()
+                    .map(|v| v.split(' ').next().unwrap_or("").to_string())
+                    .map_err(Clone::clone),
+            ),
+            detail: o.clone(),
+        })
     }
 
     /// The backend's device, or why it cannot run.

@@ -107,6 +107,7 @@ fn failed(job: JobId, req: IoRequest, error: String) -> Event {
                 .into_iter()
                 .map(|k| (k, Err(error.clone())))
                 .collect(),
+            ort: Err(error.clone()),
         },
         IoRequest::Dialog(_) => Event::Picked {
             job,
@@ -216,6 +217,8 @@ pub(super) fn answer(job: JobId, req: IoRequest) -> Event {
                 .into_iter()
                 .map(|k| (k, backend::backend(k).check()))
                 .collect(),
+            ort: backend::cpu::onnxruntime::runtime::runtime()
+                .map(|rt| format!("{} ({})", rt.version, rt.path.display())),
         },
         IoRequest::ExportQdq { dir, model, qdq } => Event::Exported {
             job,

@@ -88,6 +88,8 @@ pub enum Event {
     Backends {
         job: JobId,
         status: Vec<(BackendKind, Result<String, String>)>,
+        /// ONNX Runtime for the CPU engine: its version and library, or why it is not found.
+        ort: Result<String, String>,
     },
     /// Q/DQ models and calibration caches written: the files, or why not.
     Exported {

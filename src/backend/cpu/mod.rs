@@ -1,10 +1,13 @@
-//! The CPU backend, on tract: FP32 as the model is; FP16 numerics (weights and each layer's
-//! output rounded to f16 once, f32 accumulation; see [`Numerics::Fp16`]); INT8 by lowering the
-//! Q/DQ model to integer ops (QLinearConv / ConvInteger / MatMulInteger) that tract runs on
+//! The CPU backend. Its engines run on ONNX Runtime where the library is found
+//! ([`onnxruntime`], `--cpu-engine auto|ort|tract`), else on tract, which is compiled in and runs
+//! without setup. On tract: FP32 as the model is; FP16 numerics (weights and each layer's output
+//! rounded to f16 once, f32 accumulation; see [`Numerics::Fp16`]); INT8 by lowering the Q/DQ
+//! model to integer ops (QLinearConv / ConvInteger / MatMulInteger) that tract runs on
 //! i8 x i8 -> i32 kernels. Slow tract ops are replaced by our kernels (`fast_ops`).
 
 mod fast_ops;
 mod lower;
+pub mod onnxruntime;
 
 use std::collections::HashMap;
 
@@ -15,12 +18,60 @@ use super::{
     Backend, BackendError, BackendKind, BuildInput, BuildSpec, Engine, EngineInfo, FloatNode,
     LayerTime, Output, Precision,
 };
+use crate::backend::reference::Activation;
 use crate::model::{Model, proto};
 use crate::quant::QFormat;
 
 pub use lower::{Lowered, lower_fp8, lower_qdq};
+pub use onnxruntime::runtime::{CpuEngineChoice, CpuEngineInfo, CpuEngineKind};
 
+/// The CPU backend; its engines run on the CPU engine in force ([`set_engine`]).
 pub struct CpuBackend;
+
+/// The CPU engine in force for this process: what `--cpu-engine` resolved to. One setting, as
+/// one job runs at a time (like [`set_threads`]).
+static ENGINE: std::sync::Mutex<Option<(CpuEngineKind, CpuEngineInfo)>> =
+    std::sync::Mutex::new(None);
+
+/// Resolves `choice` on this machine and puts it in force for every CPU engine and statistics
+/// pass that follows. `Ort` without a usable ONNX Runtime is an error, never a fallback.
+pub fn set_engine(choice: CpuEngineChoice) -> Result<CpuEngineInfo, String> {
+    let resolved = onnxruntime::runtime::resolve(choice)?;
+    let info = resolved.1.clone();
+    *ENGINE.lock().unwrap_or_else(|e| e.into_inner()) = Some(resolved);
+    Ok(info)
+}
+
+/// The CPU engine in force (`auto` resolved, when nobody set one).
+pub fn engine() -> (CpuEngineKind, CpuEngineInfo) {
+    let mut e = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
+    e.get_or_insert_with(|| {
+        onnxruntime::runtime::resolve(CpuEngineChoice::Auto).unwrap_or_else(|_| unreachable_tract())
+    })
+    .clone()
+}
+
+/// What `auto` gives when even its fallback cannot be described (never: `auto` always resolves).
+fn unreachable_tract() -> (CpuEngineKind, CpuEngineInfo) {
+    (
+        CpuEngineKind::Tract,
+        CpuEngineInfo {
+            name: "tract".into(),
+            ..Default::default()
+        },
+    )
+}
+
+pub fn engine_kind() -> CpuEngineKind {
+    engine().0
+}
+
+/// The threads CPU engines and passes run on now (what [`set_threads`] put in force).
+pub fn threads() -> usize {
+    *THREADS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+static THREADS: std::sync::Mutex<usize> = std::sync::Mutex::new(1);
 
 type Plan = std::sync::Arc<TypedSimplePlan>;
 
@@ -59,12 +110,11 @@ pub fn all_threads() -> usize {
 /// setting, as one job runs at a time; the pool is rebuilt only when the count changes.
 pub fn set_threads(threads: usize) -> usize {
     use tract_linalg::multithread::{Executor, set_default_executor};
-    static CURRENT: std::sync::Mutex<usize> = std::sync::Mutex::new(1);
     let n = match threads {
         0 => all_threads(),
         n => n,
     };
-    let mut current = CURRENT.lock().unwrap_or_else(|e| e.into_inner());
+    let mut current = THREADS.lock().unwrap_or_else(|e| e.into_inner());
     if *current != n {
         set_default_executor(match n {
             1 => Executor::SingleThread,
@@ -518,8 +568,21 @@ impl Backend for CpuBackend {
         BackendKind::Cpu
     }
 
+    /// The CPU, and what runs on it: ONNX Runtime's version where its library is found, else
+    /// tract, with the command that enables ONNX Runtime.
     fn check(&self) -> Result<String, String> {
-        Ok(format!("CPU ({} threads available)", all_threads()))
+        let runtime = match onnxruntime::runtime::runtime() {
+            Ok(rt) => format!("ONNX Runtime {}", rt.version),
+            Err(_) => format!(
+                "tract only (`{}` enables ONNX Runtime)",
+                onnxruntime::runtime::INSTALL_HINT
+            ),
+        };
+        Ok(format!(
+            "{} ({} threads available); {runtime}",
+            onnxruntime::runtime::CpuIsa::get().summary(),
+            all_threads()
+        ))
     }
 
     fn build(
@@ -527,65 +590,108 @@ impl Backend for CpuBackend {
         input: BuildInput<'_>,
         spec: BuildSpec,
     ) -> Result<Box<dyn Engine>, BackendError> {
-        let precision = input.precision();
-        let model = input.model();
-        let build_err = |e: TractError| BackendError::Build {
-            precision,
-            reason: format!("{e:#}"),
-        };
-        let shape = model.input_shape(spec.batch, spec.hw);
-        let mut info = EngineInfo {
-            backend: "cpu".into(),
-            device: self.check().unwrap_or_default(),
-            ..Default::default()
-        };
-        let p = match input {
-            BuildInput::Float {
-                precision: Precision::Fp16,
-                ..
-            } => {
-                info.simulated = true;
-                model.with_fixed_input(spec.batch, spec.hw)
-            }
-            BuildInput::Float { .. } => model.with_fixed_input(spec.batch, spec.hw),
-            BuildInput::Quantized { qdq, .. } => {
-                let fixed = Model {
-                    proto: qdq.proto.clone(),
-                    ..model.clone()
-                }
-                .with_fixed_input(spec.batch, spec.hw);
-                let lowered = match qdq.format {
-                    QFormat::Int8 => lower_qdq(&fixed),
-                    QFormat::Fp8E4M3 => {
-                        info.simulated = true;
-                        lower_fp8(&fixed)
-                    }
-                }
-                .map_err(|e| BackendError::Build {
-                    precision,
-                    reason: e,
-                })?;
-                info.int8_nodes = lowered.quantized_nodes.len();
-                info.float_nodes = lowered.float_nodes;
-                lowered.proto
-            }
-        };
-        info.weights_bytes = initializer_bytes(&p);
-        let numerics = match precision {
-            Precision::Fp16 => Numerics::Fp16,
-            _ => Numerics::Fp32,
-        };
-        let tm = TractModel::with_numerics(&p, shape, &[], numerics).map_err(build_err)?;
-        info.activations_bytes = tm.activations_bytes;
-        Ok(Box::new(CpuEngine {
-            model: tm,
-            info,
-            batch: spec.batch,
-        }))
+        // FP8 Q/DQ stays on tract's simulation: ONNX Runtime's CPU kernels have no E4M3 path.
+        match engine_kind() {
+            CpuEngineKind::Ort if input.precision() != Precision::Fp8 => build_ort(input, spec),
+            _ => build_tract(input, spec),
+        }
     }
 }
 
-/// FP32 runner that also returns named intermediate tensors: the calibration probe.
+/// The CPU backend pinned to tract, whatever `--cpu-engine` says: an engine independent of ONNX
+/// Runtime, for checks of what ONNX Runtime computes (the exports' checks in the tests).
+pub struct TractBackend;
+
+impl Backend for TractBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Cpu
+    }
+    fn check(&self) -> Result<String, String> {
+        CpuBackend.check()
+    }
+    fn build(
+        &self,
+        input: BuildInput<'_>,
+        spec: BuildSpec,
+    ) -> Result<Box<dyn Engine>, BackendError> {
+        build_tract(input, spec)
+    }
+}
+
+/// The CPU engine of `input` on ONNX Runtime (which must be loadable), on [`threads`] threads.
+pub fn build_ort(input: BuildInput<'_>, spec: BuildSpec) -> Result<Box<dyn Engine>, BackendError> {
+    onnxruntime::build(
+        input,
+        spec,
+        threads(),
+        CpuBackend.check().unwrap_or_default(),
+    )
+}
+
+/// The CPU engine of `input` on tract.
+pub fn build_tract(
+    input: BuildInput<'_>,
+    spec: BuildSpec,
+) -> Result<Box<dyn Engine>, BackendError> {
+    let precision = input.precision();
+    let model = input.model();
+    let build_err = |e: TractError| BackendError::Build {
+        precision,
+        reason: format!("{e:#}"),
+    };
+    let shape = model.input_shape(spec.batch, spec.hw);
+    let mut info = EngineInfo {
+        backend: "cpu".into(),
+        device: CpuBackend.check().unwrap_or_default(),
+        ..Default::default()
+    };
+    let p = match input {
+        BuildInput::Float {
+            precision: Precision::Fp16,
+            ..
+        } => {
+            info.simulated = true;
+            model.with_fixed_input(spec.batch, spec.hw)
+        }
+        BuildInput::Float { .. } => model.with_fixed_input(spec.batch, spec.hw),
+        BuildInput::Quantized { qdq, .. } => {
+            let fixed = Model {
+                proto: qdq.proto.clone(),
+                ..model.clone()
+            }
+            .with_fixed_input(spec.batch, spec.hw);
+            let lowered = match qdq.format {
+                QFormat::Int8 => lower_qdq(&fixed),
+                QFormat::Fp8E4M3 => {
+                    info.simulated = true;
+                    lower_fp8(&fixed)
+                }
+            }
+            .map_err(|e| BackendError::Build {
+                precision,
+                reason: e,
+            })?;
+            info.int8_nodes = lowered.quantized_nodes.len();
+            info.float_nodes = lowered.float_nodes;
+            lowered.proto
+        }
+    };
+    info.weights_bytes = initializer_bytes(&p);
+    let numerics = match precision {
+        Precision::Fp16 => Numerics::Fp16,
+        _ => Numerics::Fp32,
+    };
+    let tm = TractModel::with_numerics(&p, shape, &[], numerics).map_err(build_err)?;
+    info.activations_bytes = tm.activations_bytes;
+    info.engine = Some(format!("tract {}", onnxruntime::runtime::TRACT_VERSION));
+    Ok(Box::new(CpuEngine {
+        model: tm,
+        info,
+        batch: spec.batch,
+    }))
+}
+
+/// The reference interpreter's tract side: a graph with named intermediate tensors exposed.
 pub struct Probe {
     model: TractModel,
     pub tensors: Vec<String>,
@@ -593,12 +699,22 @@ pub struct Probe {
 
 impl Probe {
     pub fn new(model: &Model, hw: [usize; 2], tensors: &[String]) -> Result<Probe, BackendError> {
-        let p = model.with_fixed_input(1, hw);
-        let tm = TractModel::new(&p, model.input_shape(1, hw), tensors).map_err(|e| {
-            BackendError::Build {
-                precision: Precision::Fp32,
-                reason: format!("{e:#}"),
-            }
+        Probe::from_graph(
+            &model.with_fixed_input(1, hw),
+            model.input_shape(1, hw),
+            tensors,
+        )
+    }
+
+    /// `graph` with its input fixed at `input_shape`.
+    pub fn from_graph(
+        graph: &pb::ModelProto,
+        input_shape: [usize; 4],
+        tensors: &[String],
+    ) -> Result<Probe, BackendError> {
+        let tm = TractModel::new(graph, input_shape, tensors).map_err(|e| BackendError::Build {
+            precision: Precision::Fp32,
+            reason: format!("{e:#}"),
         })?;
         Ok(Probe {
             model: tm,
@@ -617,10 +733,10 @@ impl Probe {
             .map(|v| {
                 let t = v.into_tensor();
                 if t.datum_type() == DatumType::F32 {
-                    Ok(Activation(t))
+                    Ok(Activation::from_tract(t))
                 } else {
                     t.cast_to::<f32>()
-                        .map(|c| Activation(c.into_owned()))
+                        .map(|c| Activation::from_tract(c.into_owned()))
                         .map_err(run_err)
                 }
             })
@@ -629,16 +745,24 @@ impl Probe {
     }
 }
 
-/// One f32 activation handed out by the probe.
-pub struct Activation(Tensor);
-
-impl AsRef<[f32]> for Activation {
-    fn as_ref(&self) -> &[f32] {
-        self.0
-            .try_as_plain_ram()
-            .ok()
-            .and_then(|p| p.as_slice::<f32>().ok())
-            .unwrap_or(&[])
+impl crate::backend::reference::Interpreter for Probe {
+    fn run_batch(
+        &self,
+        input: &[f32],
+        images: usize,
+    ) -> Result<(Output, Vec<Activation>), BackendError> {
+        if images != 1 {
+            return Err(BackendError::Run(format!(
+                "the tract probe runs one image at a time, not {images}"
+            )));
+        }
+        Probe::run(self, input)
+    }
+    fn max_batch(&self) -> usize {
+        1
+    }
+    fn engine(&self) -> &'static str {
+        "tract"
     }
 }
 
@@ -655,7 +779,7 @@ pub fn float_node(node: &pb::NodeProto, reason: &str) -> FloatNode {
 mod tests {
     use tract_onnx::prelude::tract_linalg;
 
-    use crate::backend::{Backend, BuildInput, BuildSpec, Precision};
+    use crate::backend::{BuildInput, BuildSpec, Precision};
     use crate::model::proto;
     use crate::model::testing::{GraphBuilder, values};
 
@@ -686,15 +810,14 @@ mod tests {
         let input = values(3 * 96 * 96, 5);
         let run = |threads: usize| {
             assert_eq!(super::set_threads(threads), threads);
-            let mut e = super::CpuBackend
-                .build(
-                    BuildInput::Float {
-                        model: &m,
-                        precision: Precision::Fp32,
-                    },
-                    spec,
-                )
-                .expect("build");
+            let mut e = super::build_tract(
+                BuildInput::Float {
+                    model: &m,
+                    precision: Precision::Fp32,
+                },
+                spec,
+            )
+            .expect("build");
             // The engine runs on the threads given, or on one where one was faster.
             let used = e
                 .choose_threads()

@@ -1847,6 +1847,7 @@ impl CudaEngine {
                     .sum::<u64>(),
             device_mem_bytes: Some(free_before.saturating_sub(free_after) as u64),
             layer_times,
+            engine: None,
         };
         Ok((eng, choices))
     }
