@@ -223,29 +223,32 @@ fn int8_agrees_with_tract_within_one_step() {
     }
 }
 
-/// The u8-activation form and the int8 form of the same Q/DQ model give the same outputs on
-/// ONNX Runtime's exact (basic optimisation) path: the rewrite changes codes, not values.
+/// The CPU form of a Q/DQ model (activations as u8 with zero point 128, convs quantized before
+/// their ReLU / Clip) gives the model's outputs bit for bit on ONNX Runtime's exact path: the
+/// rewrites change codes and where they are taken, not values.
 #[test]
-fn the_u8_rewrite_is_exact() {
+fn the_cpu_form_is_exact() {
     if !ort_here() {
         return;
     }
+    let mut pairs_seen = 0;
     for (name, m) in models() {
         let s = spec(&m);
         let qdq = qdq_of(&m, s.hw);
-        let i8_form = Model {
+        let as_written = Model {
             proto: qdq.proto.clone(),
             ..m.clone()
         }
         .with_fixed_input(1, s.hw);
-        let mut u8_form = i8_form.clone();
+        let mut cpu = as_written.clone();
+        pairs_seen += ortcpu::cpu_form::quantize_before_activations(&mut cpu);
         assert!(
-            ortcpu::u8::to_u8_activations(&mut u8_form) > 0,
+            ortcpu::cpu_form::to_u8_activations(&mut cpu) > 0,
             "{name}: rewrote"
         );
         let shape = m.input_shape(1, s.hw);
-        let a = ortcpu::OrtProbe::new(&i8_form, shape, &[], 1).expect("int8 form");
-        let b = ortcpu::OrtProbe::new(&u8_form, shape, &[], 1).expect("u8 form");
+        let a = ortcpu::OrtProbe::new(&as_written, shape, &[], 1).expect("as written");
+        let b = ortcpu::OrtProbe::new(&cpu, shape, &[], 1).expect("cpu form");
         for seed in 0..3 {
             let x = input(&m, s.hw, 80 + seed);
             let ya = a.run(&x, 1).expect("run").0.data;
@@ -253,6 +256,10 @@ fn the_u8_rewrite_is_exact() {
             assert_eq!(ya, yb, "{name}, input {seed}: bit for bit");
         }
     }
+    assert!(
+        pairs_seen > 0,
+        "some conv was quantized before its activation"
+    );
 }
 
 /// The reference interpreter reads the same intermediate tensors on both engines, and on ONNX

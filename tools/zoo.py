@@ -41,6 +41,10 @@ MODELS = {
     "resnet18_fp16": ("tv:resnet18", (1, 3, 224, 224), 17, True),
     "timm_mobilevit_s": ("timm:mobilevit_s", (1, 3, 256, 256), 17, False),
     "timm_efficientformer_l1": ("timm:efficientformer_l1", (1, 3, 224, 224), 17, False),
+    # Attention with BatchNorm1d between the matmuls (tract cannot load it).
+    "timm_levit_128s": ("timm:levit_128s", (1, 3, 224, 224), 17, False),
+    # Detection with its post-processing in the graph (NonZero, TopK, NMS-style gathers).
+    "ssdlite320_mobilenet_v3_large": ("det:ssdlite320_mobilenet_v3_large", (1, 3, 320, 320), 17, False),
 }
 BIG = 1024  # float initializers with at least this many elements are zeroed by `pack`
 
@@ -55,6 +59,10 @@ def build(src):
         import torchvision
 
         return torchvision.models.get_model(name, weights=None, weights_backbone=None, aux_loss=None)
+    if kind == "det":
+        import torchvision
+
+        return torchvision.models.get_model(name, weights=None, weights_backbone=None)
     import timm
 
     return timm.create_model(name, pretrained=False)
@@ -106,13 +114,31 @@ def export(out_dir, only=None):
                         return self.m(x)["out"]
 
                 m = Wrap().eval()
+            outputs = ["output"]
+            if src.startswith("det:"):
+                inner = m
+
+                class Det(torch.nn.Module):
+                    """The first image's boxes, scores and labels (post-processing included)."""
+
+                    def __init__(self):
+                        super().__init__()
+                        self.m = inner
+
+                    def forward(self, x):
+                        d = self.m(x)[0]
+                        return d["boxes"], d["scores"], d["labels"]
+
+                m = Det().eval()
+                outputs = ["boxes", "scores", "labels"]
             x = torch.randn(*shape)
-            recalibrate_batch_norms(m, shape)
+            if not src.startswith("det:"):  # a detector in train mode wants targets
+                recalibrate_batch_norms(m, shape)
             if fp16:
                 m, x = m.cuda().half(), x.cuda().half()
             with torch.no_grad():
                 torch.onnx.export(m, x, path, opset_version=opset, dynamo=False,
-                                  input_names=["input"], output_names=["output"])
+                                  input_names=["input"], output_names=outputs)
             print(f"zoo: exported {name} ({os.path.getsize(path) / 1e6:.1f} MB)", flush=True)
         except Exception as e:  # one model failing must not lose the others
             print(f"zoo: {name} failed to export: {type(e).__name__}: {e}", flush=True)

@@ -194,7 +194,7 @@ fn load() -> Result<Runtime, String> {
             Err(e) => tried.push(e),
         }
     }
-    Err(tried.join("; "))
+    Err(format!("{}; `{INSTALL_HINT}` enables it", tried.join("; ")))
 }
 
 /// Loads `path`, refusing a library that is not ONNX Runtime or older than [`MIN_VERSION`].
@@ -360,11 +360,11 @@ pub fn resolve(choice: CpuEngineChoice) -> Result<(CpuEngineKind, CpuEngineInfo)
             },
         )),
         Err(why) if choice == CpuEngineChoice::Ort => Err(format!(
-            "--cpu-engine ort: {why}. `{INSTALL_HINT}` installs it (or set ORT_DYLIB_PATH to \
-             a libonnxruntime.so, {MIN_VERSION} or newer); `--cpu-engine tract` runs everywhere"
+            "--cpu-engine ort: {why} (or set ORT_DYLIB_PATH to a libonnxruntime.so, \
+             {MIN_VERSION} or newer); `--cpu-engine tract` runs everywhere"
         )),
         Err(why) => Ok(tract(Some(format!(
-            "ONNX Runtime, the fast CPU engine, is off ({why}); `{INSTALL_HINT}` enables it"
+            "ONNX Runtime, the fast CPU engine, is off: {why}"
         )))),
     }
 }

@@ -1,0 +1,330 @@
+//! The CPU run's form of a symmetric int8 Q/DQ model, two exact rewrites of the engine's copy
+//! (the file exported for TensorRT is not touched):
+//! - Activations as uint8 with zero point 128. ONNX Runtime's x86 int8 kernels are u8
+//!   (activations) x s8 (weights); s8 x s8 models take a much slower path. With
+//!   q = clamp(round(x / s), -128, 127), the uint8 code is q + 128 = clamp(round(x / s) + 128,
+//!   0, 255), and (code - 128) * s = q * s. Weights stay int8.
+//! - A conv's output quantized before its ReLU / Clip, at the scale the activation's output is
+//!   quantized at. TensorRT's placement quantizes a layer's inputs, not its output, so
+//!   `DQ -> Conv -> Relu -> Q` is no unit ONNX Runtime runs on its integer kernels;
+//!   `DQ -> Conv -> Q -> DQ -> Relu -> Q` is. Exact, because rounding is monotone and clipping
+//!   commutes with it: round(clamp(y, a, b) / s) = round(clamp(s * round(y / s), a, b) / s)
+//!   for every y (a value that rounds below a bound a rounds to the same code as a itself).
+
+use std::collections::{HashMap, HashSet};
+
+use tract_onnx::pb::{self, tensor_proto::DataType};
+
+/// Puts a QuantizeLinear -> DequantizeLinear pair between each quantized Conv / Gemm / MatMul
+/// and the ReLU or Clip that is its only reader, where every reader of that activation is a
+/// QuantizeLinear at one scale and zero point: the pair uses those. Returns how many pairs.
+pub fn quantize_before_activations(p: &mut pb::ModelProto) -> usize {
+    let Some(g) = p.graph.as_mut() else {
+        return 0;
+    };
+    let mut readers: HashMap<String, Vec<usize>> = HashMap::new();
+    let mut writer: HashMap<String, usize> = HashMap::new();
+    for (i, n) in g.node.iter().enumerate() {
+        for t in &n.input {
+            readers.entry(t.clone()).or_default().push(i);
+        }
+        for t in &n.output {
+            writer.insert(t.clone(), i);
+        }
+    }
+    let graph_outputs: HashSet<&str> = g.output.iter().map(|o| o.name.as_str()).collect();
+    let only_reader = |t: &str| match readers.get(t).map(Vec::as_slice) {
+        Some([r]) if !graph_outputs.contains(t) => Some(*r),
+        _ => None,
+    };
+    // (activation node, the scale and zero point its readers quantize at)
+    let mut inserts: Vec<(usize, String, String)> = vec![];
+    for (a, act) in g.node.iter().enumerate() {
+        if !matches!(act.op_type.as_str(), "Relu" | "Clip") || act.input.is_empty() {
+            continue;
+        }
+        let qs: Vec<&pb::NodeProto> = readers
+            .get(&act.output[0])
+            .map(|r| r.iter().map(|&i| &g.node[i]).collect())
+            .unwrap_or_default();
+        let Some(first) = qs.first() else { continue };
+        let one_scale = qs.iter().all(|q| {
+            q.op_type == "QuantizeLinear"
+                && q.input.len() >= 3
+                && q.input[1] == first.input[1]
+                && q.input[2] == first.input[2]
+        });
+        let Some(&c) = writer.get(&act.input[0]) else {
+            continue;
+        };
+        let conv = &g.node[c];
+        let quantized = conv
+            .input
+            .first()
+            .and_then(|x| writer.get(x))
+            .is_some_and(|&d| g.node[d].op_type == "DequantizeLinear");
+        if one_scale
+            && !graph_outputs.contains(act.output[0].as_str())
+            && matches!(conv.op_type.as_str(), "Conv" | "Gemm" | "MatMul")
+            && quantized
+            && only_reader(&conv.output[0]) == Some(a)
+        {
+            inserts.push((a, first.input[1].clone(), first.input[2].clone()));
+        }
+    }
+    let count = inserts.len();
+    // From the last, so earlier indices stay valid.
+    for (a, scale, zp) in inserts.into_iter().rev() {
+        let y = g.node[a].input[0].clone();
+        let (q, d) = (format!("{y}_cpu_q"), format!("{y}_cpu_dq"));
+        let name = &g.node[a].name;
+        let qn = crate::model::proto::node(
+            "QuantizeLinear",
+            &format!("{name}_cpu_quantize"),
+            &[&y, &scale, &zp],
+            &[&q],
+            vec![],
+        );
+        let dn = crate::model::proto::node(
+            "DequantizeLinear",
+            &format!("{name}_cpu_dequantize"),
+            &[&q, &scale, &zp],
+            &[&d],
+            vec![],
+        );
+        g.node[a].input[0] = d;
+        g.node.insert(a, dn);
+        g.node.insert(a, qn);
+    }
+    count
+}
+
+/// The shared uint8 zero point the rewritten activations use.
+const U8_ZERO_POINT: &str = "qs_zero_point_u8_128";
+
+/// Rewrites every activation QuantizeLinear of `p` that is symmetric int8 (per-tensor scale,
+/// zero point an int8 zero) to uint8 with zero point 128, and the DequantizeLinear nodes that
+/// read it. Returns how many Q nodes were rewritten. A Q whose output reaches anything but a
+/// DequantizeLinear (a graph output, say) is left as it is.
+pub fn to_u8_activations(p: &mut pb::ModelProto) -> usize {
+    let Some(g) = p.graph.as_mut() else {
+        return 0;
+    };
+    let inits: HashMap<&str, &pb::TensorProto> =
+        g.initializer.iter().map(|t| (t.name.as_str(), t)).collect();
+    let graph_outputs: HashSet<&str> = g.output.iter().map(|o| o.name.as_str()).collect();
+    let mut readers: HashMap<&str, Vec<usize>> = HashMap::new();
+    for (i, n) in g.node.iter().enumerate() {
+        for t in &n.input {
+            readers.entry(t.as_str()).or_default().push(i);
+        }
+    }
+    let is_scalar = |name: &str| {
+        inits
+            .get(name)
+            .is_some_and(|t| t.dims.iter().product::<i64>() == 1)
+    };
+    let is_i8_zero = |name: &str| {
+        inits.get(name).is_some_and(|t| {
+            t.data_type == DataType::Int8 as i32
+                && t.dims.iter().product::<i64>() == 1
+                && crate::model::proto::tensor_i64(t).is_some_and(|v| v.iter().all(|&x| x == 0))
+        })
+    };
+    let mut rewrite: Vec<usize> = vec![];
+    for (i, n) in g.node.iter().enumerate() {
+        if n.op_type != "QuantizeLinear" || !n.domain.is_empty() || n.input.len() < 3 {
+            continue;
+        }
+        let out = n.output[0].as_str();
+        let dqs = readers.get(out).map(Vec::as_slice).unwrap_or(&[]);
+        let only_dq = !dqs.is_empty()
+            && dqs.iter().all(|&j| {
+                let d = &g.node[j];
+                d.op_type == "DequantizeLinear" && d.input.len() >= 3 && d.input[0] == out
+            });
+        if !inits.contains_key(n.input[0].as_str())
+            && is_scalar(&n.input[1])
+            && is_i8_zero(&n.input[2])
+            && only_dq
+            && !graph_outputs.contains(out)
+            && dqs.iter().all(|&j| is_i8_zero(&g.node[j].input[2]))
+        {
+            rewrite.push(i);
+            rewrite.extend_from_slice(dqs);
+        }
+    }
+    let count = rewrite
+        .iter()
+        .filter(|&&i| g.node[i].op_type == "QuantizeLinear")
+        .count();
+    if count == 0 {
+        return 0;
+    }
+    for i in rewrite {
+        g.node[i].input[2] = U8_ZERO_POINT.into();
+    }
+    g.initializer.push(pb::TensorProto {
+        name: U8_ZERO_POINT.into(),
+        dims: vec![],
+        data_type: DataType::Uint8 as i32,
+        raw_data: vec![128],
+        ..Default::default()
+    });
+    // Value infos typed int8 for the rewritten tensors would now be wrong: ORT infers them.
+    g.value_info.clear();
+    count
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::proto;
+
+    fn qdq_graph() -> pb::ModelProto {
+        let nodes = vec![
+            proto::node("QuantizeLinear", "q", &["x", "s", "zp"], &["xq"], vec![]),
+            proto::node(
+                "DequantizeLinear",
+                "dq",
+                &["xq", "s", "zp"],
+                &["xd"],
+                vec![],
+            ),
+            proto::node(
+                "DequantizeLinear",
+                "wdq",
+                &["w", "ws", "zp"],
+                &["wd"],
+                vec![],
+            ),
+            proto::node("Conv", "conv", &["xd", "wd"], &["y"], vec![]),
+            // A Q whose codes are a graph output keeps its type.
+            proto::node(
+                "QuantizeLinear",
+                "q_out",
+                &["y", "s", "zp"],
+                &["yq"],
+                vec![],
+            ),
+        ];
+        pb::ModelProto {
+            graph: Some(pb::GraphProto {
+                node: nodes,
+                initializer: vec![
+                    proto::f32_tensor("s", &[], &[0.1]),
+                    proto::i8_tensor("zp", &[], &[0]),
+                    proto::i8_tensor("w", &[1, 1, 1, 1], &[5]),
+                    proto::f32_tensor("ws", &[], &[0.2]),
+                ],
+                output: vec![proto::float_value_info("yq", None)],
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn activations_become_u8_weights_stay_i8() {
+        let mut p = qdq_graph();
+        assert_eq!(to_u8_activations(&mut p), 1);
+        let g = p.graph.as_ref().expect("graph");
+        let zp =
+            |name: &str| g.node.iter().find(|n| n.name == name).expect("node").input[2].clone();
+        assert_eq!(zp("q"), U8_ZERO_POINT);
+        assert_eq!(zp("dq"), U8_ZERO_POINT);
+        assert_eq!(zp("wdq"), "zp", "weights stay int8");
+        assert_eq!(zp("q_out"), "zp", "a graph output keeps its type");
+        let u8zp = g
+            .initializer
+            .iter()
+            .find(|t| t.name == U8_ZERO_POINT)
+            .expect("zero point");
+        assert_eq!(
+            (u8zp.data_type, u8zp.raw_data.as_slice()),
+            (DataType::Uint8 as i32, &[128u8][..])
+        );
+    }
+
+    #[test]
+    fn a_conv_is_quantized_before_its_relu_at_the_relu_output_scale() {
+        let nodes = vec![
+            proto::node("QuantizeLinear", "q", &["x", "s", "zp"], &["xq"], vec![]),
+            proto::node(
+                "DequantizeLinear",
+                "dq",
+                &["xq", "s", "zp"],
+                &["xd"],
+                vec![],
+            ),
+            proto::node(
+                "DequantizeLinear",
+                "wdq",
+                &["w", "ws", "zp"],
+                &["wd"],
+                vec![],
+            ),
+            proto::node("Conv", "conv", &["xd", "wd"], &["y"], vec![]),
+            proto::node("Relu", "relu", &["y"], &["r"], vec![]),
+            proto::node("QuantizeLinear", "q2", &["r", "s2", "zp"], &["rq"], vec![]),
+            proto::node(
+                "DequantizeLinear",
+                "dq2",
+                &["rq", "s2", "zp"],
+                &["out"],
+                vec![],
+            ),
+        ];
+        let mut p = pb::ModelProto {
+            graph: Some(pb::GraphProto {
+                node: nodes,
+                initializer: vec![
+                    proto::f32_tensor("s", &[], &[0.1]),
+                    proto::f32_tensor("s2", &[], &[0.05]),
+                    proto::i8_tensor("zp", &[], &[0]),
+                    proto::i8_tensor("w", &[1, 1, 1, 1], &[5]),
+                    proto::f32_tensor("ws", &[], &[0.2]),
+                ],
+                output: vec![proto::float_value_info("out", None)],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        assert_eq!(quantize_before_activations(&mut p), 1);
+        let g = p.graph.as_ref().expect("graph");
+        let ops: Vec<&str> = g.node.iter().map(|n| n.op_type.as_str()).collect();
+        assert_eq!(
+            ops[3..7],
+            ["Conv", "QuantizeLinear", "DequantizeLinear", "Relu"],
+            "{ops:?}"
+        );
+        assert_eq!(
+            g.node[4].input,
+            ["y", "s2", "zp"],
+            "at the ReLU output's scale"
+        );
+        assert_eq!(
+            g.node[6].input[0], g.node[5].output[0],
+            "the ReLU reads the pair"
+        );
+        // A second pass finds nothing more to do.
+        assert_eq!(quantize_before_activations(&mut p), 0);
+    }
+
+    /// The arithmetic the rewrites rely on, over every code and rounding boundary: the uint8
+    /// code minus 128, times the scale, is the int8 code times the scale, bit for bit; and
+    /// quantizing before a clip then again after it gives the code of quantizing after it.
+    #[test]
+    fn both_forms_dequantize_to_the_same_values() {
+        let s = 0.0371f32;
+        let q = |v: f32| (v / s).round_ties_even().clamp(-128.0, 127.0);
+        for i in -20_000..20_000 {
+            let x = i as f32 * 0.00173;
+            let qu = ((x / s).round_ties_even() + 128.0).clamp(0.0, 255.0);
+            assert_eq!((qu - 128.0) * s, q(x) * s, "x = {x}");
+            for (lo, hi) in [(0.0, f32::INFINITY), (0.0, 6.0), (-0.93, 2.2)] {
+                assert_eq!(q((q(x) * s).clamp(lo, hi)), q(x.clamp(lo, hi)), "x = {x}");
+            }
+        }
+    }
+}
