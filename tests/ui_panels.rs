@@ -133,6 +133,45 @@ fn build_panel_precisions_backend_and_run() {
     assert!(h.state().log.iter().any(|l| l.error));
 }
 
+/// The CPU engine: the status bar and the Build panel's combo say what runs, and without ONNX
+/// Runtime the combo keeps `ONNX Runtime` disabled, saying why and what enables it.
+#[test]
+fn cpu_engine_combo_and_status_say_what_runs() {
+    use quantscope::backend::cpu::CpuEngineChoice;
+    let mut wb = sample_workbench();
+    wb.ort = Some(Err(
+        "ONNX Runtime not found (looked at ORT_DYLIB_PATH, the `onnxruntime` Python package and \
+         the system's library paths); `pip install onnxruntime` enables it"
+            .into(),
+    ));
+    let mut h = harness(wb);
+    h.run();
+    h.get_by_label_contains("CPU engine: tract (no ONNX Runtime)");
+    // The combo shows its choice as its value.
+    h.get_by_value("auto (tract: no ONNX Runtime)")
+        .scroll_to_me();
+    h.run();
+    h.get_by_value("auto (tract: no ONNX Runtime)").click();
+    h.run();
+    assert!(
+        h.get_by_label("ONNX Runtime")
+            .accesskit_node()
+            .is_disabled(),
+        "not selectable without the library"
+    );
+    h.get_by_label("tract (built in)").click();
+    h.run();
+    assert_eq!(h.state().exp.cpu_engine, CpuEngineChoice::Tract);
+    h.get_by_label_contains("CPU engine: tract");
+
+    let mut wb = sample_workbench();
+    wb.ort = Some(Ok("1.32.0 (/x/libonnxruntime.so.1.32.0)".into()));
+    let mut h = harness(wb);
+    h.run();
+    h.get_by_label_contains("CPU engine: ONNX Runtime 1.32.0");
+    h.get_by_value("auto (ONNX Runtime 1.32.0)");
+}
+
 /// A GPU FP32 row on TF32 tensor cores says so in the table and the report's label.
 #[test]
 fn compare_tab_labels_tf32_rows() {

@@ -274,7 +274,9 @@ def quantscope_round(a, name, path, norm, threads, work, engine):
         if hw:
             out["shape"] = [1, 3, int(hw[0]), int(hw[1])]
     if os.path.isdir(qdq_dir):
-        qdq = [os.path.join(qdq_dir, f) for f in sorted(os.listdir(qdq_dir)) if f.endswith(".onnx")]
+        # The INT8 Q/DQ model, not the float model written beside it for the calibration cache.
+        qdq = [os.path.join(qdq_dir, f) for f in sorted(os.listdir(qdq_dir))
+               if f.endswith(".onnx") and "_int8_" in f]
         out["qdq"] = qdq[0] if qdq else None
     return out
 

@@ -46,12 +46,20 @@ impl Stats {
     }
 
     /// Adds one image's activations, in the order of `names`.
-    pub fn add<T: AsRef<[f32]>>(&mut self, names: &[String], values: &[T]) {
-        for (n, v) in names.iter().zip(values) {
-            if let Some(h) = self.tensors.get_mut(n) {
+    /// Each tensor's histogram is its own, so they are filled in parallel (a ResNet-50 image's
+    /// 50-odd tensors are 10 M values): the same statistics as one after the other.
+    pub fn add<T: AsRef<[f32]> + Sync>(&mut self, names: &[String], values: &[T]) {
+        use rayon::prelude::*;
+        let index: std::collections::HashMap<&str, usize> = names
+            .iter()
+            .enumerate()
+            .map(|(k, n)| (n.as_str(), k))
+            .collect();
+        self.tensors.par_iter_mut().for_each(|(n, h)| {
+            if let Some(v) = index.get(n.as_str()).and_then(|&k| values.get(k)) {
                 h.add(v.as_ref());
             }
-        }
+        });
         self.images += 1;
     }
 

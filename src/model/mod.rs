@@ -355,10 +355,17 @@ impl Model {
         let g = p.graph.as_mut().expect("a loaded model has a graph");
         let name = g.input[0].name.clone();
         g.input[0] = proto::float_value_info(&name, Some(&shape));
-        // Output shapes in the file may carry stale symbolic dims; tract infers them.
+        // Output shapes in the file may carry stale symbolic dims; the engines infer them. Each
+        // output keeps its element type (a detector's labels are int64).
         for o in g.output.iter_mut() {
-            let n = o.name.clone();
-            *o = proto::float_value_info(&n, None);
+            let elem = proto::value_info_elem_type(o).filter(|&t| t != 0);
+            let mut v = proto::float_value_info(&o.name, None);
+            if let (Some(t), Some(pb::type_proto::Value::TensorType(tt))) =
+                (elem, v.r#type.as_mut().and_then(|t| t.value.as_mut()))
+            {
+                tt.elem_type = t;
+            }
+            *o = v;
         }
         g.value_info.clear();
         p
