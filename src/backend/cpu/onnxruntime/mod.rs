@@ -45,11 +45,22 @@ impl Optimisation {
     }
 }
 
+/// What a session is for: its threads spin between runs only where latency is measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Use {
+    /// An engine, timed run after run: idle threads spin, ready for the next run.
+    Engine,
+    /// A statistics pass: between runs the histograms are filled on every core, so ORT's idle
+    /// threads sleep instead of spinning on those cores.
+    Statistics,
+}
+
 /// An ORT session on `model_bytes` with `threads` intra-op threads.
 pub fn session(
     model_bytes: &[u8],
     opt: Optimisation,
     threads: usize,
+    for_use: Use,
     profile_prefix: Option<&std::path::Path>,
 ) -> Result<Session, String> {
     let rt = runtime::runtime()?;
@@ -64,6 +75,9 @@ pub fn session(
         // values instead (an error row, or the batch a probe falls back from).
         .with_log_level(ort::logging::LogLevel::Fatal)
         .map_err(|x| x.to_string())?;
+    if for_use == Use::Statistics {
+        b = b.with_intra_op_spinning(false).map_err(|x| x.to_string())?;
+    }
     if let Some(prefix) = profile_prefix {
         b = b.with_profiling(prefix).map_err(|x| x.to_string())?;
     }
@@ -290,7 +304,7 @@ pub fn build(
         .unwrap_or(0);
     let model_bytes = prost::Message::encode_to_vec(&p);
     let session = crate::guard::catch("building the ONNX Runtime engine", || {
-        session(&model_bytes, opt, threads, None)
+        session(&model_bytes, opt, threads, Use::Engine, None)
     })
     .and_then(|r| r)
     .map_err(build_err)?;
@@ -381,6 +395,7 @@ fn faster_form(
             &prost::Message::encode_to_vec(p),
             Optimisation::Full,
             threads,
+            Use::Engine,
             None,
         )?;
         let mut best = f64::INFINITY;
@@ -457,7 +472,7 @@ impl OrtProbe {
         };
         let bytes = prost::Message::encode_to_vec(&p);
         let session = crate::guard::catch("building the ONNX Runtime probe", || {
-            session(&bytes, opt, threads, None)
+            session(&bytes, opt, threads, Use::Statistics, None)
         })
         .and_then(|r| r)?;
         Ok(OrtProbe {
@@ -487,25 +502,30 @@ impl OrtProbe {
             })
             .and_then(|r| r)?
         };
-        let by_name: std::collections::HashMap<&str, &Output> =
-            names.iter().map(String::as_str).zip(&outs).collect();
-        let first = (*by_name.get(self.output_name.as_str()).ok_or("no output")?).clone();
-        let rest = self
-            .tensors
-            .iter()
-            .map(|t| {
-                if *t == self.input_name {
-                    return Ok(Output {
-                        shape: shape.to_vec(),
-                        data: input.to_vec(),
-                    });
-                }
-                by_name
-                    .get(t.as_str())
-                    .map(|o| (*o).clone())
-                    .ok_or_else(|| format!("ONNX Runtime returned no tensor `{t}`"))
-            })
-            .collect::<Result<Vec<_>, String>>()?;
+        // Moved out, not copied: they are every quantized activation of the model.
+        let mut by_name: std::collections::HashMap<&str, Output> =
+            names.iter().map(String::as_str).zip(outs).collect();
+        let first = by_name
+            .remove(self.output_name.as_str())
+            .ok_or("no output")?;
+        let mut rest = Vec::with_capacity(self.tensors.len());
+        for (k, t) in self.tensors.iter().enumerate() {
+            let value = if *t == self.input_name {
+                Some(Output {
+                    shape: shape.to_vec(),
+                    data: input.to_vec(),
+                })
+            } else if *t == self.output_name {
+                Some(first.clone())
+            } else if self.tensors[k + 1..].contains(t) {
+                // Asked for again later: this one is a copy.
+                by_name.get(t.as_str()).cloned()
+            } else {
+                by_name.remove(t.as_str())
+            }
+            .ok_or_else(|| format!("ONNX Runtime returned no tensor `{t}`"))?;
+            rest.push(value);
+        }
         Ok((first, rest))
     }
 }

@@ -18,7 +18,7 @@ pub fn per_node(
 ) -> Result<Vec<LayerTime>, String> {
     let dir = tempfile::tempdir().map_err(|e| format!("a folder for the profile: {e}"))?;
     let prefix = dir.path().join("ort_profile");
-    let mut s = session(model_bytes, opt, threads, Some(&prefix))?;
+    let mut s = session(model_bytes, opt, threads, super::Use::Engine, Some(&prefix))?;
     for _ in 0..runs.max(1) {
         run_session(&mut s, shape, input, &[])?;
     }
