@@ -93,6 +93,15 @@ fn qdq_of(m: &Model, hw: [usize; 2]) -> quant::QdqModel {
     quant::build_qdq(m, &plan, Some(&stats.ranges(Method::Max, 99.99))).expect("qdq")
 }
 
+/// FP32 agreement: within 1e-4 of the reference's largest magnitude.
+fn assert_close(what: &str, ours: &[f32], reference: &[f32]) {
+    let (err, max_ref) = common::max_err(ours, reference);
+    assert!(
+        err <= 1e-4 * max_ref.max(1e-3),
+        "{what}: max |ort - tract| {err} of max {max_ref}"
+    );
+}
+
 fn run(e: &mut Box<dyn Engine>, x: &[f32]) -> Vec<f32> {
     e.run(x).expect("run").data
 }
@@ -130,11 +139,8 @@ fn fp32_agrees_with_tract_within_1e4_relative() {
         );
         for seed in 0..3 {
             let x = input(&m, s.hw, seed);
-            let (err, max_ref) = common::max_err(&run(&mut o, &x), &run(&mut t, &x));
-            assert!(
-                err <= 1e-4 * max_ref.max(1e-3),
-                "{name}, input {seed}: max |ort - tract| {err} of max {max_ref}"
-            );
+            let what = format!("{name}, input {seed}");
+            assert_close(&what, &run(&mut o, &x), &run(&mut t, &x));
         }
     }
 }
@@ -283,11 +289,7 @@ fn reference_interpreter_reads_the_same_tensors_on_both_engines() {
         for (i, (name, ta)) in tensors.iter().zip(&tract_acts).enumerate() {
             let per = batched[i].data.len() / 3;
             let ours = &batched[i].data[k * per..(k + 1) * per];
-            let (err, max_ref) = common::max_err(ours, ta.as_ref());
-            assert!(
-                err <= 1e-4 * max_ref.max(1e-3),
-                "image {k}, `{name}`: max error {err} of {max_ref}"
-            );
+            assert_close(&format!("image {k}, `{name}`"), ours, ta.as_ref());
         }
     }
 }

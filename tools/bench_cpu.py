@@ -32,9 +32,9 @@ ms / most-threads ms) of each quantscope-ORT precision and of plain ORT fp32 (ta
 ResNet-50 on 16 cores).
 
 On a CPU without VNNI (AVX-512 VNNI or AVX-VNNI; the header says which) quantscope's ORT INT8
-deliberately runs the exact basic-optimisation path (ORT's fused int8 kernels there round
-differently), so its ratio to ORT's fused (full opt) int8 is expected to be > 1 on such CPUs;
-compare it with the "our Q/DQ, basic opt" row instead.
+deliberately runs the Q/DQ model as exact fake quantization, with no graph optimisation (ORT's
+fused u8 x s8 kernels saturate there), so its ratio to ORT's fused (full opt) int8 is expected to
+be > 1 on such CPUs; compare it with the "our Q/DQ, basic opt" row instead.
 
 Order of work, in this one process: ORT's own quantization of each model first; then for each
 thread count, for each round, for each model: quantscope-ORT (fp32, fp16, int8; its own timing
@@ -327,8 +327,9 @@ def main():
     if vnni:
         say(f"VNNI: yes ({' '.join(vnni)})")
     else:
-        say("VNNI: no. quantscope's ORT INT8 deliberately runs the exact basic-optimisation path "
-            "on this CPU, so its ratio to ORT's fused (full opt) int8 is expected to be > 1 here")
+        say("VNNI: no. quantscope's ORT INT8 deliberately runs exact fake quantization (no graph "
+            "optimisation) on this CPU, so its ratio to ORT's fused (full opt) int8 is expected "
+            "to be > 1 here")
     say(f"onnxruntime {ort.__version__} (Python package); quantscope {a.quantscope}; {a.rounds} rounds, "
         f">= {a.runs} runs per engine per round; median over rounds of per-round medians")
     say("ORT's own int8 (quantize_static, QDQ, per-channel weights) is calibrated on 8 random "

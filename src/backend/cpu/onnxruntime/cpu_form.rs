@@ -181,47 +181,45 @@ mod tests {
     use super::*;
     use crate::model::proto;
 
-    fn qdq_graph() -> pb::ModelProto {
-        let nodes = vec![
-            proto::node("QuantizeLinear", "q", &["x", "s", "zp"], &["xq"], vec![]),
-            proto::node(
-                "DequantizeLinear",
-                "dq",
-                &["xq", "s", "zp"],
-                &["xd"],
-                vec![],
-            ),
-            proto::node(
-                "DequantizeLinear",
-                "wdq",
-                &["w", "ws", "zp"],
-                &["wd"],
-                vec![],
-            ),
-            proto::node("Conv", "conv", &["xd", "wd"], &["y"], vec![]),
-            // A Q whose codes are a graph output keeps its type.
-            proto::node(
-                "QuantizeLinear",
-                "q_out",
-                &["y", "s", "zp"],
-                &["yq"],
-                vec![],
-            ),
+    /// A quantized conv (`x` and `w` through Q/DQ at scale `s` / `ws`), then `tail`; `out` is
+    /// the graph output.
+    fn quantized_conv(tail: Vec<pb::NodeProto>, out: &str) -> pb::ModelProto {
+        let node =
+            |op: &str, name: &str, i: &[&str], o: &str| proto::node(op, name, i, &[o], vec![]);
+        let mut nodes = vec![
+            node("QuantizeLinear", "q", &["x", "s", "zp"], "xq"),
+            node("DequantizeLinear", "dq", &["xq", "s", "zp"], "xd"),
+            node("DequantizeLinear", "wdq", &["w", "ws", "zp"], "wd"),
+            node("Conv", "conv", &["xd", "wd"], "y"),
         ];
+        nodes.extend(tail);
         pb::ModelProto {
             graph: Some(pb::GraphProto {
                 node: nodes,
                 initializer: vec![
                     proto::f32_tensor("s", &[], &[0.1]),
+                    proto::f32_tensor("s2", &[], &[0.05]),
                     proto::i8_tensor("zp", &[], &[0]),
                     proto::i8_tensor("w", &[1, 1, 1, 1], &[5]),
                     proto::f32_tensor("ws", &[], &[0.2]),
                 ],
-                output: vec![proto::float_value_info("yq", None)],
+                output: vec![proto::float_value_info(out, None)],
                 ..Default::default()
             }),
             ..Default::default()
         }
+    }
+
+    fn qdq_graph() -> pb::ModelProto {
+        // A Q whose codes are a graph output keeps its type.
+        let q_out = proto::node(
+            "QuantizeLinear",
+            "q_out",
+            &["y", "s", "zp"],
+            &["yq"],
+            vec![],
+        );
+        quantized_conv(vec![q_out], "yq")
     }
 
     #[test]
@@ -248,48 +246,20 @@ mod tests {
 
     #[test]
     fn a_conv_is_quantized_before_its_relu_at_the_relu_output_scale() {
-        let nodes = vec![
-            proto::node("QuantizeLinear", "q", &["x", "s", "zp"], &["xq"], vec![]),
-            proto::node(
-                "DequantizeLinear",
-                "dq",
-                &["xq", "s", "zp"],
-                &["xd"],
-                vec![],
-            ),
-            proto::node(
-                "DequantizeLinear",
-                "wdq",
-                &["w", "ws", "zp"],
-                &["wd"],
-                vec![],
-            ),
-            proto::node("Conv", "conv", &["xd", "wd"], &["y"], vec![]),
-            proto::node("Relu", "relu", &["y"], &["r"], vec![]),
-            proto::node("QuantizeLinear", "q2", &["r", "s2", "zp"], &["rq"], vec![]),
-            proto::node(
-                "DequantizeLinear",
-                "dq2",
-                &["rq", "s2", "zp"],
-                &["out"],
-                vec![],
-            ),
-        ];
-        let mut p = pb::ModelProto {
-            graph: Some(pb::GraphProto {
-                node: nodes,
-                initializer: vec![
-                    proto::f32_tensor("s", &[], &[0.1]),
-                    proto::f32_tensor("s2", &[], &[0.05]),
-                    proto::i8_tensor("zp", &[], &[0]),
-                    proto::i8_tensor("w", &[1, 1, 1, 1], &[5]),
-                    proto::f32_tensor("ws", &[], &[0.2]),
-                ],
-                output: vec![proto::float_value_info("out", None)],
-                ..Default::default()
-            }),
-            ..Default::default()
-        };
+        let mut p = quantized_conv(
+            vec![
+                proto::node("Relu", "relu", &["y"], &["r"], vec![]),
+                proto::node("QuantizeLinear", "q2", &["r", "s2", "zp"], &["rq"], vec![]),
+                proto::node(
+                    "DequantizeLinear",
+                    "dq2",
+                    &["rq", "s2", "zp"],
+                    &["out"],
+                    vec![],
+                ),
+            ],
+            "out",
+        );
         assert_eq!(quantize_before_activations(&mut p), 1);
         let g = p.graph.as_ref().expect("graph");
         let ops: Vec<&str> = g.node.iter().map(|n| n.op_type.as_str()).collect();

@@ -1,8 +1,9 @@
 //! The CPU engine on ONNX Runtime: FP32 as the model is (full graph optimisation); INT8 from the
-//! same Q/DQ model quantscope exports for TensorRT, in the form that is both exact and fastest on
-//! this CPU ([`cpu_form`]); FP16 from the strongly typed FP16 export (FP16 numerics: ORT inserts casts
-//! where the CPU has no FP16 kernel, so the latency is not an FP16 device's). Also the reference
-//! interpreter's ORT side: a graph with chosen tensors exposed as extra outputs.
+//! same Q/DQ model quantscope exports for TensorRT, in the form that is both exact and fastest
+//! on this CPU ([`cpu_form`]); FP16 from the strongly typed FP16 export (FP16 numerics: ORT
+//! inserts casts where the CPU has no FP16 kernel, so the latency is not an FP16 device's).
+//! Also the reference interpreter's ORT side: a graph with chosen tensors exposed as extra
+//! outputs.
 
 pub mod cpu_form;
 pub mod profile;
@@ -25,7 +26,9 @@ use runtime::CpuIsa;
 /// Graph optimisation, by what the session is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Optimisation {
-    /// Every ORT fusion and layout change: engines whose arithmetic stays exact with them.
+    /// Every ORT fusion and layout change: FP32 and FP16 engines, and INT8 where ORT's integer
+    /// kernels do not saturate (their requantizing rounds in float, so a code near a boundary
+    /// can differ by one from the fake-quantized model's).
     Full,
     /// No graph rewrite, every node as the file writes it: Q/DQ is fake quantization in float,
     /// exact on every CPU (the reference for statistics, and INT8 on x86 without VNNI). Even
@@ -226,8 +229,8 @@ impl Engine for OrtEngine {
 }
 
 /// Builds the ORT engine for `input`. INT8 runs the Q/DQ model: where the fused u8 x s8 kernels
-/// are exact (VNNI, or not x86), in whichever of the u8-activation and int8 forms runs faster
-/// (both timed); elsewhere as exact fake quantization ([`Optimisation::Exact`]).
+/// do not saturate (VNNI, or not x86), as written or in its CPU form ([`cpu_form`]), whichever
+/// runs faster (both timed); elsewhere as exact fake quantization ([`Optimisation::Exact`]).
 pub fn build(
     input: BuildInput<'_>,
     spec: BuildSpec,
