@@ -138,6 +138,7 @@ fn build_panel_precisions_backend_and_run() {
 #[test]
 fn cpu_engine_combo_and_status_say_what_runs() {
     use quantscope::backend::cpu::CpuEngineChoice;
+    use quantscope::backend::cpu::onnxruntime::runtime::OrtFound;
     let mut wb = sample_workbench();
     wb.ort = Some(Err(
         "ONNX Runtime not found (looked at ORT_DYLIB_PATH, the `onnxruntime` Python package and \
@@ -165,7 +166,10 @@ fn cpu_engine_combo_and_status_say_what_runs() {
     h.get_by_label_contains("CPU engine: tract");
 
     let mut wb = sample_workbench();
-    wb.ort = Some(Ok("1.32.0 (/x/libonnxruntime.so.1.32.0)".into()));
+    wb.ort = Some(Ok(OrtFound {
+        version: "1.32.0".into(),
+        path: "/x/libonnxruntime.so.1.32.0".into(),
+    }));
     let mut h = harness(wb);
     h.run();
     h.get_by_label_contains("CPU engine: ONNX Runtime 1.32.0");

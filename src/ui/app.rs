@@ -1142,7 +1142,11 @@ impl Workbench {
             }
             Event::Backends { status, ort, .. } if self.backend_job == Some(job) => {
                 match &ort {
-                    Ok(v) => self.log_info(format!("CPU engine: ONNX Runtime {v}")),
+                    Ok(o) => self.log_info(format!(
+                        "CPU engine: ONNX Runtime {} ({})",
+                        o.version,
+                        o.path.display()
+                    )),
                     Err(why) => self.log_info(format!("CPU engine: tract ({why})")),
                 }
                 self.ort = Some(ort);
@@ -1716,7 +1720,7 @@ impl Workbench {
             };
             let cpu_engine = match (self.exp.cpu_engine, &self.ort) {
                 (crate::backend::cpu::CpuEngineChoice::Tract, _) => "tract".to_string(),
-                (_, Some(Ok(v))) => format!("ONNX Runtime {}", v.split(' ').next().unwrap_or("")),
+                (_, Some(Ok(o))) => format!("ONNX Runtime {}", o.version),
                 (crate::backend::cpu::CpuEngineChoice::Ort, Some(Err(_))) => {
                     "ONNX Runtime (not found)".to_string()
                 }
@@ -1727,20 +1731,20 @@ impl Workbench {
                 "Backend: {} — {dev}{threads} · CPU engine: {cpu_engine}",
                 kind.name().to_uppercase()
             ))
-            .on_hover_text(match &self.ort {
-                Some(Ok(v)) => format!(
-                    "The backend engines are built on, its device, and the threads the CPU \
-                     engines use. The CPU engine (CPU rows and every statistics pass): ONNX \
-                     Runtime {v}"
-                ),
-                Some(Err(why)) => format!(
-                    "The backend engines are built on, its device, and the threads the CPU \
-                     engines use. The CPU engine is tract: {why}"
-                ),
-                None => "The backend engines are built on, its device, and the threads the CPU \
-                         engines use"
-                    .to_string(),
-            });
+            .on_hover_text(format!(
+                "The backend engines are built on, its device, and the threads the CPU engines \
+                 use.{}",
+                match &self.ort {
+                    Some(Ok(o)) => format!(
+                        " The CPU engine (CPU rows and every statistics pass): ONNX Runtime {} \
+                         ({})",
+                        o.version,
+                        o.path.display()
+                    ),
+                    Some(Err(why)) => format!(" The CPU engine is tract: {why}"),
+                    None => String::new(),
+                }
+            ));
             ui.separator();
             match &self.run {
                 Some(run) => {

@@ -249,14 +249,6 @@ pub enum DialogPurpose {
     Export(ExportKind),
 }
 
-/// ONNX Runtime as the worker found it, for the Build panel's CPU engine combo.
-pub struct CpuEngineStatus {
-    /// Its version, or why it cannot be used.
-    pub ort: Option<Result<String, String>>,
-    /// "version (library path)", or why not.
-    pub detail: Result<String, String>,
-}
-
 /// The whole workbench: saved experiment, runtime state, worker handle.
 pub struct Workbench {
     pub exp: Experiment,
@@ -282,9 +274,9 @@ pub struct Workbench {
     /// A message shown above the results (e.g. a missing experiment file).
     pub banner: Option<(String, bool)>,
     pub backends: Vec<(BackendKind, Result<String, String>)>,
-    /// ONNX Runtime for the CPU engine: "version (library)", or why it is not found; `None`
-    /// until the worker has looked.
-    pub ort: Option<Result<String, String>>,
+    /// ONNX Runtime for the CPU engine: its version and library, or why it is not found;
+    /// `None` until the worker has looked.
+    pub ort: Option<Result<crate::backend::cpu::onnxruntime::runtime::OrtFound, String>>,
     /// The method used when "compare all methods" is off.
     pub primary_method: Method,
     pub open_path_text: String,
@@ -413,18 +405,6 @@ impl Workbench {
         if self.log.len() > 5000 {
             self.log.drain(..1000);
         }
-    }
-
-    /// What the CPU engine choice can be here: ONNX Runtime's version, or why it is missing.
-    pub fn cpu_engine_status(&self) -> Option<CpuEngineStatus> {
-        self.ort.as_ref().map(|o| CpuEngineStatus {
-            ort: Some(
-                o.as_ref()
-                    .map(|v| v.split(' ').next().unwrap_or("").to_string())
-                    .map_err(Clone::clone),
-            ),
-            detail: o.clone(),
-        })
     }
 
     /// The backend's device, or why it cannot run.

@@ -217,8 +217,7 @@ pub(super) fn answer(job: JobId, req: IoRequest) -> Event {
                 .into_iter()
                 .map(|k| (k, backend::backend(k).check()))
                 .collect(),
-            ort: backend::cpu::onnxruntime::runtime::runtime()
-                .map(|rt| format!("{} ({})", rt.version, rt.path.display())),
+            ort: backend::cpu::onnxruntime::runtime::found(),
         },
         IoRequest::ExportQdq { dir, model, qdq } => Event::Exported {
             job,

@@ -89,7 +89,7 @@ pub enum Event {
         job: JobId,
         status: Vec<(BackendKind, Result<String, String>)>,
         /// ONNX Runtime for the CPU engine: its version and library, or why it is not found.
-        ort: Result<String, String>,
+        ort: Result<crate::backend::cpu::onnxruntime::runtime::OrtFound, String>,
     },
     /// Q/DQ models and calibration caches written: the files, or why not.
     Exported {

@@ -45,21 +45,8 @@ pub fn set_engine(choice: CpuEngineChoice) -> Result<CpuEngineInfo, String> {
 /// The CPU engine in force (`auto` resolved, when nobody set one).
 pub fn engine() -> (CpuEngineKind, CpuEngineInfo) {
     let mut e = ENGINE.lock().unwrap_or_else(|e| e.into_inner());
-    e.get_or_insert_with(|| {
-        onnxruntime::runtime::resolve(CpuEngineChoice::Auto).unwrap_or_else(|_| unreachable_tract())
-    })
-    .clone()
-}
-
-/// What `auto` gives when even its fallback cannot be described (never: `auto` always resolves).
-fn unreachable_tract() -> (CpuEngineKind, CpuEngineInfo) {
-    (
-        CpuEngineKind::Tract,
-        CpuEngineInfo {
-            name: "tract".into(),
-            ..Default::default()
-        },
-    )
+    e.get_or_insert_with(onnxruntime::runtime::resolve_auto)
+        .clone()
 }
 
 pub fn engine_kind() -> CpuEngineKind {
@@ -578,11 +565,7 @@ impl Backend for CpuBackend {
                 onnxruntime::runtime::INSTALL_HINT
             ),
         };
-        Ok(format!(
-            "{} ({} threads available); {runtime}",
-            onnxruntime::runtime::CpuIsa::get().summary(),
-            all_threads()
-        ))
+        Ok(format!("{}; {runtime}", cpu_device()))
     }
 
     fn build(
@@ -618,14 +601,18 @@ impl Backend for TractBackend {
     }
 }
 
+/// The CPU an engine runs on, for its `device` (the row's `engine` says which runtime ran it).
+fn cpu_device() -> String {
+    format!(
+        "{} ({} threads available)",
+        onnxruntime::runtime::CpuIsa::get().summary(),
+        all_threads()
+    )
+}
+
 /// The CPU engine of `input` on ONNX Runtime (which must be loadable), on [`threads`] threads.
 pub fn build_ort(input: BuildInput<'_>, spec: BuildSpec) -> Result<Box<dyn Engine>, BackendError> {
-    onnxruntime::build(
-        input,
-        spec,
-        threads(),
-        CpuBackend.check().unwrap_or_default(),
-    )
+    onnxruntime::build(input, spec, threads(), cpu_device())
 }
 
 /// The CPU engine of `input` on tract.
@@ -642,7 +629,7 @@ pub fn build_tract(
     let shape = model.input_shape(spec.batch, spec.hw);
     let mut info = EngineInfo {
         backend: "cpu".into(),
-        device: CpuBackend.check().unwrap_or_default(),
+        device: cpu_device(),
         ..Default::default()
     };
     let p = match input {

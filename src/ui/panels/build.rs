@@ -166,10 +166,10 @@ pub fn build_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
 /// found) or tract. The CPU engine also runs every statistics pass, on either backend.
 fn cpu_engine_ui(wb: &Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
     use crate::backend::cpu::CpuEngineChoice;
-    let ort = wb.cpu_engine_status().and_then(|s| s.ort);
+    let ort = &wb.ort;
     let label = |c: CpuEngineChoice| match c {
-        CpuEngineChoice::Auto => match &ort {
-            Some(Ok(v)) => format!("auto (ONNX Runtime {v})"),
+        CpuEngineChoice::Auto => match ort {
+            Some(Ok(o)) => format!("auto (ONNX Runtime {})", o.version),
             Some(Err(_)) => "auto (tract: no ONNX Runtime)".to_string(),
             None => "auto".to_string(),
         },
@@ -194,7 +194,7 @@ fn cpu_engine_ui(wb: &Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
                             "ONNX Runtime, the CPU runtime people deploy: 2-7x faster than tract, \
                              and INT8 on its integer kernels where they are exact on this CPU",
                         )
-                        .on_disabled_hover_text(match &ort {
+                        .on_disabled_hover_text(match ort {
                             Some(Err(why)) => why.clone(),
                             _ => "looking for ONNX Runtime…".into(),
                         }),

@@ -161,6 +161,13 @@ impl CpuIsa {
     }
 }
 
+/// ONNX Runtime as found here: what the GUI's status bar and CPU engine combo show.
+#[derive(Clone, Debug, PartialEq)]
+pub struct OrtFound {
+    pub version: String,
+    pub path: PathBuf,
+}
+
 /// ONNX Runtime, loaded.
 pub struct Runtime {
     pub path: PathBuf,
@@ -325,48 +332,61 @@ fn python_package_libraries() -> Vec<PathBuf> {
     out
 }
 
+/// What ONNX Runtime is here: its version and library, or why it cannot be used.
+pub fn found() -> Result<OrtFound, String> {
+    runtime().map(|rt| OrtFound {
+        version: rt.version.clone(),
+        path: rt.path.clone(),
+    })
+}
+
 /// The engine `choice` resolves to here, with what the report says of it. `Ort` without a
 /// usable library is an error naming where it looked; `Auto` falls back to tract with a note.
 pub fn resolve(choice: CpuEngineChoice) -> Result<(CpuEngineKind, CpuEngineInfo), String> {
-    let isa = CpuIsa::get().summary();
-    let tract = |note: Option<String>| {
-        (
-            CpuEngineKind::Tract,
-            CpuEngineInfo {
-                name: "tract".into(),
-                version: TRACT_VERSION.into(),
-                path: None,
-                isa: isa.clone(),
-                note,
-            },
-        )
-    };
-    if choice == CpuEngineChoice::Tract {
-        return Ok(tract(None));
+    match (choice, runtime()) {
+        (CpuEngineChoice::Tract, _) => Ok(tract_info(None)),
+        (CpuEngineChoice::Ort, Err(why)) => Err(format!(
+            "--cpu-engine ort: {why} (or set ORT_DYLIB_PATH to a libonnxruntime.so, \
+             {MIN_VERSION} or newer); `--cpu-engine tract` runs everywhere"
+        )),
+        _ => Ok(resolve_auto()),
     }
+}
+
+/// `auto`: ONNX Runtime where it loads, else tract with the reason; it always resolves.
+pub fn resolve_auto() -> (CpuEngineKind, CpuEngineInfo) {
     match runtime() {
-        Ok(rt) => Ok((
+        Ok(rt) => (
             CpuEngineKind::Ort,
             CpuEngineInfo {
                 name: "onnxruntime".into(),
                 version: rt.version.clone(),
                 path: Some(rt.path.clone()),
-                isa: isa.clone(),
+                isa: CpuIsa::get().summary(),
                 note: (!CpuIsa::get().fused_int8_exact()).then(|| {
                     "INT8 runs as exact fake quantization (no graph optimisation), not on ONNX \
                      Runtime's fused u8 x s8 kernels, which saturate on x86 without VNNI"
                         .to_string()
                 }),
             },
-        )),
-        Err(why) if choice == CpuEngineChoice::Ort => Err(format!(
-            "--cpu-engine ort: {why} (or set ORT_DYLIB_PATH to a libonnxruntime.so, \
-             {MIN_VERSION} or newer); `--cpu-engine tract` runs everywhere"
-        )),
-        Err(why) => Ok(tract(Some(format!(
+        ),
+        Err(why) => tract_info(Some(format!(
             "ONNX Runtime, the fast CPU engine, is off: {why}"
-        )))),
+        ))),
     }
+}
+
+fn tract_info(note: Option<String>) -> (CpuEngineKind, CpuEngineInfo) {
+    (
+        CpuEngineKind::Tract,
+        CpuEngineInfo {
+            name: "tract".into(),
+            version: TRACT_VERSION.into(),
+            path: None,
+            isa: CpuIsa::get().summary(),
+            note,
+        },
+    )
 }
 
 /// tract's version, as Cargo.lock pins it.
