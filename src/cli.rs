@@ -25,7 +25,8 @@ pub mod exit {
     /// Bad input, refused before any engine ran: a flag, the model, the data or the experiment
     /// file (also clap's own usage errors).
     pub const BAD_INPUT: u8 = 2;
-    /// Some engines failed: their rows carry the error; the other rows are in the report.
+    /// Some engines failed: their rows carry the error, or their outputs held NaN/Inf and their
+    /// metrics are void; the other rows are in the report.
     /// (`inspect --backend cuda`: some nodes cannot be built by that backend.)
     pub const ENGINES_FAILED: u8 = 3;
     /// An output (report, experiment, Q/DQ export, mask overlays) could not be written.
@@ -38,7 +39,8 @@ const EXIT_CODES_HELP: &str = "Exit codes:
   0    every requested engine produced its row and every output was written
   1    quantscope itself failed (a bug; please report it)
   2    bad input, refused before any engine ran (flag, model, data or experiment file)
-  3    some engines failed; their rows carry the error, the others are in the report
+  3    some engines failed (their rows carry the error) or output NaN/Inf (their metrics are
+       void and say so); the other rows are in the report
        (inspect --backend cuda: some nodes cannot be built by that backend)
   4    an output (report, experiment, Q/DQ export, mask overlays) could not be written
   130  interrupted (Ctrl-C); the finished rows were written, marked incomplete";
@@ -92,13 +94,14 @@ pub enum Command {
 
 #[derive(Args, Debug, Default)]
 pub struct OutputArgs {
-    /// Write the JSON report here.
+    /// Write the JSON report here; `-` writes it to stdout (the table then goes to stderr).
+    /// A FIFO or a device such as /dev/null is written through, never replaced.
     #[arg(long, value_name = "OUT.json")]
     pub report: Option<PathBuf>,
-    /// Write a Markdown table here.
+    /// Write a Markdown table here (`-`: stdout).
     #[arg(long, value_name = "OUT.md")]
     pub md: Option<PathBuf>,
-    /// Write a CSV table here.
+    /// Write a CSV table here (`-`: stdout).
     #[arg(long, value_name = "OUT.csv")]
     pub csv: Option<PathBuf>,
     /// Write each method's Q/DQ ONNX model and TensorRT calibration cache to this folder.
@@ -288,6 +291,13 @@ pub struct EvalArgs {
     /// ... and at least this long (ms).
     #[arg(long, default_value_t = 1000.0)]
     pub min_time_ms: f64,
+    /// Then keep timing until the median is known to ±2 % (its 95 % confidence interval), or
+    /// --max-time-ms has passed: for a busy machine. The report gives each row's interval.
+    #[arg(long)]
+    pub until_stable: bool,
+    /// The most time --until-stable spends timing one engine (ms).
+    #[arg(long, default_value_t = 20_000.0)]
+    pub max_time_ms: f64,
     /// Batch size for the throughput measurement (1 = skip).
     #[arg(long, default_value_t = 8)]
     pub batch: usize,
@@ -342,6 +352,18 @@ impl EvalArgs {
             anyhow::bail!(
                 "--pad-value applies to --resize letterbox only; drop it or use letterbox"
             );
+        }
+        for (flag, v) in [
+            ("--budget-top1", self.budget_top1),
+            ("--budget-miou-rel", self.budget_miou_rel),
+        ] {
+            if let Some(v) = v
+                && !(v.is_finite() && (0.0..=100.0).contains(&v))
+            {
+                anyhow::bail!(
+                    "{flag}: {v} is not a budget; give points between 0 and 100 (1 is usual)"
+                );
+            }
         }
         Ok(())
     }
@@ -541,6 +563,8 @@ impl EvalArgs {
         }
         e.bench.min_runs = self.min_runs;
         e.bench.min_time_ms = self.min_time_ms;
+        e.bench.until_stable = self.until_stable;
+        e.bench.max_time_ms = self.max_time_ms;
         e.bench.batch = self.batch;
         self.out.apply(&mut e);
         if self.precisions.is_none() && e.backend == BackendKind::Cuda {
@@ -643,9 +667,10 @@ impl Sink for CliSink {
             .latency_ms
             .map(|l| format!("{:.2} ms", l.median))
             .unwrap_or_else(|| "–".into());
-        match &row.error {
-            Some(e) => self.log(&format!("{:<16} error: {e}", row.label())),
-            None => self.log(&format!(
+        match (&row.error, &row.non_finite) {
+            (Some(e), _) => self.log(&format!("{:<16} error: {e}", row.label())),
+            (None, Some(n)) => self.log(&format!("{:<16} {}", row.label(), n.reason())),
+            (None, None) => self.log(&format!(
                 "{:<16} metric {m:>9}  latency {l:>10}",
                 row.label()
             )),
@@ -684,13 +709,23 @@ fn interrupt_token(sink: &CliSink) -> CancelToken {
     }
 }
 
+/// Prints the result table to stdout, or to stderr where one of `outputs` is `-` (stdout then
+/// carries that output alone, for a pipe).
+fn print_table<'a>(table: &str, outputs: impl IntoIterator<Item = &'a PathBuf>) {
+    if outputs.into_iter().any(|p| crate::files::is_stdout(p)) {
+        eprintln!("{table}");
+    } else {
+        println!("{table}");
+    }
+}
+
 /// The exit code a finished run earns (see [`exit`]).
 fn run_exit_code(report: &Report, output_errors: &[String]) -> u8 {
     if report.incomplete {
         exit::INTERRUPTED
     } else if !output_errors.is_empty() {
         exit::OUTPUT_FAILED
-    } else if report.rows.iter().any(|r| r.error.is_some()) {
+    } else if report.rows.iter().any(crate::report::Row::failed) {
         exit::ENGINES_FAILED
     } else {
         exit::OK
@@ -712,7 +747,11 @@ fn run_experiment(
     let out = pipeline::run(exp, &sink, &cancel)
         .with_context(|| format!("running `{}`", exp.model.display()))?;
     sink.bar.finish_and_clear();
-    println!("{}", out.report.to_markdown());
+    let o = &exp.output;
+    print_table(
+        &out.report.to_markdown(),
+        [&o.report_json, &o.markdown, &o.csv].into_iter().flatten(),
+    );
     let mut code = run_exit_code(&out.report, &out.output_errors);
     for e in &out.output_errors {
         eprintln!("error: {e}");
@@ -734,7 +773,14 @@ fn run_experiment(
         }
     }
     match code {
-        exit::ENGINES_FAILED => eprintln!("error: some engines failed; see their rows"),
+        exit::ENGINES_FAILED => {
+            eprintln!("error: some engines failed or output NaN/Inf; see their rows")
+        }
+        exit::INTERRUPTED if out.report.finished_rows() == 0 => {
+            eprintln!(
+                "interrupted before any row finished: existing outputs were left as they were"
+            )
+        }
         exit::INTERRUPTED => eprintln!("interrupted: the report holds the finished rows"),
         _ => {}
     }
@@ -993,7 +1039,10 @@ fn dispatch(cli: Cli) -> Result<u8> {
                 method: args.method,
             };
             let (report, qdq) = sensitivity(&e, &opts)?;
-            println!("{}", report.to_markdown());
+            print_table(
+                &report.to_markdown(),
+                [&out.report, &out.md].into_iter().flatten(),
+            );
             let mut code = exit::OK;
             let mut put = |r: Result<(), String>| {
                 if let Err(e) = r {

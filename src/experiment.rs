@@ -1,6 +1,7 @@
 //! `Experiment`: what to run, saved as human-readable RON. The CLI and the GUI both describe
-//! their work as one and hand it to the same pipeline. Unknown fields are tolerated and
-//! missing ones take defaults, so older and newer files open.
+//! their work as one and hand it to the same pipeline. Missing fields take defaults, so older
+//! files open; unknown (misspelt) fields are refused with their position and the nearest known
+//! name, since a setting silently ignored is a setting the user believes changed.
 
 use std::path::{Path, PathBuf};
 
@@ -49,6 +50,7 @@ impl TaskChoice {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
 #[serde(default)]
+#[serde(deny_unknown_fields)]
 pub struct CalibSpec {
     /// Folder of calibration images, searched recursively.
     pub dir: Option<PathBuf>,
@@ -57,6 +59,7 @@ pub struct CalibSpec {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, Default)]
 #[serde(default)]
+#[serde(deny_unknown_fields)]
 pub struct EvalSpec {
     /// ImageFolder (`<class>/<image>`) or `images/` + `masks/` folder.
     pub dir: Option<PathBuf>,
@@ -72,6 +75,7 @@ pub struct EvalSpec {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
+#[serde(deny_unknown_fields)]
 pub struct OutputSpec {
     pub report_json: Option<PathBuf>,
     pub markdown: Option<PathBuf>,
@@ -101,6 +105,7 @@ impl Default for OutputSpec {
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
+#[serde(deny_unknown_fields)]
 pub struct Experiment {
     pub version: u32,
     pub name: String,
@@ -152,6 +157,7 @@ pub struct Experiment {
 /// Layers kept in float on top of `exclude`, and the calibration that goes with them.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
+#[serde(deny_unknown_fields)]
 pub struct MixedPrecision {
     pub keep_float: Vec<String>,
     pub method: Option<Method>,
@@ -190,6 +196,35 @@ impl Default for Experiment {
     }
 }
 
+/// A RON error in words: where it is, and for a misspelt field the nearest known one.
+fn parse_error(e: &ron::error::SpannedError) -> String {
+    let at = format!("line {}, column {}", e.span.start.line, e.span.start.col);
+    match &e.code {
+        ron::Error::NoSuchStructField {
+            expected,
+            found,
+            outer,
+        } => {
+            let within = outer
+                .as_ref()
+                .map(|o| format!(" in `{o}`"))
+                .unwrap_or_default();
+            let nearest = expected
+                .iter()
+                .map(|k| (strsim::jaro_winkler(k, found), k))
+                .filter(|(score, _)| *score > 0.8)
+                .max_by(|a, b| a.0.total_cmp(&b.0))
+                .map(|(_, k)| format!(" did you mean `{k}`?"))
+                .unwrap_or_default();
+            format!(
+                "{at}: unknown field `{found}`{within};{nearest} The fields here are: {}",
+                expected.join(", ")
+            )
+        }
+        code => format!("{at}: {code}"),
+    }
+}
+
 fn resolve(base: &Path, p: &mut PathBuf) {
     if !p.as_os_str().is_empty() && p.is_relative() {
         *p = base.join(&*p);
@@ -220,7 +255,7 @@ impl Experiment {
     /// Parses an experiment; a file from a newer quantscope (a higher `version`) is refused
     /// rather than run with fields it would silently ignore.
     pub fn from_ron(text: &str) -> Result<Experiment, String> {
-        let e: Experiment = ron::from_str(text).map_err(|e| e.to_string())?;
+        let e: Experiment = ron::from_str(text).map_err(|e| parse_error(&e))?;
         if e.version == 0 || e.version > EXPERIMENT_VERSION {
             return Err(format!(
                 "version {} is not one this quantscope reads (it reads version 1 to {EXPERIMENT_VERSION}); \
@@ -322,7 +357,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ron_round_trip_and_unknown_fields() {
+    fn ron_round_trip_missing_and_unknown_fields() {
         let mut e = Experiment {
             name: "x".into(),
             ..Default::default()
@@ -330,10 +365,18 @@ mod tests {
         e.model = "m.onnx".into();
         let text = e.to_ron();
         assert_eq!(Experiment::from_ron(&text).ok(), Some(e));
-        let older = "(version: 1, model: \"a.onnx\", some_future_field: 3)";
-        let parsed = Experiment::from_ron(older).expect("unknown fields are tolerated");
+        // Missing fields take their defaults (older files open)...
+        let older = "(version: 1, model: \"a.onnx\")";
+        let parsed = Experiment::from_ron(older).expect("missing fields default");
         assert_eq!(parsed.model, PathBuf::from("a.onnx"));
         assert_eq!(parsed.percentile, 99.99);
+        // ...but a field nobody reads is refused: a misspelt setting would be ignored.
+        let typo = "(version: 1, model: \"a.onnx\", percentil: 99.9)";
+        let e = Experiment::from_ron(typo).unwrap_err();
+        assert!(
+            e.contains("line 1") && e.contains("did you mean `percentile`"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,6 +1,8 @@
 //! Writing outputs without destroying anything: every file is written to a temporary file in
 //! the same folder and renamed into place (an interrupted write leaves the old file whole), and
-//! an output path that names one of the run's inputs is refused before the run starts.
+//! an output path that names one of the run's inputs is refused before the run starts. Outputs
+//! that are not files (`-` for stdout, a FIFO, `/dev/null`) are written through as streams,
+//! never replaced.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -18,6 +20,132 @@ pub enum OutputError {
         path.display()
     )]
     IsInput { path: PathBuf, what: String },
+    #[error("{}: {why}", path.display())]
+    Refused { path: PathBuf, why: String },
+}
+
+/// Where an output's bytes go.
+#[derive(Debug, PartialEq)]
+enum Target {
+    /// `-`: standard output.
+    Stdout,
+    /// A FIFO, a character device or a socket (`/dev/null`, `/dev/stdout`): opened and written
+    /// in place; renaming a file over it would replace the device node.
+    Stream(PathBuf),
+    /// A regular file (or one to create), replaced atomically. For a symlink inside the output's
+    /// folder this is the link's target, so the link stays.
+    File(PathBuf),
+}
+
+/// The name that means standard output for `--report`, `--md` and `--csv`.
+pub const STDOUT: &str = "-";
+
+/// True for the `-` that means standard output.
+pub fn is_stdout(path: &Path) -> bool {
+    path.as_os_str() == STDOUT
+}
+
+/// Decides how `path` is written, refusing what must not be: a folder, a block device, a link
+/// that dangles, and a link to a regular file outside the output's folder (replacing it would
+/// change a file the user never named).
+fn target(path: &Path) -> Result<Target, OutputError> {
+    if is_stdout(path) {
+        return Ok(Target::Stdout);
+    }
+    let refuse = |why: String| OutputError::Refused {
+        path: path.to_path_buf(),
+        why,
+    };
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return Ok(Target::File(path.to_path_buf()));
+    };
+    let (resolved, meta) = if meta.file_type().is_symlink() {
+        let t = path.canonicalize().map_err(|e| {
+            refuse(format!(
+                "is a symbolic link whose target cannot be reached ({e}); remove the link or give another path"
+            ))
+        })?;
+        let m = std::fs::metadata(&t).map_err(|e| refuse(e.to_string()))?;
+        if m.is_file() {
+            let dir = parent_dir(path)
+                .canonicalize()
+                .map_err(|e| refuse(e.to_string()))?;
+            if !t.starts_with(&dir) {
+                return Err(refuse(format!(
+                    "is a symbolic link to {}, outside the output's folder; writing would replace that file. Give its real path if that is what you mean",
+                    t.display()
+                )));
+            }
+        }
+        (t, m)
+    } else {
+        (path.to_path_buf(), meta)
+    };
+    let ft = meta.file_type();
+    if ft.is_dir() {
+        return Err(refuse("is a folder; give a file name inside it".into()));
+    }
+    if ft.is_file() {
+        return Ok(Target::File(resolved));
+    }
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if ft.is_block_device() {
+            return Err(refuse(
+                "is a block device; quantscope writes reports to files, not disks".into(),
+            ));
+        }
+    }
+    Ok(Target::Stream(path.to_path_buf()))
+}
+
+/// Opens a FIFO or device for writing. A FIFO is opened without blocking, so one nobody reads
+/// is an error rather than a hang; writes then block as usual.
+fn open_stream(path: &Path) -> std::io::Result<std::fs::File> {
+    let mut o = std::fs::OpenOptions::new();
+    o.write(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        use std::os::unix::io::AsRawFd;
+        let f = o.custom_flags(libc::O_NONBLOCK).open(path).map_err(|e| {
+            if e.raw_os_error() == Some(libc::ENXIO) {
+                std::io::Error::other("a FIFO that nobody is reading; start the reader first")
+            } else {
+                e
+            }
+        })?;
+        // SAFETY: fcntl on a descriptor this function owns, with flags it just read.
+        unsafe {
+            let fd = f.as_raw_fd();
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            if flags >= 0 {
+                libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK);
+            }
+        }
+        Ok(f)
+    }
+    #[cfg(not(unix))]
+    o.open(path)
+}
+
+/// Checks, before a run, that each output can be written the way [`write_with`] will: refuses
+/// folders, block devices and links out of the output's folder, and more than one `-`.
+pub fn check_outputs<'a>(outputs: impl IntoIterator<Item = &'a Path>) -> Result<(), OutputError> {
+    let mut stdout = 0;
+    for p in outputs {
+        if target(p)? == Target::Stdout {
+            stdout += 1;
+            if stdout > 1 {
+                return Err(OutputError::Refused {
+                    path: p.to_path_buf(),
+                    why: "only one output can go to standard output".into(),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The folder a file lives in, `.` for a bare file name.
@@ -28,23 +156,42 @@ fn parent_dir(path: &Path) -> &Path {
     }
 }
 
-/// Writes `path` through `fill`, atomically: the bytes go to a temporary file in the same folder
-/// (created if missing), which is flushed and renamed over `path` only when `fill` succeeded.
+/// Writes `path` through `fill`. A file is written atomically: the bytes go to a temporary file
+/// in the same folder (created if missing), which is flushed and renamed over `path` only when
+/// `fill` succeeded; temporary files an earlier killed run left there are removed first. `-`,
+/// FIFOs and devices are written through as streams (see [`Target`]).
 pub fn write_with(
     path: &Path,
-    fill: impl FnOnce(&mut std::io::BufWriter<&mut std::fs::File>) -> std::io::Result<()>,
+    fill: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
 ) -> Result<(), OutputError> {
     let err = |source| OutputError::Write {
         path: path.to_path_buf(),
         source,
     };
+    let path = match target(path)? {
+        Target::Stdout => {
+            let mut out = std::io::stdout().lock();
+            fill(&mut out).map_err(err)?;
+            return out.flush().map_err(err);
+        }
+        Target::Stream(p) => {
+            let mut f = std::io::BufWriter::new(open_stream(&p).map_err(err)?);
+            fill(&mut f).map_err(err)?;
+            return f.flush().map_err(err);
+        }
+        Target::File(p) => p,
+    };
+    let path = path.as_path();
     let dir = parent_dir(path);
+    remove_stale_parts(dir);
     std::fs::create_dir_all(dir).map_err(err)?;
     let mut tmp = tempfile::Builder::new()
         .prefix(".quantscope-")
         .suffix(".part")
         .tempfile_in(dir)
         .map_err(err)?;
+    // Held until the rename: another run's clean-up leaves a file being written alone.
+    tmp.as_file().lock().map_err(err)?;
     {
         let mut w = std::io::BufWriter::new(tmp.as_file_mut());
         fill(&mut w).map_err(err)?;
@@ -63,6 +210,29 @@ pub fn write_with(
     tmp.as_file().sync_all().map_err(err)?;
     tmp.persist(path).map_err(|e| err(e.error))?;
     Ok(())
+}
+
+/// Removes the temporary files a killed run left in `dir`. A writer holds a lock on its
+/// temporary file until it is renamed, so one that can be locked has no writer left (best
+/// effort: a failure to list, lock or remove only leaves the file for next time).
+fn remove_stale_parts(dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in entries.flatten() {
+        let name = e.file_name();
+        let name = name.to_string_lossy();
+        if !(name.starts_with(".quantscope-") && name.ends_with(".part")) {
+            continue;
+        }
+        let path = e.path();
+        let Ok(f) = std::fs::OpenOptions::new().read(true).open(&path) else {
+            continue;
+        };
+        if f.try_lock().is_ok() {
+            let _ = std::fs::remove_file(&path);
+        }
+    }
 }
 
 /// Writes `bytes` to `path` atomically (see [`write_with`]).
@@ -101,10 +271,13 @@ pub fn read_input(path: &Path, max_bytes: u64) -> std::io::Result<Vec<u8>> {
 
 /// Writes `img` as a PNG, atomically (see [`write_with`]).
 pub fn write_png(path: &Path, img: &image::DynamicImage) -> Result<(), OutputError> {
-    write_with(path, |w| {
-        img.write_to(w, image::ImageFormat::Png)
-            .map_err(std::io::Error::other)
-    })
+    let mut png = std::io::Cursor::new(Vec::new());
+    img.write_to(&mut png, image::ImageFormat::Png)
+        .map_err(|e| OutputError::Write {
+            path: path.to_path_buf(),
+            source: std::io::Error::other(e),
+        })?;
+    write(path, png.into_inner())
 }
 
 /// A path made absolute and free of `.`/`..` and links where it exists; for a file that does not
@@ -134,6 +307,31 @@ pub fn refuse_inputs<'a>(
             return Err(OutputError::IsInput {
                 path: out.to_path_buf(),
                 what: what.to_string(),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Refuses an output inside one of `folders` (or below it), however spelled. `folders` are
+/// (path, what it is) pairs, e.g. (`calib/`, "the calibration folder").
+pub fn refuse_inside<'a>(
+    outputs: impl IntoIterator<Item = &'a Path>,
+    folders: &[(&Path, &str)],
+) -> Result<(), OutputError> {
+    let dirs: Vec<(PathBuf, &str)> = folders
+        .iter()
+        .filter_map(|(p, w)| p.canonicalize().ok().map(|c| (c, *w)))
+        .collect();
+    for out in outputs.into_iter().filter(|o| !is_stdout(o)) {
+        let o = resolved(out);
+        if let Some((d, what)) = dirs.iter().find(|(d, _)| o.starts_with(d) && o != *d) {
+            return Err(OutputError::Refused {
+                path: out.to_path_buf(),
+                why: format!(
+                    "is inside {what} ({}); the next run would read it as data. Write it elsewhere",
+                    d.display()
+                ),
             });
         }
     }

@@ -18,6 +18,7 @@
 //! | [`timing`] | latency statistics (median, p90, p99) from timed samples |
 //! | [`layerwise`] | per-layer isolation of quantization error; empirical bias correction (per-layer or full, chosen by output SQNR) |
 //! | [`guard`] | the panic boundary around engines and worker jobs |
+//! | [`host`] | what the machine has to give (memory available) |
 //! | [`export`] | strongly typed FP16 / mixed / INT8 exports, trtexec lines, ONNX Runtime checks |
 //! | [`files`] | atomic output writes; refusing an output that is an input |
 //! | [`ui`] | the desktop workbench |
@@ -33,6 +34,7 @@ pub mod experiment;
 pub mod export;
 pub mod files;
 pub mod guard;
+pub mod host;
 pub mod layerwise;
 pub mod model;
 pub mod pipeline;

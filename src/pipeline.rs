@@ -102,6 +102,9 @@ pub struct Prepared {
     pub task: Option<Task>,
     pub eval: Option<EvalSet>,
     pub calib_images: Vec<PathBuf>,
+    /// Calibration images left out because they do not decode, with why (the message names
+    /// the file).
+    pub unreadable_calib: Vec<(PathBuf, String)>,
     /// The model's output channels (its class count), from the file or inferred once here.
     pub output_channels: Option<usize>,
     /// The preprocessing every stage uses: the experiment's, with the normalisation resolved
@@ -119,6 +122,7 @@ impl Prepared {
             task: self.task,
             eval: self.eval.clone(),
             calib_images: self.calib_images.clone(),
+            unreadable_calib: self.unreadable_calib.clone(),
             output_channels: self.output_channels,
             preprocess: self.preprocess.clone(),
             normalize_source: self.normalize_source.clone(),
@@ -146,6 +150,18 @@ impl Prepared {
         {
             v.push(e.classes_from.describe());
         }
+        if !self.unreadable_calib.is_empty() {
+            let list: Vec<String> = self
+                .unreadable_calib
+                .iter()
+                .map(|(_, why)| why.clone())
+                .collect();
+            v.push(format!(
+                "warning: left out {} calibration image(s) that cannot be decoded: {}",
+                list.len(),
+                list.join("; ")
+            ));
+        }
         v
     }
 }
@@ -161,19 +177,44 @@ pub fn prepare(exp: &Experiment) -> Result<Prepared, PipelineError> {
     if let Some(mp) = &exp.mixed_precision {
         quant::check_exclusions(&model, &mp.keep_float, "mixed_precision.keep_float")
             .map_err(PipelineError::Config)?;
+        let tensors: Vec<String> = mp.per_tensor.keys().cloned().collect();
+        quant::check_tensor_names(&model, &tensors, "mixed_precision.per_tensor")
+            .map_err(PipelineError::Config)?;
     }
     let hw = model.input_hw(exp.preprocess.size)?;
+    let max = data::MAX_IMAGE_SIDE_PX as usize;
+    if hw.iter().any(|&v| v > max) {
+        return Err(PipelineError::Config(format!(
+            "{}: the input is fixed at {}x{} pixels, more than the {max} per side quantscope evaluates (every image would be resized to it); re-export the model at the size you deploy",
+            model.path.display(),
+            hw[0],
+            hw[1]
+        )));
+    }
     exp.preprocess
         .check_input_hw(hw)
         .map_err(PipelineError::Config)?;
-    // Shapes at this input size, inferred once for the memory check and the class count.
-    let shapes = crate::guard::catch("inferring shapes", || {
+    // Shapes at this input size, inferred once for the memory check and the class count. An
+    // op tract lacks fails inference too (ONNX Runtime may still run the model), but two shapes
+    // that contradict each other fail every engine: refused here, in words, before any runs.
+    let shapes = match crate::guard::catch("inferring shapes", || {
         crate::model::infer_shapes(&model, hw)
-    })
-    .ok()
-    .and_then(|r| r.ok());
+    }) {
+        Ok(Ok(s)) => Some(s),
+        Ok(Err(e)) if format!("{e:#}").contains("Impossible to unify") => {
+            return Err(PipelineError::Config(format!(
+                "{}: the model's shapes do not fit together at a {}x{} input: {}. The file is damaged or was edited; re-export it (or give the --size it was exported for)",
+                model.path.display(),
+                hw[0],
+                hw[1],
+                format!("{e:#}").replace("Failed analyse for node", "node")
+            )));
+        }
+        _ => None,
+    };
     check_memory(&model, hw, exp.bench.batch, shapes.as_ref())?;
     let channels = output_channels(&model, shapes.as_ref());
+    let mut unreadable_calib = vec![];
     let calib_images = match &exp.calibration.dir {
         Some(d) => {
             let (imgs, skipped) = data::list_images(d)?;
@@ -185,6 +226,17 @@ pub fn prepare(exp: &Experiment) -> Result<Prepared, PipelineError> {
                 }
                 .into());
             }
+            // One damaged file must not sink the INT8 engines: it is left out and named.
+            let (imgs, bad) = readable_images(imgs);
+            if imgs.is_empty() {
+                return Err(PipelineError::Config(format!(
+                    "{}: none of the {} calibration images can be decoded ({})",
+                    d.display(),
+                    bad.len(),
+                    bad[0].1
+                )));
+            }
+            unreadable_calib = bad;
             imgs
         }
         None => vec![],
@@ -205,6 +257,9 @@ pub fn prepare(exp: &Experiment) -> Result<Prepared, PipelineError> {
             if let Some(n) = exp.evaluation.count {
                 set.items.truncate(n);
             }
+            // The layout is checked against the task first: a segmenter given class folders
+            // needs masks, not the labels.txt a class-count check would ask for.
+            check_layout(exp.evaluation.task.fixed().or(model.info.task), &set)?;
             set.check_labels(channels.unwrap_or(0), IGNORE_LABEL)?;
             // Masks hold output indices, so a segmentation class-name file only names them:
             // it must name each of the model's classes.
@@ -232,15 +287,8 @@ pub fn prepare(exp: &Experiment) -> Result<Prepared, PipelineError> {
         .fixed()
         .or(model.info.task)
         .or(eval.as_ref().map(|e| e.kind));
-    if let (Some(t), Some(e)) = (task, &eval)
-        && t != e.kind
-    {
-        return Err(PipelineError::Config(format!(
-            "{}: the evaluation folder is laid out for {:?} but the model's task is {:?}",
-            e.root.display(),
-            e.kind,
-            t
-        )));
+    if let Some(e) = &eval {
+        check_layout(task, e)?;
     }
     let (preprocess, normalize_source) = exp.preprocess.resolved(model.info.normalization.as_ref());
     Ok(Prepared {
@@ -249,10 +297,53 @@ pub fn prepare(exp: &Experiment) -> Result<Prepared, PipelineError> {
         task,
         eval,
         calib_images,
+        unreadable_calib,
         output_channels: channels,
         preprocess,
         normalize_source,
     })
+}
+
+/// Refuses an evaluation folder laid out for another task than the model's, saying what the
+/// folder must hold instead.
+fn check_layout(task: Option<Task>, set: &EvalSet) -> Result<(), PipelineError> {
+    match task {
+        Some(t) if t != set.kind => Err(PipelineError::Config(format!(
+            "{}: the evaluation folder is laid out for {:?} but the model's task is {:?}; {}",
+            set.root.display(),
+            set.kind,
+            t,
+            match t {
+                Task::Segmentation =>
+                    "a segmentation folder holds images/ and masks/ (one PNG of class ids per image, same file stem)",
+                Task::Classification =>
+                    "a classification folder holds one sub-folder of images per class (ImageFolder)",
+            }
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Splits `paths` into the images that decode and (file, why) for those that do not, decoding
+/// them in parallel.
+fn readable_images(paths: Vec<PathBuf>) -> (Vec<PathBuf>, Vec<(PathBuf, String)>) {
+    use rayon::prelude::*;
+    let checked: Vec<(PathBuf, Option<String>)> = paths
+        .into_par_iter()
+        .map(|p| {
+            let why = data::open_rgb(&p).err().map(|e| e.to_string());
+            (p, why)
+        })
+        .collect();
+    let mut ok = vec![];
+    let mut bad = vec![];
+    for (p, why) in checked {
+        match why {
+            None => ok.push(p),
+            Some(w) => bad.push((p, w)),
+        }
+    }
+    (ok, bad)
 }
 
 pub fn load_samples(
@@ -403,6 +494,9 @@ pub fn calibrate(
     Ok((stats, false, ms))
 }
 
+/// The error of a row whose evaluation was stopped by Cancel or Ctrl-C.
+pub const CANCELLED: &str = crate::report::CANCELLED;
+
 /// The result of evaluating one engine.
 pub struct Evaluated {
     pub row: Row,
@@ -430,6 +524,8 @@ pub struct Reference {
     pub predictions: Vec<Vec<u8>>,
     pub classes: Vec<usize>,
     pub outputs: Vec<Vec<f32>>,
+    /// The FP32 engine output NaN/Inf: nothing can be compared with it.
+    pub non_finite: bool,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -453,12 +549,19 @@ pub fn evaluate(
     let mut predictions = vec![];
     let mut classes_pred = vec![];
     let mut kept_bytes = 0usize;
+    let mut non_finite = crate::report::NonFinite {
+        of_images: samples.len(),
+        ..Default::default()
+    };
     for (i, s) in samples.iter().enumerate() {
         if cancel.is_cancelled() {
-            return Err("cancelled".into());
+            return Err(CANCELLED.into());
         }
         sink.progress(stage, i, samples.len());
         let out = engine.run(&s.input).map_err(|e| e.to_string())?;
+        let bad = out.data.iter().filter(|v| !v.is_finite()).count() as u64;
+        non_finite.values += bad;
+        non_finite.images += (bad > 0) as usize;
         let pred: Vec<u8> = match task {
             Task::Classification => {
                 let Label::Class(label) = s.label else {
@@ -542,11 +645,32 @@ pub fn evaluate(
             .filter(|v| v.is_finite());
         row.sqnr_images = Some(sqnr_images);
     }
+    non_finite.in_reference_only =
+        non_finite.values == 0 && reference.is_some_and(|r| r.non_finite);
+    if non_finite.values > 0 || non_finite.in_reference_only {
+        // A metric computed from NaN/Inf (an argmax over NaN picks class 0) reads as a result
+        // and is not one: every metric of the row is left empty and the row says why.
+        void_metrics(&mut row);
+        row.non_finite = Some(non_finite);
+    }
     Ok(Evaluated {
         row,
         predictions,
         classes: classes_pred,
     })
+}
+
+/// Empties every accuracy metric of `row`, for outputs that held NaN/Inf.
+fn void_metrics(row: &mut Row) {
+    row.top1 = None;
+    row.top5 = None;
+    row.per_class_accuracy = None;
+    row.miou = None;
+    row.per_class_iou = None;
+    row.pixel_acc = None;
+    row.agreement = None;
+    row.sqnr_db = None;
+    row.per_image.clear();
 }
 
 /// What every engine row of a run shares: the backend, the prepared model and data, the input
@@ -672,6 +796,14 @@ impl RowCtx<'_> {
         .and_then(|r| r)
         {
             self.sink.log(&format!("{label}: threads not chosen: {e}"));
+        }
+        row.timing_load =
+            crate::host::other_runnable_processes().map(|n| crate::report::TimingLoad {
+                other_runnable: n,
+                cores: crate::host::cores(),
+            });
+        if let Some(w) = row.timing_load.and_then(|l| l.warning(label)) {
+            self.sink.log(&format!("warning: {w}"));
         }
         bench::reset_peak_rss();
         let (rss_timing, _) = bench::rss_bytes();
@@ -931,7 +1063,10 @@ impl<'a> Rows<'a> {
     /// FP32 first (the reference for agreement and SQNR), then FP16.
     fn float_rows(&mut self) -> Reference {
         let wants = |pr: Precision| self.exp.precisions.contains(&pr);
-        let needs_reference = self.exp.precisions.iter().any(|&p| p != Precision::Fp32);
+        // Agreement and SQNR need FP32's outputs on the evaluation images; with none (a
+        // re-time) there is nothing to compare and FP32 is not built for it.
+        let needs_reference = self.exp.precisions.iter().any(|&p| p != Precision::Fp32)
+            && !self.ctx.samples.is_empty();
         let model = &self.ctx.p.model;
         let mut reference = Reference::default();
         if wants(Precision::Fp32) || needs_reference {
@@ -945,6 +1080,7 @@ impl<'a> Rows<'a> {
                 predictions: ev.predictions.clone(),
                 classes: ev.classes.clone(),
                 outputs: keep.unwrap_or_default(),
+                non_finite: ev.row.non_finite.is_some(),
             };
             self.push(ev, Precision::Fp32, None, &[]);
         }
@@ -1231,12 +1367,26 @@ impl<'a> Rows<'a> {
             .notes
             .extend(self.ctx.batch_refused.borrow_mut().take());
         self.report.notes.extend(self.ctx.p.assumptions());
+        let busy: Vec<String> = self
+            .report
+            .rows
+            .iter()
+            .filter_map(|r| r.timing_load.and_then(|l| l.warning(&r.label())))
+            .collect();
+        self.report.notes.extend(busy);
         for note in crate::report::slower_quantized_notes(&self.report.rows) {
             self.ctx.sink.log(&note);
             self.report.notes.push(note);
         }
-        let errors = write_outputs(self.exp, &self.report, &self.artifacts, self.ctx.sink);
-        self.output_errors.extend(errors);
+        if self.report.incomplete && self.report.finished_rows() == 0 {
+            // A report of nothing would replace a complete one from an earlier run.
+            self.ctx.sink.log(
+                "stopped before any row finished: no output written, existing files left as they were",
+            );
+        } else {
+            let errors = write_outputs(self.exp, &self.report, &self.artifacts, self.ctx.sink);
+            self.output_errors.extend(errors);
+        }
         RunOutput {
             report: self.report,
             artifacts: self.artifacts,
@@ -1588,12 +1738,7 @@ pub fn check_outputs(
         .chain(more_outputs.iter().copied())
         .collect();
     let err = |e: crate::files::OutputError| PipelineError::Config(e.to_string());
-    if let Some(d) = files.iter().find(|f| f.is_dir()) {
-        return Err(PipelineError::Config(format!(
-            "{}: is a folder; give a file name for this output",
-            d.display()
-        )));
-    }
+    crate::files::check_outputs(files.iter().copied()).map_err(err)?;
     let mut inputs: Vec<(&Path, &str)> = vec![(exp.model.as_path(), "the model")];
     inputs.extend(
         exp.evaluation
@@ -1622,14 +1767,15 @@ pub fn check_outputs(
         data_dirs.push((d.clone(), "the calibration folder"));
     }
     let data_refs: Vec<(&Path, &str)> = data_dirs.iter().map(|(p, w)| (p.as_path(), *w)).collect();
-    crate::files::refuse_inputs(
-        [&o.masks_dir, &o.qdq_dir]
-            .into_iter()
-            .flatten()
-            .map(PathBuf::as_path),
-        &data_refs,
-    )
-    .map_err(err)
+    let dirs: Vec<&Path> = [&o.masks_dir, &o.qdq_dir]
+        .into_iter()
+        .flatten()
+        .map(PathBuf::as_path)
+        .collect();
+    crate::files::refuse_inputs(dirs.iter().copied(), &data_refs).map_err(err)?;
+    // Nothing goes inside a data folder either: a report or an overlay there would be read as
+    // data by the next run (and the folder is the user's, not ours).
+    crate::files::refuse_inside(files.iter().chain(&dirs).copied(), &data_refs).map_err(err)
 }
 
 /// The experiment's backend, if it can run on this machine.
@@ -1888,7 +2034,7 @@ pub fn save_masks(
     let Some(fp32_i) = report
         .rows
         .iter()
-        .position(|r| r.precision == Some(Precision::Fp32) && r.error.is_none())
+        .position(|r| r.precision == Some(Precision::Fp32) && !r.failed())
     else {
         return Err("no FP32 result to compare with".into());
     };
@@ -1909,7 +2055,7 @@ pub fn save_masks(
             .rows
             .iter()
             .enumerate()
-            .filter(|(_, r)| r.precision == Some(Precision::Int8) && r.error.is_none())
+            .filter(|(_, r)| r.precision == Some(Precision::Int8) && !r.failed())
             .filter_map(|(k, r)| {
                 artifacts.predictions[k]
                     .get(i)
@@ -2007,6 +2153,7 @@ mod tests {
             predictions: fp32.predictions,
             classes: fp32.classes,
             outputs: vec![],
+            non_finite: false,
         };
         // 300 → 301 and 999 → 998 both sit above 255 and differ; 700 and 12 agree.
         let int8 = run(&[700, 301, 998, 12], Some(&reference));

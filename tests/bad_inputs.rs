@@ -230,6 +230,56 @@ fn malformed_models_are_refused_with_the_file_and_node() {
             Box::new(|m| graph(m).node[2].input[0] = "block.add.out".into()),
             &["cycle.onnx", "cycle"],
         ),
+        (
+            "bn_zero.onnx",
+            Box::new(|m| {
+                let v = init(m, "stem.bn.v");
+                v.raw_data.iter_mut().for_each(|b| *b = 0);
+                graph(m).node[1]
+                    .attribute
+                    .push(proto::float_attr("epsilon", 0.0));
+            }),
+            &["bn_zero.onnx", "stem.bn", "divides by zero"],
+        ),
+        (
+            "huge_weight.onnx",
+            Box::new(|m| set_f32(init(m, "block.conv1.w"), 5, 1e38)),
+            &["huge_weight.onnx", "block.conv1.w", "overflow float32"],
+        ),
+        (
+            "bn_short.onnx",
+            Box::new(|m| {
+                for p in ["s", "b", "m", "v"] {
+                    let t = init(m, &format!("stem.bn.{p}"));
+                    t.raw_data.truncate(16);
+                    t.dims = vec![4];
+                }
+            }),
+            &["bn_short.onnx", "stem.bn", "8 channels"],
+        ),
+        (
+            "ir0.onnx",
+            Box::new(|m| m.ir_version = 0),
+            &["ir0.onnx", "IR version 0"],
+        ),
+        (
+            "ir99.onnx",
+            Box::new(|m| m.ir_version = 99),
+            &["ir99.onnx", "IR version 99"],
+        ),
+        (
+            "int64_input.onnx",
+            Box::new(|m| {
+                if let Some(pb::type_proto::Value::TensorType(t)) = graph(m).input[0]
+                    .r#type
+                    .as_mut()
+                    .and_then(|t| t.value.as_mut())
+                {
+                    t.elem_type = pb::tensor_proto::DataType::Int64 as i32;
+                }
+            }),
+            &["int64_input.onnx", "int64", "float"],
+        ),
     ];
     for (name, edit, wants) in cases {
         let file = c.edited_model(name, edit);
@@ -256,6 +306,10 @@ fn bad_settings_are_refused_before_anything_runs() {
         (&["--batch", "100000"], "--batch"),
         (&["--exclude", "block.conv_1"], "did you mean `block.conv1`"),
         (&["--calib-every", "0"], "--calib-every"),
+        (&["--calib-count", "0"], "--calib-count must be ≥ 1"),
+        (&["--scale", "0"], "--scale: 0"),
+        (&["--budget-top1", "nan"], "--budget-top1"),
+        (&["--budget-miou-rel=-3"], "--budget-miou-rel"),
     ];
     for (flags, want) in cases {
         let (code, err) = c.run(&c.eval_args("model.onnx", flags));
@@ -269,6 +323,26 @@ fn bad_settings_are_refused_before_anything_runs() {
         let (code, err) = c.run(&c.eval_args("dynamic.onnx", &["--size", size]));
         expect_refused(code, &err, &["--size"]);
     }
+    // A model whose own input is 100,000 pixels wide: refused like --size, not run for minutes.
+    let file = c.edited_model("wide.onnx", |m| {
+        if let Some(pb::type_proto::Value::TensorType(t)) = graph(m).input[0]
+            .r#type
+            .as_mut()
+            .and_then(|t| t.value.as_mut())
+            && let Some(s) = t.shape.as_mut()
+        {
+            s.dim[3].value = Some(pb::tensor_shape_proto::dimension::Value::DimValue(100_000));
+        }
+    });
+    let (code, err) = c.run(&c.eval_args(&file, &[]));
+    expect_refused(code, &err, &["100000", "re-export"]);
+    // Shapes that contradict each other: refused before any engine, naming the node.
+    let file = c.edited_model("mismatch.onnx", |m| {
+        let t = init(m, "fc.w");
+        t.dims = vec![2, 16];
+    });
+    let (code, err) = c.run(&c.eval_args(&file, &[]));
+    expect_refused(code, &err, &["mismatch.onnx", "do not fit", "fc"]);
 }
 
 /// An NCHW float input with 3 channels and symbolic height and width.
@@ -497,5 +571,301 @@ fn ctrl_c_writes_the_finished_rows_marked_incomplete() {
     assert!(
         rows[0]["error"].is_null() && rows[0]["top1"].is_number(),
         "FP32 is kept: {rows:?}"
+    );
+}
+
+/// Reads a run's JSON report.
+fn json(path: &Path) -> serde_json::Value {
+    serde_json::from_slice(&std::fs::read(path).expect("report written")).expect("json")
+}
+
+#[test]
+fn non_finite_outputs_void_their_rows_and_exit_3() {
+    let c = Case::new("nan-out");
+    // Sqrt of the logits: every negative logit is NaN at run time, though every weight is sane.
+    let file = c.edited_model("sqrt.onnx", |m| {
+        graph(m)
+            .node
+            .push(proto::node("Sqrt", "sq", &["fc.out"], &["sq.out"], vec![]));
+        graph(m).output[0].name = "sq.out".into();
+    });
+    let (code, err) =
+        c.run(&c.eval_args(&file, &["--report", &c.p("r.json"), "--md", &c.p("r.md")]));
+    assert_eq!(code, 3, "NaN outputs are a failed engine: {err}");
+    assert!(err.contains("NaN/Inf"), "{err}");
+    let report = json(&c.dir.join("r.json"));
+    for row in report["rows"].as_array().expect("rows") {
+        assert!(row["top1"].is_null(), "no metric from NaN: {row}");
+        assert!(row["agreement"].is_null(), "{row}");
+        assert!(row["non_finite"].is_object(), "counted: {row}");
+    }
+    assert!(report["rows"][0]["non_finite"]["images"].as_u64() > Some(0));
+    let md = std::fs::read_to_string(c.dir.join("r.md")).expect("md");
+    assert!(md.contains("metrics void"), "{md}");
+}
+
+#[cfg(unix)]
+#[test]
+fn outputs_that_are_not_files_are_streamed_or_refused() {
+    use std::os::unix::fs::{FileTypeExt, symlink};
+    let c = Case::new("streams");
+    // `-`: the JSON report alone on stdout (the table goes to stderr).
+    let out = run_limited(
+        &c.eval_args("model.onnx", &["--report", "-"]),
+        &c.dir.join("cache"),
+        Duration::from_secs(120),
+    );
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is the JSON");
+    assert!(v["rows"].is_array());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("| engine |"));
+
+    // A link to /dev/null is written through: the link stays a link.
+    symlink("/dev/null", c.dir.join("null.md")).expect("symlink");
+    let (code, err) = c.run(&c.eval_args("model.onnx", &["--md", &c.p("null.md")]));
+    assert_eq!(code, 0, "{err}");
+    let m = std::fs::symlink_metadata(c.dir.join("null.md")).expect("meta");
+    assert!(m.file_type().is_symlink(), "not replaced by a file");
+    assert!(
+        std::fs::metadata("/dev/null")
+            .expect("null")
+            .file_type()
+            .is_char_device()
+    );
+
+    // A FIFO gets the report as a stream, and stays a FIFO.
+    let fifo = c.dir.join("report.fifo");
+    if Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .is_ok_and(|s| s.success())
+    {
+        let f = fifo.clone();
+        let reader = std::thread::spawn(move || std::fs::read_to_string(f).expect("read fifo"));
+        std::thread::sleep(Duration::from_millis(200));
+        let (code, err) = c.run(&c.eval_args("model.onnx", &["--report", &c.p("report.fifo")]));
+        assert_eq!(code, 0, "{err}");
+        let text = reader.join().expect("reader");
+        assert!(text.contains("\"rows\""), "{text}");
+        let m = std::fs::symlink_metadata(&fifo).expect("meta");
+        assert!(m.file_type().is_fifo(), "still a FIFO");
+    }
+
+    // A link to a file outside the output's folder: refused, the file untouched.
+    let elsewhere = common::temp_dir("streams-elsewhere");
+    std::fs::write(elsewhere.join("victim.json"), "keep").expect("w");
+    symlink(elsewhere.join("victim.json"), c.dir.join("out.json")).expect("symlink");
+    let (code, err) = c.run(&c.eval_args("model.onnx", &["--report", &c.p("out.json")]));
+    expect_refused(code, &err, &["out.json", "outside the output's folder"]);
+    assert_eq!(
+        std::fs::read_to_string(elsewhere.join("victim.json")).expect("r"),
+        "keep"
+    );
+
+    // A link inside the folder: its target is replaced, the link kept.
+    std::fs::write(c.dir.join("real.json"), "old").expect("w");
+    symlink("real.json", c.dir.join("link.json")).expect("symlink");
+    let (code, err) = c.run(&c.eval_args("model.onnx", &["--report", &c.p("link.json")]));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        std::fs::symlink_metadata(c.dir.join("link.json"))
+            .expect("meta")
+            .file_type()
+            .is_symlink()
+    );
+    assert!(json(&c.dir.join("real.json"))["rows"].is_array());
+
+    // A report inside the calibration folder would be read as data next time.
+    let (code, err) = c.run(&c.eval_args("model.onnx", &["--report", &c.p("calib/r.json")]));
+    expect_refused(code, &err, &["calib", "calibration folder"]);
+
+    // A temporary file a killed run left is cleaned by the next write there.
+    let stale = c.dir.join("out/.quantscope-killed.part");
+    std::fs::create_dir_all(c.dir.join("out")).expect("mkdir");
+    std::fs::write(&stale, "half").expect("w");
+    let (code, err) = c.run(&c.eval_args("model.onnx", &["--md", &c.p("out/r.md")]));
+    assert_eq!(code, 0, "{err}");
+    assert!(!stale.exists(), "the stale .part is gone");
+}
+
+/// Moves `fc.w` of `model.onnx` into an external file `location`; `unused` adds an 8 GiB
+/// external initializer no node reads.
+fn external_model(c: &Case, name: &str, location: &str, unused: bool) -> String {
+    c.edited_model(name, |m| {
+        let t = init(m, "fc.w");
+        t.raw_data.clear();
+        t.data_location = Some(pb::tensor_proto::DataLocation::External as i32);
+        t.external_data.push(pb::StringStringEntryProto {
+            key: "location".into(),
+            value: location.into(),
+        });
+        if unused {
+            let mut big = pb::TensorProto {
+                name: "never_used".into(),
+                dims: vec![1 << 31],
+                data_type: pb::tensor_proto::DataType::Float as i32,
+                data_location: Some(pb::tensor_proto::DataLocation::External as i32),
+                ..Default::default()
+            };
+            big.external_data.push(pb::StringStringEntryProto {
+                key: "location".into(),
+                value: "huge.bin".into(),
+            });
+            graph(m).initializer.push(big);
+        }
+    })
+}
+
+#[cfg(unix)]
+#[test]
+fn external_data_stays_in_the_models_folder_and_unused_weights_are_not_read() {
+    let c = Case::new("external");
+    let m = pb::ModelProto::decode(residual_classifier(4).to_bytes(13).as_slice()).expect("decode");
+    let fc = m
+        .graph
+        .as_ref()
+        .and_then(|g| g.initializer.iter().find(|t| t.name == "fc.w"))
+        .expect("fc.w")
+        .raw_data
+        .clone();
+    std::fs::write(c.dir.join("w.bin"), &fc).expect("w");
+    // In the folder, with an unused 8 GiB tensor beside it: runs, the big one never read.
+    let file = external_model(&c, "ext.onnx", "w.bin", true);
+    let (code, err) = c.run(&c.eval_args(&file, &[]));
+    assert_eq!(code, 0, "{err}");
+    // `w.bin` a link to a file elsewhere (with the right size): refused.
+    let elsewhere = common::temp_dir("external-elsewhere");
+    std::fs::write(elsewhere.join("secret"), &fc).expect("w");
+    std::os::unix::fs::symlink(elsewhere.join("secret"), c.dir.join("link.bin")).expect("link");
+    let file = external_model(&c, "ext_link.onnx", "link.bin", false);
+    let (code, err) = c.run(&c.eval_args(&file, &[]));
+    expect_refused(code, &err, &["link.bin", "outside the model's folder"]);
+}
+
+#[test]
+fn misspelt_experiment_fields_are_refused_with_a_suggestion() {
+    let c = Case::new("ron-fields");
+    let (code, err) = c.run(&c.eval_args("model.onnx", &["--save-experiment", &c.p("good.ron")]));
+    assert_eq!(code, 0, "{err}");
+    let good = std::fs::read_to_string(c.dir.join("good.ron")).expect("saved");
+    let cases: [(&str, String, &[&str]); 3] = [
+        (
+            "typo.ron",
+            good.replacen("precisions:", "precisons:", 1),
+            &["typo.ron", "line", "precisons", "did you mean `precisions`"],
+        ),
+        (
+            "nested.ron",
+            good.replacen(
+                "preprocess: Preprocess(",
+                "preprocess: Preprocess(\n        mean: (0.5, 0.5, 0.5),",
+                1,
+            ),
+            &["nested.ron", "unknown field `mean`", "Preprocess"],
+        ),
+        (
+            "per_tensor.ron",
+            good.replacen(
+                "mixed_precision: None",
+                "mixed_precision: Some((keep_float: [], method: Some(max), per_tensor: {\"block.relu9.out\": mse}))",
+                1,
+            ),
+            &["per_tensor", "block.relu9.out", "did you mean"],
+        ),
+    ];
+    for (name, text, wants) in cases {
+        assert_ne!(text, good, "{name}: the edit applies");
+        std::fs::write(c.dir.join(name), text).expect("w");
+        let (code, err) = c.run(&["run".into(), c.p(name)]);
+        expect_refused(code, &err, wants);
+    }
+}
+
+#[test]
+fn small_data_problems_are_named_or_skipped() {
+    let c = Case::new("small");
+    // A labels file saved with a byte-order mark still matches the folders.
+    let names: Vec<String> = (0..4).map(|i| format!("class_{i}")).collect();
+    std::fs::write(
+        c.dir.join("eval/labels.txt"),
+        format!("\u{feff}{}\n", names.join("\n")),
+    )
+    .expect("labels");
+    let (code, err) = c.run(&c.eval_args("model.onnx", &[]));
+    assert_eq!(code, 0, "a BOM is not part of the first name: {err}");
+    // One damaged calibration image: left out and named, the run goes on.
+    std::fs::write(c.dir.join("calib/broken.png"), b"\x89PNG not really").expect("w");
+    let (code, err) = c.run(&c.eval_args("model.onnx", &[]));
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        err.contains("broken.png") && err.contains("left out"),
+        "{err}"
+    );
+    // The statistics cache is keyed by the files, not the spelling of the folder.
+    let out = Command::new(env!("CARGO_BIN_EXE_quantscope"))
+        .args(
+            c.eval_args("model.onnx", &[])
+                .iter()
+                .map(|a| a.replace(&format!("{}/", c.dir.display()), "")),
+        )
+        .current_dir(&c.dir)
+        .env("QUANTSCOPE_CACHE", c.dir.join("cache"))
+        .output()
+        .expect("runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{err}");
+    assert!(
+        !err.contains("calibration pass"),
+        "relative paths hit the cache the absolute run filled: {err}"
+    );
+    // A segmenter given class folders is told what a segmentation folder holds.
+    let mut b = GraphBuilder::new(&[1, 3, 16, 16]);
+    let y = b.conv("seg", "x", 3, 4, 3);
+    b.output(&y);
+    std::fs::write(c.dir.join("seg.onnx"), b.to_bytes(13)).expect("seg");
+    let (code, err) = c.run(&c.eval_args("seg.onnx", &[]));
+    expect_refused(code, &err, &["Segmentation", "masks/"]);
+    assert!(!err.contains("labels.txt"), "{err}");
+}
+
+/// Ctrl-C while the first engine is still being evaluated leaves an earlier report as it was.
+#[test]
+fn a_run_stopped_before_any_row_leaves_old_outputs_alone() {
+    use quantscope::pipeline::{CancelToken, Sink};
+    struct StopAtEvaluation(CancelToken);
+    impl Sink for StopAtEvaluation {
+        fn progress(&self, stage: &str, _: usize, _: usize) {
+            if stage.starts_with("evaluating") {
+                self.0.cancel();
+            }
+        }
+        fn log(&self, _: &str) {}
+    }
+    let c = Case::new("stop-early");
+    std::fs::write(c.dir.join("old.json"), "a complete earlier report").expect("w");
+    let mut e = quantscope::experiment::Experiment {
+        model: c.dir.join("model.onnx"),
+        ..Default::default()
+    };
+    e.calibration.dir = Some(c.dir.join("calib"));
+    e.evaluation.dir = Some(c.dir.join("eval"));
+    e.output.report_json = Some(c.dir.join("old.json"));
+    e.bench.min_runs = 1;
+    let cancel = CancelToken::default();
+    let cache = quantscope::calib::StatsCache {
+        dir: c.dir.join("cache"),
+    };
+    let out = quantscope::pipeline::run_with_cache(
+        &e,
+        &cache,
+        &StopAtEvaluation(cancel.clone()),
+        &cancel,
+    )
+    .expect("runs");
+    assert!(out.report.incomplete);
+    assert_eq!(out.report.finished_rows(), 0);
+    assert_eq!(
+        std::fs::read_to_string(c.dir.join("old.json")).expect("r"),
+        "a complete earlier report"
     );
 }

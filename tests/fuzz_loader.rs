@@ -270,6 +270,9 @@ fn mutate_initializer(g: &mut pb::GraphProto, rng: &mut Rng) -> String {
                 f32::MAX,
                 -0.0,
                 1e-45,
+                // Finite but overflowing once multiplied (issue 42).
+                1e38,
+                -3e37,
             ]);
             if t.raw_data.len() >= 4 {
                 let at = 4 * rng.below(t.raw_data.len() / 4);
@@ -307,6 +310,13 @@ fn mutate_initializer(g: &mut pb::GraphProto, rng: &mut Rng) -> String {
                 t.float_data[at] = v as f32;
             }
             format!("initializer `{name}`: an element set to {v}")
+        }
+        5 if rng.one_in(3) => {
+            // Every value zero: a BatchNorm variance of 0 (with epsilon 0 elsewhere) divides by
+            // zero when folded.
+            t.raw_data.iter_mut().for_each(|b| *b = 0);
+            t.float_data.iter_mut().for_each(|v| *v = 0.0);
+            format!("initializer `{name}`: all values zero")
         }
         _ => {
             // Raw and typed data both present, or neither.
@@ -724,11 +734,15 @@ fn mutate_proto(p: &mut pb::ModelProto, rng: &mut Rng) -> String {
     let Some(g) = p.graph.as_mut() else {
         return "no graph".into();
     };
-    match rng.below(10) {
+    match rng.below(11) {
         0..=2 => mutate_initializer(g, rng),
         3 => mutate_external(g, rng),
         4..=6 => mutate_node(g, rng),
-        _ => mutate_structure(p, rng),
+        7..=9 => mutate_structure(p, rng),
+        _ => {
+            p.ir_version = rng.pick(&[0, 1, 2, 3, 7, 10, 12, 13, 99, -1]);
+            format!("ir_version -> {}", p.ir_version)
+        }
     }
 }
 

@@ -185,7 +185,7 @@ fn open_path_window_takes_what_the_menu_could_not() {
         h.state().exp.calibration.dir.as_deref(),
         Some(calib.as_path())
     );
-    assert!(!h.state().open_path_window, "the window closes");
+    assert!(h.state().path_window.is_none(), "the window closes");
 }
 
 /// A tiny classifier with a generated ImageFolder, fast enough to run for real.
@@ -360,4 +360,123 @@ fn soak_runs_a_saved_experiment_in_the_workbench() {
         .map(|l| l.text.clone())
         .collect();
     eprintln!("{engine:?}");
+}
+
+/// Saving without a file dialog: the typed window writes where the user says, and the bundled
+/// samples are never overwritten, by Save or by a typed path.
+#[test]
+fn saves_are_typed_and_the_bundled_samples_are_kept() {
+    use quantscope::ui::DialogPurpose;
+    let dir = tempfile::tempdir().expect("temp dir");
+    let sample =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("sample_models/fashion_scenes_deeplab.ron");
+    let before = std::fs::read(&sample).expect("sample");
+    let mut wb = sample_workbench();
+    wb.exp_path = Some(sample.clone());
+    wb.exp.name = "changed".into();
+    let mut h = harness(wb);
+    h.run();
+    h.state_mut().push(Command::Save);
+    h.run();
+    assert_eq!(
+        std::fs::read(&sample).expect("sample"),
+        before,
+        "not overwritten"
+    );
+    assert!(
+        h.state()
+            .log
+            .iter()
+            .any(|l| l.text.contains("never overwritten")),
+        "and the log says why"
+    );
+    // The typed window refuses the sample's path and takes another.
+    h.state_mut().path_window = Some(DialogPurpose::SaveExperiment);
+    h.state_mut().open_path_text = sample.display().to_string();
+    h.run();
+    h.get_by_label_contains("never overwritten");
+    let mine = dir.path().join("mine.ron");
+    h.state_mut().open_path_text = mine.display().to_string();
+    h.run();
+    h.get_by_label("Save").click();
+    h.run();
+    assert!(mine.is_file(), "saved where typed");
+    assert_eq!(h.state().exp_path.as_deref(), Some(mine.as_path()));
+    assert!(h.state().path_window.is_none());
+}
+
+/// Run says why it cannot start; opening another model says what it kept, and the kept data
+/// settings can be reset.
+#[test]
+fn run_explains_itself_and_a_new_model_says_what_it_kept() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut wb = sample_workbench();
+    wb.exp.precisions.clear();
+    wb.exp.calibration.dir = Some(dir.path().join("calib"));
+    assert_eq!(
+        wb.run_blocker().as_deref(),
+        Some("choose at least one precision")
+    );
+    let mut h = harness(wb);
+    h.run();
+    h.state_mut().push(Command::Run);
+    h.run();
+    assert!(h.state().run.is_none(), "nothing started");
+    assert!(
+        h.state()
+            .log
+            .iter()
+            .any(|l| l.error && l.text.contains("choose at least one precision"))
+    );
+    let model = dir.path().join("other.onnx");
+    std::fs::write(&model, residual_classifier(3).to_bytes(13)).expect("model");
+    h.state_mut().push(Command::Open(model.clone()));
+    h.run();
+    let st = h.state();
+    assert_eq!(st.exp.name, "other", "the experiment follows the new model");
+    assert!(
+        st.exp_path.is_none(),
+        "Save will not write the old experiment's file"
+    );
+    assert_eq!(
+        st.exp.calibration.dir.as_deref(),
+        Some(dir.path().join("calib").as_path())
+    );
+    assert_eq!(
+        st.past_runs.len(),
+        1,
+        "the old model's results stay in the history"
+    );
+    let (msg, error) = st.banner.clone().expect("a banner says what was kept");
+    assert!(
+        !error && msg.contains("kept") && msg.contains("Reset data settings"),
+        "{msg}"
+    );
+    h.state_mut().push(Command::ResetDataSettings);
+    h.run();
+    assert!(h.state().exp.calibration.dir.is_none());
+    assert_eq!(h.state().exp.model, model);
+}
+
+/// Finished runs are kept beside the autosaved experiment, the newest few, and come back as
+/// the run history of the next session.
+#[test]
+fn the_last_runs_survive_a_restart() {
+    use quantscope::ui::{Autosave, testing::sample_report};
+    let dir = tempfile::tempdir().expect("temp dir");
+    let a = Autosave::new(dir.path().join("autosave.ron"));
+    for k in 0..12 {
+        a.keep_run(&format!("run #{k}"), &sample_report())
+            .expect("kept");
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let runs = a.restore_runs();
+    assert_eq!(runs.len(), quantscope::ui::PAST_RUNS_KEPT);
+    assert!(runs[0].title.starts_with("run #11"), "{}", runs[0].title);
+    assert!(runs[0].report.is_some() && !runs[0].rows().is_empty());
+    let files = std::fs::read_dir(a.runs_dir()).expect("dir").count();
+    assert!(
+        files <= quantscope::ui::PAST_RUNS_KEPT + 1,
+        "{files} files kept"
+    );
 }

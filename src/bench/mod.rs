@@ -8,13 +8,22 @@ use crate::backend::{BackendError, Engine};
 /// How long to measure. Saved in the experiment.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
+#[serde(deny_unknown_fields)]
 pub struct BenchSpec {
     pub warmup_runs: usize,
     pub min_runs: usize,
     pub min_time_ms: f64,
     /// Extra batch size for throughput (batch 1 is always measured).
     pub batch: usize,
+    /// After the minimum runs and time, keep timing until the median's 95 % confidence
+    /// interval is within ±`STABLE_CI_REL` or `max_time_ms` has passed (`--until-stable`).
+    pub until_stable: bool,
+    /// The most time "until stable" spends timing one engine.
+    pub max_time_ms: f64,
 }
+
+/// The interval "until stable" stops at: the median known to ±2 %.
+pub const STABLE_CI_REL: f64 = 0.02;
 
 impl Default for BenchSpec {
     fn default() -> Self {
@@ -23,6 +32,8 @@ impl Default for BenchSpec {
             min_runs: 10,
             min_time_ms: 1000.0,
             batch: 8,
+            until_stable: false,
+            max_time_ms: 20_000.0,
         }
     }
 }
@@ -45,6 +56,14 @@ impl BenchSpec {
                 self.batch
             ));
         }
+        if self.until_stable
+            && !(self.max_time_ms.is_finite() && self.max_time_ms >= self.min_time_ms)
+        {
+            return Err(format!(
+                "the timing limit {} ms must be finite and at least the minimum time {} ms (--max-time-ms)",
+                self.max_time_ms, self.min_time_ms
+            ));
+        }
         if self.warmup_runs > 10_000 {
             return Err(format!(
                 "{} warm-up runs is too many (at most 10000)",
@@ -57,14 +76,7 @@ impl BenchSpec {
 
 pub use crate::timing::{Latency, latency_from, percentile};
 
-/// Memory the kernel says a new allocation can get without swapping (`MemAvailable`), where
-/// the platform tells it.
-pub fn available_memory_bytes() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib.saturating_mul(1024))
-}
+pub use crate::host::available_memory_bytes;
 
 /// Times `engine` on `input` (one batch). `keep_going` is polled between runs (cancel).
 pub fn measure(
@@ -78,14 +90,27 @@ pub fn measure(
     }
     let mut samples = vec![];
     let start = std::time::Instant::now();
-    while (samples.len() < spec.min_runs || start.elapsed().as_secs_f64() * 1e3 < spec.min_time_ms)
-        && keep_going()
-    {
-        samples.push(engine.timed_run(input)?);
+    let elapsed_ms = || start.elapsed().as_secs_f64() * 1e3;
+    loop {
+        let minimum_met = samples.len() >= spec.min_runs && elapsed_ms() >= spec.min_time_ms;
         // Never spin forever on a very fast engine.
-        if samples.len() >= 100_000 {
+        if !keep_going() || samples.len() >= 100_000 {
             break;
         }
+        if minimum_met {
+            if !spec.until_stable || elapsed_ms() >= spec.max_time_ms {
+                break;
+            }
+            // Checked every 16 runs: sorting each time would cost more than a fast run.
+            if samples.len() % 16 == 0 {
+                let mut sorted = samples.clone();
+                sorted.sort_by(f64::total_cmp);
+                if crate::timing::median_ci95_rel(&sorted).is_some_and(|c| c <= STABLE_CI_REL) {
+                    break;
+                }
+            }
+        }
+        samples.push(engine.timed_run(input)?);
     }
     Ok(latency_from(samples))
 }

@@ -112,7 +112,11 @@ pub fn cache_key(
         h.update(b"\0");
     }
     for p in images {
+        // Keyed by the file, not its spelling: `calib/x.png` and `/abs/calib/x.png` share
+        // statistics.
+        let p = std::fs::canonicalize(p).unwrap_or_else(|_| p.clone());
         h.update(p.to_string_lossy().as_bytes());
+        let p = &p;
         if let Ok(m) = std::fs::metadata(p) {
             h.update(&m.len().to_le_bytes());
             if let Ok(t) = m.modified().and_then(|t| {

@@ -281,6 +281,9 @@ impl Selection {
             Selection::EveryNth(0) => {
                 Err("--calib-every must be ≥ 1 (0 would take no step)".into())
             }
+            Selection::First(0) => Err(
+                "--calib-count must be ≥ 1 (0 would calibrate on no image); leave it out to use every image".into(),
+            ),
             _ => Ok(()),
         }
     }
@@ -373,6 +376,9 @@ pub fn read_labels_checked(path: &Path) -> Result<Vec<String>, DataError> {
     };
     check_regular_file(path, MAX_LABELS_FILE_BYTES).map_err(err)?;
     let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
+    // Editors on Windows start UTF-8 files with a byte-order mark; it is not part of the
+    // first class name.
+    let text = text.strip_prefix('\u{feff}').unwrap_or(&text);
     let v: Vec<String> = text
         .lines()
         .map(|l| l.trim().to_string())
@@ -484,8 +490,10 @@ impl EvalSet {
         let (images, skipped) = list_images(&images_dir)?;
         let mut items = vec![];
         let mut missing = vec![];
+        let mut excluded = 0;
         for img in images {
             if exclude.contains(&canonical(&img)) {
+                excluded += 1;
                 continue;
             }
             let stem = img.file_stem().and_then(|s| s.to_str()).unwrap_or_default();
@@ -501,6 +509,9 @@ impl EvalSet {
                 let name = img.strip_prefix(&images_dir).unwrap_or(&img);
                 missing.push(name.display().to_string());
             }
+        }
+        if items.is_empty() && missing.is_empty() && excluded > 0 {
+            return Err(every_image_excluded(root, excluded));
         }
         if items.is_empty() {
             return Err(DataError::Layout {
@@ -577,6 +588,7 @@ impl EvalSet {
             });
         }
         let mut per_class = vec![];
+        let mut excluded = 0;
         for (ci, c) in classes.iter().enumerate() {
             let dir = root.join(c);
             if !dir.is_dir() {
@@ -584,9 +596,14 @@ impl EvalSet {
                 continue;
             }
             let (imgs, _) = list_images(&dir)?;
+            let before = imgs.len();
+            let kept: Vec<PathBuf> = imgs
+                .into_iter()
+                .filter(|p| !exclude.contains(&canonical(p)))
+                .collect();
+            excluded += before - kept.len();
             per_class.push(
-                imgs.into_iter()
-                    .filter(|p| !exclude.contains(&canonical(p)))
+                kept.into_iter()
                     .map(|p| EvalItem {
                         image: p,
                         label: Label::Class(ci),
@@ -603,6 +620,9 @@ impl EvalSet {
                     items.push(it.clone());
                 }
             }
+        }
+        if items.is_empty() && excluded > 0 {
+            return Err(every_image_excluded(root, excluded));
         }
         if items.is_empty() {
             return Err(DataError::NoImages {
@@ -742,6 +762,16 @@ fn class_folders(root: &Path) -> Result<Vec<String>, DataError> {
         .collect();
     dirs.sort();
     Ok(dirs)
+}
+
+/// Every evaluation image is also a calibration image and "skip calibration images" left none.
+fn every_image_excluded(root: &Path, excluded: usize) -> DataError {
+    DataError::Layout {
+        path: root.into(),
+        reason: format!(
+            "all {excluded} images are also calibration images, and \"Skip calibration images\" (GUI; --eval-skip-calib on the command line) left none to evaluate; turn it off or evaluate on other images"
+        ),
+    }
 }
 
 pub fn canonical(p: &Path) -> PathBuf {

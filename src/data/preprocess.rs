@@ -73,6 +73,7 @@ pub enum ChannelOrder {
 
 /// Pixel normalisation. `ScaleOffset { scale: 1, offset: 0 }` keeps raw 0..255 values.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub enum Normalize {
     /// `(x / 255 - mean) / std`, per channel (in the model's channel order).
     MeanStd { mean: [f32; 3], std: [f32; 3] },
@@ -102,6 +103,7 @@ pub const DEFAULT_PAD_VALUE: u8 = 114;
 /// field missing from an older file takes its default, which is the old behaviour.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
+#[serde(deny_unknown_fields)]
 pub struct Preprocess {
     pub resize: ResizeMode,
     /// Input height and width; `None` takes the model's own.
@@ -531,6 +533,13 @@ impl Preprocess {
             Normalize::ScaleOffset { scale, offset } => {
                 finite("--scale", &[scale])?;
                 finite("--offset", &[offset])?;
+                // A zero scale feeds every image as the same constant: every metric would be
+                // the model's answer to a blank input.
+                if scale.abs() < MIN_STD {
+                    return Err(format!(
+                        "--scale: {scale} makes every input the constant {offset}; give the factor that maps 0..255 to the model's range (1/255 = 0.0039215686 for 0..1)"
+                    ));
+                }
             }
         }
         let max = MAX_IMAGE_SIDE_PX as usize;

@@ -226,7 +226,22 @@ impl Model {
                 opset,
             });
         }
-        let dir = path.parent().unwrap_or(Path::new("."));
+        // IR 3 came with opset 7 (the oldest opset read); IR 12 is the newest ONNX defines.
+        if !(3..=MAX_IR_VERSION).contains(&proto.ir_version) {
+            return Err(not_onnx(format!(
+                "IR version {} is not one quantscope reads (3 to {MAX_IR_VERSION}){}; re-export the model with a current exporter",
+                proto.ir_version,
+                if proto.ir_version == 0 {
+                    ": the file does not say which ONNX it is"
+                } else {
+                    ""
+                }
+            )));
+        }
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d,
+            _ => Path::new("."),
+        };
         let graph = proto.graph.as_mut().expect("checked above");
         inline_external_data(graph, dir).map_err(|(tensor, reason)| ModelError::ExternalData {
             path: path.into(),
@@ -394,58 +409,80 @@ impl Model {
     }
 }
 
+/// Every tensor name a node reads, in the graph and in its subgraphs (an `If` branch may read an
+/// initializer of the outer graph), plus the graph's outputs.
+fn names_read(graph: &pb::GraphProto, into: &mut HashSet<String>) {
+    for n in &graph.node {
+        into.extend(n.input.iter().cloned());
+        for a in &n.attribute {
+            for g in a.g.iter().chain(&a.graphs) {
+                names_read(g, into);
+            }
+        }
+    }
+    into.extend(graph.output.iter().map(|o| o.name.clone()));
+}
+
+fn is_external(t: &pb::TensorProto) -> bool {
+    t.data_location == Some(pb::tensor_proto::DataLocation::External as i32)
+}
+
+/// Reads the weights a model keeps in separate files into the graph. Initializers that no node
+/// reads are dropped unread (an unused 8 GiB tensor must not abort the process); the rest must
+/// be regular files inside the model's folder, links resolved, and must fit in the memory this
+/// machine has free.
+/// The newest ONNX IR version (ONNX 1.19) this reader accepts.
+const MAX_IR_VERSION: i64 = 12;
+
 fn inline_external_data(graph: &mut pb::GraphProto, dir: &Path) -> Result<(), (String, String)> {
     use std::io::{Read, Seek, SeekFrom};
+    let mut read = HashSet::new();
+    names_read(graph, &mut read);
+    let unused: HashSet<String> = graph
+        .initializer
+        .iter()
+        .filter(|t| is_external(t) && !read.contains(&t.name))
+        .map(|t| t.name.clone())
+        .collect();
+    graph.initializer.retain(|t| !unused.contains(&t.name));
+    // Listed as an input too (older exporters do): dropped there as well, or it would become an
+    // input to feed.
+    graph.input.retain(|i| !unused.contains(&i.name));
+    let mut planned = vec![];
+    for t in graph.initializer.iter().filter(|t| is_external(t)) {
+        let real_dir = dir.canonicalize().map_err(|e| {
+            (
+                t.name.clone(),
+                format!("the model's folder {}: {e}", dir.display()),
+            )
+        })?;
+        planned.push((t.name.clone(), external_span(t, dir, &real_dir)?));
+    }
+    let total: u64 = planned.iter().map(|(_, (_, _, len))| len).sum();
+    if let Some(free) = crate::host::available_memory_bytes()
+        && total > free
+    {
+        let (name, (_, _, len)) = planned
+            .iter()
+            .max_by_key(|(_, (_, _, len))| *len)
+            .expect("total > 0");
+        return Err((
+            name.clone(),
+            format!(
+                "the external weights need {:.1} GiB (this one {:.1} GiB), more than the {:.1} GiB of memory free; free memory or use a machine with more",
+                total as f64 / GIB,
+                *len as f64 / GIB,
+                free as f64 / GIB
+            ),
+        ));
+    }
+    let mut spans: std::collections::HashMap<String, (PathBuf, u64, u64)> =
+        planned.into_iter().collect();
     for t in graph.initializer.iter_mut() {
-        if t.data_location != Some(pb::tensor_proto::DataLocation::External as i32) {
+        let Some((file, offset, length)) = spans.remove(&t.name) else {
             continue;
-        }
+        };
         let fail = |reason: String| (t.name.clone(), reason);
-        let get = |k: &str| {
-            t.external_data
-                .iter()
-                .find(|e| e.key == k)
-                .map(|e| e.value.clone())
-        };
-        let number = |k: &str| -> Result<Option<u64>, (String, String)> {
-            get(k)
-                .map(|v| {
-                    v.trim()
-                        .parse::<u64>()
-                        .map_err(|_| fail(format!("`{k}` is `{v}`, not a byte count")))
-                })
-                .transpose()
-        };
-        let location = get("location").ok_or_else(|| fail("no `location` entry".into()))?;
-        // The data lives beside the model: an absolute path or `..` would read any file.
-        let rel = Path::new(&location);
-        if rel.is_absolute()
-            || rel
-                .components()
-                .any(|c| !matches!(c, std::path::Component::Normal(_)))
-        {
-            return Err(fail(format!(
-                "location `{location}` must be a file name relative to the model's folder"
-            )));
-        }
-        let offset = number("offset")?.unwrap_or(0);
-        let declared = validate::declared_elements(t).map_err(fail)?;
-        let (_, elem) = proto::tensor_numel_and_elem_bytes(t);
-        let length = match number("length")? {
-            Some(l) => l,
-            None => declared
-                .checked_mul(elem)
-                .ok_or_else(|| fail("the declared size overflows".into()))?,
-        };
-        let file = dir.join(rel);
-        let size = crate::files::regular_file_len(&file).map_err(fail)?;
-        let end = offset.checked_add(length).filter(|&e| e <= size);
-        if end.is_none() {
-            return Err(fail(format!(
-                "{} holds {size} bytes, needs {length} at offset {offset}",
-                file.display()
-            )));
-        }
         let mut f =
             std::fs::File::open(&file).map_err(|e| fail(format!("{}: {e}", file.display())))?;
         let mut data = vec![0u8; length as usize];
@@ -457,6 +494,75 @@ fn inline_external_data(graph: &mut pb::GraphProto, dir: &Path) -> Result<(), (S
         t.data_location = None;
     }
     Ok(())
+}
+
+const GIB: f64 = (1u64 << 30) as f64;
+
+/// Where an external initializer's bytes are: (the file, links resolved; offset; length),
+/// checked against the file's size and refused outside the model's folder (`real_dir`).
+fn external_span(
+    t: &pb::TensorProto,
+    dir: &Path,
+    real_dir: &Path,
+) -> Result<(PathBuf, u64, u64), (String, String)> {
+    let fail = |reason: String| (t.name.clone(), reason);
+    let get = |k: &str| {
+        t.external_data
+            .iter()
+            .find(|e| e.key == k)
+            .map(|e| e.value.clone())
+    };
+    let number = |k: &str| -> Result<Option<u64>, (String, String)> {
+        get(k)
+            .map(|v| {
+                v.trim()
+                    .parse::<u64>()
+                    .map_err(|_| fail(format!("`{k}` is `{v}`, not a byte count")))
+            })
+            .transpose()
+    };
+    let location = get("location").ok_or_else(|| fail("no `location` entry".into()))?;
+    // The data lives beside the model: an absolute path or `..` would read any file.
+    let rel = Path::new(&location);
+    if rel.is_absolute()
+        || rel
+            .components()
+            .any(|c| !matches!(c, std::path::Component::Normal(_)))
+    {
+        return Err(fail(format!(
+            "location `{location}` must be a file name relative to the model's folder"
+        )));
+    }
+    let offset = number("offset")?.unwrap_or(0);
+    let declared = validate::declared_elements(t).map_err(fail)?;
+    let (_, elem) = proto::tensor_numel_and_elem_bytes(t);
+    let length = match number("length")? {
+        Some(l) => l,
+        None => declared
+            .checked_mul(elem)
+            .ok_or_else(|| fail("the declared size overflows".into()))?,
+    };
+    let file = dir.join(rel);
+    let size = crate::files::regular_file_len(&file).map_err(fail)?;
+    // The name check above is lexical: a link named `w.bin` may still lead anywhere.
+    let real = file
+        .canonicalize()
+        .map_err(|e| fail(format!("{}: {e}", file.display())))?;
+    if !real.starts_with(real_dir) {
+        return Err(fail(format!(
+            "{} is a link to {}, outside the model's folder; weights are only read from the model's own folder (copy the file there)",
+            file.display(),
+            real.display()
+        )));
+    }
+    let end = offset.checked_add(length).filter(|&e| e <= size);
+    if end.is_none() {
+        return Err(fail(format!(
+            "{} holds {size} bytes, needs {length} at offset {offset}",
+            file.display()
+        )));
+    }
+    Ok((real, offset, length))
 }
 
 /// `Constant` nodes holding a tensor become initializers, so weights stored that way are seen.
@@ -663,6 +769,15 @@ fn describe(
                 input.shape.len()
             ),
         });
+    }
+    if let Some(t) = proto::value_info_elem_type(&g.input[0]).filter(|&t| t != 0)
+        && !dtype_is_float(t)
+    {
+        return Err(inputs_err(format!(
+            "input `{}` is {}; quantscope feeds images as float tensors (float32 or float16). A model that takes integer pixels or ids is not one it can evaluate: export it with a float input",
+            input.name,
+            proto::data_type_name(t)
+        )));
     }
     let d = |i: usize| input.shape.get(i).copied().flatten().unwrap_or(0) as usize;
     let layout = if matches!(d(1), 1 | 3) || !matches!(d(3), 1 | 3) {

@@ -212,6 +212,7 @@ fn check_node(
     opset: i64,
     inits: &HashMap<&str, &pb::TensorProto>,
     ranks: &HashMap<&str, i64>,
+    channels: &HashMap<&str, i64>,
 ) -> Result<(), Problem> {
     // Other domains are reported unsupported later, but tract still reads such a node by its
     // op type while inferring shapes: the same checks keep it from panicking there.
@@ -311,8 +312,12 @@ fn check_node(
                 }
             }
         }
-        "Conv" | "ConvTranspose" => check_conv(n, inits)?,
-        "BatchNormalization" => check_batch_norm(n, inits)?,
+        "Conv" | "ConvTranspose" => {
+            check_conv(n, inits)?;
+            check_products(n, inits)?;
+        }
+        "Gemm" | "MatMul" => check_products(n, inits)?,
+        "BatchNormalization" => check_batch_norm(n, inits, channels)?,
         "Resize" => {
             // Opset 10: X, scales. Opset 11+: X, roi, scales, sizes (one of the last two).
             let has = |i: usize| n.input.get(i).is_some_and(|s| !s.is_empty());
@@ -424,9 +429,65 @@ fn check_conv(n: &pb::NodeProto, inits: &HashMap<&str, &pb::TensorProto>) -> Res
     Ok(())
 }
 
+/// The largest activation magnitude a weight's products are checked against. Real networks stay
+/// orders of magnitude below it; a product beyond f32's range at this input is an Inf waiting.
+const ACTIVATION_BOUND: f64 = 1e4;
+
+/// Refuses constant weights whose products with an ordinary activation overflow float32: a
+/// finite 1e38 passes every finiteness check and still turns every output into Inf/NaN. The
+/// bound takes the tensor's element count as the (over-)estimate of the sum's length.
+fn check_products(
+    n: &pb::NodeProto,
+    inits: &HashMap<&str, &pb::TensorProto>,
+) -> Result<(), Problem> {
+    for name in n.input.iter().take(2) {
+        let Some(t) = inits.get(name.as_str()) else {
+            continue;
+        };
+        let Some(values) = proto::tensor_f32(t) else {
+            continue;
+        };
+        let Some((i, v)) = values
+            .data
+            .iter()
+            .enumerate()
+            .max_by(|a, b| a.1.abs().total_cmp(&b.1.abs()))
+        else {
+            continue;
+        };
+        let worst = v.abs() as f64 * values.data.len() as f64 * ACTIVATION_BOUND;
+        if worst > f32::MAX as f64 {
+            return Err(problem(
+                n,
+                format!(
+                    "weight `{}` holds {v:e} at index {i}: its products with the input overflow float32 (outputs would be Inf/NaN); the weights are corrupt or mis-scaled",
+                    t.name
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The channel count of each Conv output whose weight is a constant (`[M, C/group, k...]`).
+fn conv_channels<'a>(
+    g: &'a pb::GraphProto,
+    inits: &HashMap<&str, &pb::TensorProto>,
+) -> HashMap<&'a str, i64> {
+    g.node
+        .iter()
+        .filter(|n| n.op_type == "Conv")
+        .filter_map(|n| {
+            let w = inits.get(n.input.get(1)?.as_str())?;
+            Some((n.output.first()?.as_str(), *w.dims.first()?))
+        })
+        .collect()
+}
+
 fn check_batch_norm(
     n: &pb::NodeProto,
     inits: &HashMap<&str, &pb::TensorProto>,
+    channels: &HashMap<&str, i64>,
 ) -> Result<(), Problem> {
     if let Some(eps) = proto::attr_f(n, "epsilon")
         && !(eps.is_finite() && eps >= 0.0)
@@ -455,6 +516,16 @@ fn check_batch_norm(
             ),
         ));
     }
+    if let (Some(Some(len)), Some(&c)) = (lens.first(), channels.get(n.input[0].as_str()))
+        && *len != c
+    {
+        return Err(problem(
+            n,
+            format!(
+                "scale, bias, mean and variance hold {len} values but the conv before it makes {c} channels; the file is damaged or was edited: re-export it"
+            ),
+        ));
+    }
     if let Some(var) = proto::tensor_f32(params[3])
         && let Some((c, v)) = var.data.iter().enumerate().find(|(_, v)| **v < 0.0)
     {
@@ -463,6 +534,26 @@ fn check_batch_norm(
             format!(
                 "variance `{}` is negative ({v}) at channel {c}: the statistics are corrupt",
                 params[3].name
+            ),
+        ));
+    }
+    // Folding divides the scale by sqrt(variance + epsilon): zero there, or a quotient beyond
+    // f32, is an Inf in every output of that channel.
+    let eps = proto::attr_f(n, "epsilon").unwrap_or(1e-5);
+    if let (Some(scale), Some(var)) = (proto::tensor_f32(params[0]), proto::tensor_f32(params[3]))
+        && let Some((c, (g, v))) = scale
+            .data
+            .iter()
+            .zip(&var.data)
+            .enumerate()
+            .find(|(_, (g, v))| !(**g / (**v + eps).sqrt()).is_finite())
+    {
+        return Err(problem(
+            n,
+            format!(
+                "folding divides by zero at channel {c}: scale {g}, variance `{}` {v}, epsilon {eps} give scale / sqrt(variance + epsilon) = {}; give the layer a positive variance or epsilon",
+                params[3].name,
+                g / (v + eps).sqrt()
             ),
         ));
     }
@@ -496,8 +587,9 @@ pub fn validate(g: &mut pb::GraphProto, opset: i64) -> Vec<Problem> {
     let inits: HashMap<&str, &pb::TensorProto> =
         g.initializer.iter().map(|t| (t.name.as_str(), t)).collect();
     let ranks = known_ranks(g);
+    let channels = conv_channels(g, &inits);
     for n in &g.node {
-        if let Err(p) = check_node(n, opset, &inits, &ranks) {
+        if let Err(p) = check_node(n, opset, &inits, &ranks, &channels) {
             problems.push(p);
         }
     }

@@ -79,17 +79,43 @@ fn is_excluded(node: &pb::NodeProto, exclude: &[String]) -> bool {
 /// the layer quantized after all. The error suggests the nearest names.
 pub fn check_exclusions(model: &Model, names: &[String], setting: &str) -> Result<(), String> {
     let nodes = &model.graph().node;
-    let known = |e: &String| nodes.iter().any(|n| &n.name == e || &n.op_type == e);
-    let unknown: Vec<&String> = names.iter().filter(|e| !known(e)).collect();
+    let candidates = nodes
+        .iter()
+        .flat_map(|n| [n.name.as_str(), n.op_type.as_str()]);
+    check_names(model, names, candidates, setting, "a node name or op type")
+}
+
+/// Refuses names in `names` that are not activation tensors of `model` (a node's output or the
+/// graph's input), with the nearest ones: a per-tensor setting for a misspelt tensor would be
+/// ignored without a word.
+pub fn check_tensor_names(model: &Model, names: &[String], setting: &str) -> Result<(), String> {
+    let g = model.graph();
+    let candidates = g
+        .node
+        .iter()
+        .flat_map(|n| n.output.iter().map(String::as_str))
+        .chain(g.input.iter().map(|i| i.name.as_str()));
+    check_names(model, names, candidates, setting, "an activation tensor")
+}
+
+/// The names in `names` not among `candidates`, refused with up to three near ones.
+fn check_names<'a>(
+    model: &Model,
+    names: &[String],
+    candidates: impl Iterator<Item = &'a str>,
+    setting: &str,
+    what: &str,
+) -> Result<(), String> {
+    let mut candidates: Vec<&str> = candidates.collect();
+    candidates.sort_unstable();
+    candidates.dedup();
+    let unknown: Vec<&String> = names
+        .iter()
+        .filter(|e| candidates.binary_search(&e.as_str()).is_err())
+        .collect();
     let Some(first) = unknown.first() else {
         return Ok(());
     };
-    let mut candidates: Vec<&str> = nodes
-        .iter()
-        .flat_map(|n| [n.name.as_str(), n.op_type.as_str()])
-        .collect();
-    candidates.sort_unstable();
-    candidates.dedup();
     let mut near: Vec<(f64, &str)> = candidates
         .iter()
         .map(|c| (strsim::normalized_levenshtein(first, c), *c))
@@ -108,7 +134,7 @@ pub fn check_exclusions(model: &Model, names: &[String], setting: &str) -> Resul
         ),
     };
     Err(format!(
-        "{setting}: {} not a node name or op type of {}: `{}`; {hint}",
+        "{setting}: {} not {what} of {}: `{}`; {hint}",
         if unknown.len() == 1 { "is" } else { "are" },
         model.path.display(),
         unknown

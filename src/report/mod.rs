@@ -72,6 +72,63 @@ pub struct Row {
     /// The runtime that ran the row and the form it ran ("onnxruntime 1.32.0; INT8 form: ...").
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<String>,
+    /// NaN or ±Inf in the engine's outputs (or in the FP32 reference it is compared with). Any at
+    /// all makes the row's metrics void: they are left empty, and the run exits 3.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub non_finite: Option<NonFinite>,
+    /// Other processes ready to run when this row's timing started (on `cores` cores): where
+    /// they were, its latency competed with them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timing_load: Option<TimingLoad>,
+}
+
+/// The machine's load when an engine's timing started.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TimingLoad {
+    pub other_runnable: usize,
+    pub cores: usize,
+}
+
+impl TimingLoad {
+    /// A warning for a row timed while others competed; `None` on a quiet machine.
+    pub fn warning(&self, label: &str) -> Option<String> {
+        (self.other_runnable > 0).then(|| {
+            format!(
+                "{label} was timed while {} other process{} ready to run on {} cores: its latency may read high. Re-time it on a quiet machine, or with --until-stable (GUI: Re-time)",
+                self.other_runnable,
+                if self.other_runnable == 1 { " was" } else { "es were" },
+                self.cores
+            )
+        })
+    }
+}
+
+/// Non-finite values an engine produced over the evaluation set.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct NonFinite {
+    /// Evaluation images whose output held at least one NaN or ±Inf.
+    pub images: usize,
+    /// Images evaluated.
+    pub of_images: usize,
+    /// NaN and ±Inf values over all outputs.
+    pub values: u64,
+    /// True where this engine's outputs were finite but the FP32 reference's were not, so
+    /// agreement and SQNR against it mean nothing.
+    #[serde(default)]
+    pub in_reference_only: bool,
+}
+
+impl NonFinite {
+    /// Why the row's metrics are void, in words.
+    pub fn reason(&self) -> String {
+        if self.in_reference_only {
+            return "metrics void: the FP32 reference output NaN/Inf, so agreement and SQNR against it mean nothing".into();
+        }
+        format!(
+            "metrics void: {} of {} images gave NaN/Inf outputs ({} values); an overflow or a bad weight, see the Layers tab",
+            self.images, self.of_images, self.values
+        )
+    }
 }
 
 impl Row {
@@ -90,6 +147,22 @@ impl Row {
     /// The task metric: mIoU or top-1.
     pub fn metric(&self) -> Option<f64> {
         self.miou.or(self.top1)
+    }
+
+    /// A row that produced no usable result: its engine failed, or its outputs held NaN/Inf.
+    pub fn failed(&self) -> bool {
+        self.error.is_some() || self.non_finite.is_some()
+    }
+
+    /// What the note column says: the error, the void metrics, or that the precision is
+    /// simulated.
+    pub fn note(&self) -> String {
+        match (&self.error, &self.non_finite, self.simulated) {
+            (Some(e), _, _) => format!("error: {e}"),
+            (None, Some(n), _) => n.reason(),
+            (None, None, true) => "simulated on CPU".into(),
+            _ => String::new(),
+        }
     }
 }
 
@@ -223,11 +296,23 @@ fn mib(b: u64) -> String {
     format!("{:.2}", b as f64 / (1024.0 * 1024.0))
 }
 
+/// The error of a row whose evaluation was stopped by Cancel or Ctrl-C.
+pub const CANCELLED: &str = "cancelled";
+
 impl Report {
+    /// Rows that ran to the end (with a result or an error of their own), not cut short by a
+    /// cancel.
+    pub fn finished_rows(&self) -> usize {
+        self.rows
+            .iter()
+            .filter(|r| r.error.as_deref() != Some(CANCELLED))
+            .count()
+    }
+
     pub fn fp32(&self) -> Option<&Row> {
         self.rows
             .iter()
-            .find(|r| r.precision == Some(Precision::Fp32) && r.error.is_none())
+            .find(|r| r.precision == Some(Precision::Fp32) && !r.failed())
     }
 
     /// Task metric of `row` minus FP32's, in points (percentage points for top-1/mIoU).
@@ -283,11 +368,7 @@ impl Report {
         ));
         for r in &self.rows {
             let mem = r.memory_bytes.clone().unwrap_or_default();
-            let note = match (&r.error, r.simulated) {
-                (Some(e), _) => format!("error: {e}"),
-                (None, true) => "simulated on CPU".into(),
-                _ => String::new(),
-            };
+            let note = r.note();
             s.push_str(&format!(
                 "| {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
                 r.label(),
@@ -348,7 +429,11 @@ impl Report {
                 mem.peak_rss,
                 o(r.build_ms),
                 r.int8_nodes.map(|n| n.to_string()).unwrap_or_default(),
-                r.error.clone().unwrap_or_default().replace('"', "'"),
+                r.error
+                    .clone()
+                    .or(r.non_finite.as_ref().map(NonFinite::reason))
+                    .unwrap_or_default()
+                    .replace('"', "'"),
             ));
         }
         s
@@ -387,6 +472,7 @@ mod tests {
                 p90: ms,
                 p99: ms,
                 runs: 10,
+                ..Default::default()
             })
         };
         let row = |p: Precision, simulated: bool, b1: f64, b8: f64| Row {

@@ -18,7 +18,7 @@ use crate::experiment::Experiment;
 use crate::model::Task;
 use crate::report::Report;
 use crate::sensitivity::{Budget, SensitivityOptions, SensitivityReport};
-use crate::worker::{DialogKind, Event, FileDialog, IoRequest};
+use crate::worker::{DialogKind, Event, FileDialog, IoRequest, JobId};
 
 pub const SC_OPEN: KeyboardShortcut = KeyboardShortcut::new(Modifiers::COMMAND, Key::O);
 pub const SC_SAVE: KeyboardShortcut = KeyboardShortcut::new(Modifiers::COMMAND, Key::S);
@@ -74,6 +74,10 @@ pub enum Command {
     ChooseLabels,
     /// Show the window where a path can be typed (for desktops without a file dialog).
     ShowOpenPath,
+    /// Clears the data settings (folders, labels, preprocessing) and keeps the model.
+    ResetDataSettings,
+    /// Builds the engine of results row `i` again and times it until its median is stable.
+    RetimeRow(usize),
     /// Open the experiment the window autosaved (after a crash, say).
     RestoreAutosave,
     Rescan,
@@ -153,10 +157,16 @@ impl Workbench {
                 &[("experiment or model", &["ron", "onnx"])],
                 None,
             ),
-            Command::Save => match self.exp_path.clone() {
-                Some(p) => self.save_to(&p),
-                None => self.apply(Command::SaveAs),
-            },
+            Command::Save => {
+                match self.exp_path.clone() {
+                    Some(p) if !is_bundled_sample(&p) => self.save_to(&p),
+                    Some(_) => {
+                        self.log_info("the bundled samples are never overwritten: choose where to save your copy");
+                        self.apply(Command::SaveAs)
+                    }
+                    None => self.apply(Command::SaveAs),
+                }
+            }
             Command::SaveAs => {
                 let name = format!("{}.ron", self.experiment_stem());
                 self.dialog(
@@ -183,7 +193,17 @@ impl Workbench {
                 &[("labels", &["txt"])],
                 None,
             ),
-            Command::ShowOpenPath => self.open_path_window = true,
+            Command::ShowOpenPath => self.path_window = Some(DialogPurpose::Open),
+            Command::ResetDataSettings => {
+                let e = Experiment {
+                    name: self.exp.name.clone(),
+                    model: self.exp.model.clone(),
+                    ..Default::default()
+                };
+                self.banner = None;
+                self.log_info("data settings reset: no calibration or evaluation folder, labels or preprocessing");
+                self.set_experiment(e);
+            }
             Command::RestoreAutosave => self.restore_autosave(),
             Command::ChooseEvalDir => self.dialog(
                 DialogPurpose::EvalDir,
@@ -197,6 +217,7 @@ impl Workbench {
                 self.scan_eval();
             }
             Command::Run => self.start_run(),
+            Command::RetimeRow(i) => self.start_retime(i),
             Command::Cancel => {
                 if let Some(run) = &mut self.run {
                     run.cancelling = true;
@@ -255,7 +276,7 @@ impl Workbench {
                 None,
             ),
             Command::Export(kind) => {
-                let name = format!("{}_report.{}", self.experiment_stem(), kind.extension());
+                let name = self.export_name(kind);
                 let ext = kind.extension();
                 self.dialog(
                     DialogPurpose::Export(kind),
@@ -278,6 +299,17 @@ impl Workbench {
                 }
             }
             Command::ClearRecent => self.settings.recent.clear(),
+        }
+    }
+
+    /// The file name an export is offered under.
+    fn export_name(&self, kind: ExportKind) -> String {
+        let stem = self.experiment_stem();
+        match kind {
+            ExportKind::ViewPng => format!("{stem}_{}.png", self.tab.name()),
+            ExportKind::MaskPng => format!("{stem}_masks_{}.png", self.masks.image),
+            ExportKind::Qdq => format!("{stem}_exports"),
+            k => format!("{stem}_report.{}", k.extension()),
         }
     }
 
@@ -347,14 +379,32 @@ impl Workbench {
                 model: p.to_path_buf(),
                 ..Default::default()
             };
-            // Keep the data setup when swapping the model inside an experiment.
+            // Keep the data setup when swapping the model inside an experiment, and say so:
+            // the experiment is now the new model's (its name, no file yet), and settings that
+            // name the old model's layers go.
+            let mut kept = None;
             if !self.exp.model.as_os_str().is_empty() {
                 exp = Experiment {
+                    name: exp.name,
                     model: p.to_path_buf(),
+                    exclude: vec![],
+                    mixed_precision: None,
+                    output: Default::default(),
                     ..self.exp.clone()
                 };
+                kept = Some(self.exp.model.clone());
+                self.exp_path = None;
             }
-            self.banner = None;
+            self.banner = kept.map(|old| {
+                (
+                    format!(
+                        "Opened {}: the calibration and evaluation folders, labels and preprocessing of {} are kept; File > Reset data settings clears them.",
+                        p.display(),
+                        old.display()
+                    ),
+                    false,
+                )
+            });
             self.log_info(format!("opened model {}", p.display()));
             self.set_experiment(exp);
             return;
@@ -390,6 +440,15 @@ impl Workbench {
     }
 
     fn save_to(&mut self, p: &Path) {
+        if is_bundled_sample(p) {
+            let msg = format!(
+                "{} is a bundled sample and is never overwritten: save your copy elsewhere (File > Save as…)",
+                p.display()
+            );
+            self.log_error(msg.clone());
+            self.banner = Some((msg, true));
+            return;
+        }
         match self.exp.save(p) {
             Ok(()) => {
                 self.exp_path = Some(p.to_path_buf());
@@ -413,7 +472,9 @@ impl Workbench {
                 w.cancel();
             }
             self.run = None;
-            self.results = Results::default();
+            // The old model's results stay in the history, to compare with the new model's.
+            let previous = std::mem::take(&mut self.results);
+            self.keep_in_history(previous);
             self.masks = MaskViewState::default();
             self.layers.report = None;
             self.inspect_model();
@@ -422,8 +483,11 @@ impl Workbench {
         if calib_changed {
             self.scan_calib();
         }
+        // The class names shown come from the labels file in force too: a new one (or a new
+        // model with its own beside it) rescans, or the panel keeps the old count.
         if old.evaluation.dir != self.exp.evaluation.dir
             || old.evaluation.task != self.exp.evaluation.task
+            || old.labels_file() != self.exp.labels_file()
         {
             self.scan_eval();
         }
@@ -608,6 +672,7 @@ impl Workbench {
             cancelling: false,
             cancelled_at: None,
             sensitivity: true,
+            retime: None,
         });
         self.log_info(format!(
             "sensitivity #{job}: {}{}",
@@ -662,13 +727,33 @@ impl Workbench {
         self.set_experiment(e);
     }
 
-    fn start_run(&mut self) {
-        if self.exp.model.as_os_str().is_empty() {
-            self.log_error("nothing to run: open a model or an experiment first");
-            return;
+    /// Why Run cannot start now, in words for its disabled tooltip; `None` when it can.
+    pub fn run_blocker(&self) -> Option<String> {
+        let e = &self.exp;
+        if self.is_running() {
+            Some("a run is in progress".into())
+        } else if e.model.as_os_str().is_empty() {
+            Some("open a model or an experiment first".into())
+        } else if let Some(field) = self.unusable_paths.first() {
+            Some(format!(
+                "the {field} field shows a path that cannot be used; fix it (Run would otherwise use {})",
+                match field.as_str() {
+                    "File" => self.exp.model.display().to_string(),
+                    _ => "the previous one".to_string(),
+                }
+            ))
+        } else if let Some(err) = &self.model.error {
+            Some(format!("the model cannot be used: {err}"))
+        } else if e.precisions.is_empty() {
+            Some("choose at least one precision".into())
+        } else {
+            e.validate().err()
         }
-        if self.exp.precisions.is_empty() {
-            self.log_error("nothing to run: choose at least one precision");
+    }
+
+    fn start_run(&mut self) {
+        if let Some(why) = self.run_blocker() {
+            self.log_error(format!("nothing to run: {why}"));
             return;
         }
         let rows_expected = self.rows_expected();
@@ -679,15 +764,20 @@ impl Workbench {
         let job = w.submit(self.exp.clone());
         self.keep_autosave(true);
         let previous = std::mem::take(&mut self.results);
-        if !previous.rows().is_empty() {
-            self.past_runs.insert(0, previous);
-            self.past_runs.truncate(PAST_RUNS_KEPT);
-        }
+        self.keep_in_history(previous);
+        let methods: Vec<&str> = self.exp.methods.iter().map(|m| m.name()).collect();
         self.results.title = format!(
-            "run #{job}: {} on {}",
+            "run #{job} · {} · {} · {} · {}",
             self.experiment_stem(),
-            self.exp.backend.name()
+            if methods.is_empty() {
+                "no INT8".to_string()
+            } else {
+                methods.join("+")
+            },
+            self.exp.backend.name(),
+            clock_utc()
         );
+        self.results.job = Some(job);
         self.masks = MaskViewState::default();
         self.run = Some(RunState {
             job,
@@ -700,6 +790,7 @@ impl Workbench {
             cancelling: false,
             cancelled_at: None,
             sensitivity: false,
+            retime: None,
         });
         self.log_info(format!(
             "run #{job}: {} on {}, precisions {:?}, methods {:?}",
@@ -707,6 +798,108 @@ impl Workbench {
             self.exp.backend.name(),
             self.exp.precisions,
             self.exp.methods
+        ));
+    }
+
+    /// Re-times results row `i`: the same experiment narrowed to that row's engine, with no
+    /// evaluation, no outputs and "time until stable" on. Its latency then replaces the row's.
+    fn start_retime(&mut self, i: usize) {
+        let Some(row) = self.results.rows.get(i).cloned() else {
+            return;
+        };
+        if let Some(why) = self.run_blocker() {
+            self.log_error(format!("cannot re-time: {why}"));
+            return;
+        }
+        let (Some(precision), None) = (row.precision, &row.error) else {
+            self.log_error(format!(
+                "{}: nothing to re-time (the row failed)",
+                row.label()
+            ));
+            return;
+        };
+        let mut e = self.exp.clone();
+        e.precisions = vec![precision];
+        e.methods = row.method.into_iter().collect();
+        if row.kept_float.is_empty() {
+            e.mixed_precision = None;
+        }
+        e.evaluation = Default::default();
+        e.output = Default::default();
+        e.bench.until_stable = true;
+        let Some(w) = &mut self.worker else {
+            self.log_error("no worker thread: cannot re-time");
+            return;
+        };
+        let job = w.submit(e);
+        self.run = Some(RunState {
+            job,
+            started: Instant::now(),
+            stage: "starting".into(),
+            stage_started: Instant::now(),
+            done: 0,
+            total: 0,
+            rows_expected: 1,
+            cancelling: false,
+            cancelled_at: None,
+            sensitivity: false,
+            retime: Some((self.results.job, i)),
+        });
+        self.log_info(format!(
+            "re-timing {} until its median is known to ±{:.0} % (at most {:.0} s)",
+            row.label(),
+            crate::bench::STABLE_CI_REL * 100.0,
+            self.exp.bench.max_time_ms / 1e3
+        ));
+    }
+
+    /// Puts a re-timed row's latency (and the load it was timed under) into row `i` of the
+    /// results of run `of`, wherever the history picker has put them.
+    fn take_retimed(&mut self, of: Option<JobId>, i: usize, report: &Report) {
+        let results = if self.results.job == of {
+            &mut self.results
+        } else {
+            match self.past_runs.iter_mut().find(|r| r.job == of) {
+                Some(r) => r,
+                None => return,
+            }
+        };
+        let Some(old) = results.rows.get(i) else {
+            return;
+        };
+        let label = old.label();
+        let Some(new) = report
+            .rows
+            .iter()
+            .find(|r| r.label() == label && r.error.is_none())
+        else {
+            let why = report
+                .rows
+                .iter()
+                .find_map(|r| r.error.clone())
+                .unwrap_or_else(|| "no row came back".into());
+            self.log_error(format!("re-timing {label} failed: {why}"));
+            return;
+        };
+        let update = |r: &mut crate::report::Row| {
+            r.latency_ms = new.latency_ms;
+            r.throughput_ips = new.throughput_ips;
+            r.latency_batch_ms = new.latency_batch_ms;
+            r.throughput_batch_ips = new.throughput_batch_ips;
+            r.timing_load = new.timing_load;
+        };
+        update(&mut results.rows[i]);
+        if let Some(r) = results.report.as_mut().and_then(|r| r.rows.get_mut(i)) {
+            update(r);
+        }
+        let l = new.latency_ms.unwrap_or_default();
+        self.log_info(format!(
+            "re-timed {label}: median {:.3} ms over {} runs{}",
+            l.median,
+            l.runs,
+            l.ci95_rel
+                .map(|c| format!(", ±{:.1} % (95 %)", c * 100.0))
+                .unwrap_or_default()
         ));
     }
 
@@ -755,12 +948,33 @@ impl Workbench {
     /// Shows an earlier run (index into `past_runs`) in the Results area; the one shown
     /// until now takes its place in the history.
     pub fn show_past_run(&mut self, k: usize) {
-        if self.is_running() || k >= self.past_runs.len() {
+        if k >= self.past_runs.len() {
             return;
         }
+        // A run in flight keeps filling its own results wherever they sit (see `results_of`).
         std::mem::swap(&mut self.results, &mut self.past_runs[k]);
+        self.compare_with = None;
         self.masks = MaskViewState::default();
         self.pick_default_engines();
+    }
+
+    /// The results of run `job`: the ones shown, or one in the history.
+    fn results_of(&mut self, job: JobId) -> Option<&mut Results> {
+        if self.results.job == Some(job) {
+            return Some(&mut self.results);
+        }
+        self.past_runs.iter_mut().find(|r| r.job == Some(job))
+    }
+
+    /// Puts `r` at the head of the run history (when it has rows), keeping the newest
+    /// [`PAST_RUNS_KEPT`].
+    fn keep_in_history(&mut self, r: Results) {
+        if r.rows().is_empty() {
+            return;
+        }
+        self.past_runs.insert(0, r);
+        self.past_runs.truncate(PAST_RUNS_KEPT);
+        self.compare_with = None;
     }
 
     /// Says where files went: in the log and in the banner above the results.
@@ -784,11 +998,20 @@ impl Workbench {
             .as_ref()
             .map(|r| r.model.file.clone())
             .unwrap_or_else(|| self.exp.model.clone());
+        let report = self.results.report.as_ref();
+        let check = crate::worker::ExportCheck {
+            hw: report.map(|r| r.input_hw).unwrap_or([224, 224]),
+            image: report.and_then(|r| r.evaluation.image_files.first().cloned()),
+            preprocess: report
+                .map(|r| r.preprocess.clone())
+                .unwrap_or_else(|| self.exp.preprocess.clone()),
+        };
         let w = self.worker.as_mut().ok_or("no worker thread")?;
         w.request(IoRequest::ExportQdq {
             dir: dir.to_path_buf(),
             model,
             qdq,
+            check,
         })
         .map(|_| ())
         .map_err(|e| e.to_string())
@@ -834,7 +1057,7 @@ impl Workbench {
         let of = |p: Precision| -> Vec<usize> {
             rows.iter()
                 .enumerate()
-                .filter(|(_, r)| r.precision == Some(p) && r.error.is_none())
+                .filter(|(_, r)| r.precision == Some(p) && !r.failed())
                 .map(|(i, _)| i)
                 .collect()
         };
@@ -850,7 +1073,7 @@ impl Workbench {
         let rows = self.results.rows();
         let Some(fp32) = rows
             .iter()
-            .find(|r| r.precision == Some(Precision::Fp32) && r.error.is_none())
+            .find(|r| r.precision == Some(Precision::Fp32) && !r.failed())
         else {
             return vec![];
         };
@@ -989,16 +1212,26 @@ impl Workbench {
                     .build_ms
                     .map(|b| format!(", built in {b:.0} ms"))
                     .unwrap_or_default();
-                match &row.error {
-                    Some(e) => self.log_error(format!("{}: {e}", row.label())),
-                    None => self.log_info(format!("row done: {}{build}{lat}", row.label())),
+                if self.run.as_ref().is_some_and(|r| r.retime.is_some()) {
+                    return; // said when the re-time finishes
                 }
-                self.results.rows.push(*row);
+                match (&row.error, &row.non_finite) {
+                    (Some(e), _) => self.log_error(format!("{}: {e}", row.label())),
+                    (None, Some(n)) => self.log_error(format!("{}: {}", row.label(), n.reason())),
+                    (None, None) => self.log_info(format!("row done: {}{build}{lat}", row.label())),
+                }
+                if let Some(r) = self.results_of(job) {
+                    r.rows.push(*row);
+                }
             }
             Event::Finished {
                 report, artifacts, ..
             } if run_job == Some(job) => {
                 let run = self.run.take();
+                if let Some((of, i)) = run.as_ref().and_then(|r| r.retime) {
+                    self.take_retimed(of, i, &report);
+                    return;
+                }
                 let secs = run.as_ref().map(|r| r.started.elapsed().as_secs_f64());
                 let cancelled = run.as_ref().is_some_and(|r| r.cancelling);
                 self.log_info(format!(
@@ -1007,23 +1240,67 @@ impl Workbench {
                     secs.unwrap_or(0.0),
                     report.rows.len()
                 ));
-                self.results = Results {
-                    title: std::mem::take(&mut self.results.title),
+                let shown = self.results.job == Some(job);
+                let Some(slot) = self.results_of(job) else {
+                    return;
+                };
+                *slot = Results {
+                    title: std::mem::take(&mut slot.title),
                     rows: report.rows.clone(),
                     report: Some(*report),
                     artifacts: Some(*artifacts),
                     partial: cancelled,
+                    job: Some(job),
                 };
+                let (title, report) = (slot.title.clone(), slot.report.clone());
+                let kept = match (&self.autosave, &report) {
+                    (Some(a), Some(r)) => a.keep_run(&title, r).err(),
+                    _ => None,
+                };
+                if let Some(e) = kept {
+                    self.log_error(e);
+                }
+                if !shown {
+                    return; // the user is browsing an earlier run; this one waits in the picker
+                }
                 self.masks = MaskViewState::default();
                 self.pick_default_engines();
+                // An earlier run's failure no longer describes what is on screen.
+                if self.banner.as_ref().is_some_and(|(_, error)| *error) {
+                    self.banner = None;
+                }
+                let void: Vec<String> = self
+                    .results
+                    .rows
+                    .iter()
+                    .filter(|r| r.non_finite.is_some())
+                    .map(|r| r.label())
+                    .collect();
+                if !void.is_empty() {
+                    self.banner = Some((
+                        format!(
+                            "{} output NaN/Inf: {} metrics are void (see the note column).",
+                            void.join(", "),
+                            if void.len() == 1 { "its" } else { "their" }
+                        ),
+                        true,
+                    ));
+                }
             }
             Event::Failed { error, .. } if run_job == Some(job) => {
                 let run = self.run.take();
+                if run.as_ref().is_some_and(|r| r.retime.is_some()) {
+                    self.log_error(format!("re-timing stopped: {error}"));
+                    return;
+                }
                 if run.is_some_and(|r| r.cancelling) {
-                    self.results.partial = true;
+                    let kept = self.results_of(job).map(|r| {
+                        r.partial = true;
+                        r.rows.len()
+                    });
                     self.log_info(format!(
                         "run #{job} cancelled ({error}); kept {} rows",
-                        self.results.rows.len()
+                        kept.unwrap_or(0)
                     ));
                 } else {
                     self.log_error(format!("run #{job} failed: {error}"));
@@ -1168,8 +1445,15 @@ impl Workbench {
                 };
                 self.picked(purpose, path, dialog_ms);
             }
-            Event::Exported { result, .. } => match result {
+            Event::Exported { result, checks, .. } => match result {
                 Ok(files) => {
+                    for c in &checks {
+                        if c.contains("OUTSIDE") {
+                            self.log_error(c.clone());
+                        } else {
+                            self.log_info(c.clone());
+                        }
+                    }
                     let dir = files
                         .first()
                         .and_then(|f| f.parent())
@@ -1185,6 +1469,7 @@ impl Workbench {
                         names.join(", ")
                     ));
                     self.trt_commands = self.trt_commands_for(&files);
+                    self.trt_window = true;
                 }
                 Err(e) => {
                     let msg = format!("Q/DQ export failed: {e}");
@@ -1203,43 +1488,18 @@ impl Workbench {
     fn picked(&mut self, purpose: DialogPurpose, path: Option<PathBuf>, dialog_ms: f64) {
         let no_portal = path.is_none() && dialog_ms < NO_DIALOG_MS;
         let Some(path) = path else {
-            match purpose {
-                DialogPurpose::Export(kind) if no_portal => {
-                    // No file dialog on this desktop: write next to the experiment.
-                    let dir = self
-                        .exp_path
-                        .as_ref()
-                        .and_then(|p| p.parent())
-                        .map(Path::to_path_buf)
-                        .unwrap_or_else(|| PathBuf::from("."))
-                        .join("quantscope_exports");
-                    if let Err(e) = std::fs::create_dir_all(&dir) {
-                        self.log_error(format!("{}: {e}", dir.display()));
-                        return;
+            if no_portal {
+                // No file dialog on this desktop: the same choice, typed. A save or an export
+                // is offered a place in the home folder, never the install's folders.
+                self.log_info("no file dialog on this desktop (no xdg-desktop-portal or zenity): type the path");
+                self.open_path_text = match purpose {
+                    DialogPurpose::SaveExperiment => {
+                        suggested_output(&format!("{}.ron", self.experiment_stem()))
                     }
-                    let tab = self.tab.name();
-                    let name = match kind {
-                        ExportKind::ViewPng => format!("{}_{tab}.png", self.experiment_stem()),
-                        ExportKind::MaskPng => {
-                            format!("{}_masks_{}.png", self.experiment_stem(), self.masks.image)
-                        }
-                        ExportKind::Qdq => String::new(),
-                        k => format!("{}_report.{}", self.experiment_stem(), k.extension()),
-                    };
-                    self.log_info("no file dialog available; exporting next to the experiment");
-                    self.apply(Command::ExportTo(kind, dir.join(name)));
-                }
-                _ if no_portal => {
-                    let msg = "No file dialog on this desktop (no xdg-desktop-portal or zenity): \
-                               type the path into the field, drop the file or folder on it, or use \
-                               File > Open path…";
-                    self.log_error(msg);
-                    self.banner = Some((msg.into(), true));
-                    if purpose == DialogPurpose::Open {
-                        self.open_path_window = true;
-                    }
-                }
-                _ => {}
+                    DialogPurpose::Export(kind) => suggested_output(&self.export_name(kind)),
+                    _ => String::new(),
+                };
+                self.path_window = Some(purpose);
             }
             return;
         };
@@ -1414,62 +1674,94 @@ impl Workbench {
             .collect()
     }
 
-    /// After an export: the ready TensorRT commands, each with a Copy button.
+    /// After an export: the ready TensorRT commands, each with a Copy button. Commands keep
+    /// their lines (a horizontal scroll, not a wrap at every `--`), the window fits in the
+    /// app, and Export > TensorRT commands… opens it again after it is closed.
     pub(super) fn trt_commands_window_ui(&mut self, ctx: &egui::Context) {
-        if self.trt_commands.is_empty() {
+        if self.trt_commands.is_empty() || !self.trt_window {
             return;
         }
         let mut open = true;
+        let max = ctx.content_rect().size() * 0.8;
         egui::Window::new("TensorRT commands")
             .open(&mut open)
             .resizable(true)
-            .default_width(640.0)
+            .default_width(640.0_f32.min(max.x))
+            .max_width(max.x)
+            .max_height(max.y)
             .show(ctx, |ui| {
                 ui.label(
                     "TensorRT 10/11: build the strongly typed files (precision is in the model). \
                      The .cache line is TensorRT 8.6–10's implicit INT8, removed in TensorRT 11.",
                 );
-                for (file, cmd) in &self.trt_commands {
-                    ui.separator();
-                    ui.horizontal(|ui| {
-                        ui.strong(file);
-                        if ui
-                            .button("Copy")
-                            .on_hover_text("Copy this command to the clipboard")
-                            .clicked()
-                        {
-                            ui.ctx().copy_text(cmd.clone());
-                        }
-                    });
-                    ui.add(egui::Label::new(egui::RichText::new(cmd).monospace()).wrap());
-                }
+                egui::ScrollArea::both().show(ui, |ui| {
+                    for (file, cmd) in &self.trt_commands {
+                        ui.separator();
+                        ui.horizontal(|ui| {
+                            ui.strong(file);
+                            if ui
+                                .button("Copy")
+                                .on_hover_text("Copy this command to the clipboard")
+                                .clicked()
+                            {
+                                ui.ctx().copy_text(cmd.clone());
+                            }
+                        });
+                        ui.add(egui::Label::new(egui::RichText::new(cmd).monospace()).extend());
+                    }
+                });
             });
         if !open {
-            self.trt_commands.clear();
+            self.trt_window = false;
         }
     }
 
-    /// The window for typing a path: File > Open path…, or when no file dialog exists.
+    /// The window for typing a path: File > Open path…, or a save or an export when no file
+    /// dialog exists. What it checks and does follows its purpose.
     pub(super) fn open_path_window_ui(&mut self, ctx: &egui::Context) {
-        if !self.open_path_window {
+        let Some(purpose) = self.path_window else {
             return;
-        }
+        };
+        let (title, what, button) = match purpose {
+            DialogPurpose::SaveExperiment => (
+                "Save the experiment to",
+                "The experiment file (.ron) to write:",
+                "Save",
+            ),
+            DialogPurpose::Export(ExportKind::Qdq) => (
+                "Export to",
+                "The folder for the Q/DQ models and calibration caches (created if missing):",
+                "Export",
+            ),
+            DialogPurpose::Export(_) => ("Export to", "The file to write:", "Export"),
+            _ => (
+                "Open a path",
+                "An experiment (.ron), a model (.onnx), a data folder or a labels file (.txt):",
+                "Open",
+            ),
+        };
+        let writes = matches!(
+            purpose,
+            DialogPurpose::SaveExperiment | DialogPurpose::Export(_)
+        );
         let mut open = true;
         let mut go = false;
-        egui::Window::new("Open a path")
+        egui::Window::new(title)
             .open(&mut open)
             .collapsible(false)
             .resizable(false)
             .show(ctx, |ui| {
-                ui.label(
-                    "An experiment (.ron), a model (.onnx), a data folder or a labels file (.txt):",
-                );
+                ui.label(what);
                 let r = ui
                     .horizontal(|ui| {
                         let name = ui.label("Path:");
                         ui.add(
                             egui::TextEdit::singleline(&mut self.open_path_text)
-                                .hint_text("/path/to/model.onnx")
+                                .hint_text(if writes {
+                                    "/path/to/output"
+                                } else {
+                                    "/path/to/model.onnx"
+                                })
                                 .desired_width(360.0),
                         )
                         .labelled_by(name.id)
@@ -1477,21 +1769,39 @@ impl Workbench {
                     .inner;
                 let enter = r.lost_focus() && ui.input(|i| i.key_pressed(egui::Key::Enter));
                 let t = self.open_path_text.trim();
-                let exists = !t.is_empty() && Path::new(t).exists();
-                if !t.is_empty() && !exists {
-                    ui.colored_label(theme::ERROR, "no such file or folder");
+                let problem = match (t.is_empty(), writes) {
+                    (true, _) => Some(""),
+                    (false, false) if !Path::new(t).exists() => Some("no such file or folder"),
+                    (false, true) if is_bundled_sample(Path::new(t)) => {
+                        Some("a bundled sample: never overwritten")
+                    }
+                    (false, true)
+                        if Path::new(t).is_dir()
+                            && purpose != DialogPurpose::Export(ExportKind::Qdq) =>
+                    {
+                        Some("a folder: add a file name")
+                    }
+                    _ => None,
+                };
+                if let Some(p) = problem.filter(|p| !p.is_empty()) {
+                    ui.colored_label(theme::ERROR, p);
                 }
                 ui.horizontal(|ui| {
-                    go = ui.add_enabled(exists, egui::Button::new("Open")).clicked()
-                        || (enter && exists);
+                    go = ui
+                        .add_enabled(problem.is_none(), egui::Button::new(button))
+                        .clicked()
+                        || (enter && problem.is_none());
                 });
             });
         if go {
             let p = PathBuf::from(self.open_path_text.trim());
-            self.open_path_window = false;
-            self.route_path(p);
+            self.path_window = None;
+            match purpose {
+                DialogPurpose::Open => self.route_path(p),
+                other => self.picked(other, Some(p), NO_DIALOG_MS),
+            }
         } else if !open {
-            self.open_path_window = false;
+            self.path_window = None;
         }
     }
 
@@ -1513,6 +1823,14 @@ impl Workbench {
                     .clicked()
                 {
                     self.push(Command::ShowOpenPath);
+                    ui.close();
+                }
+                if ui
+                    .button("Reset data settings")
+                    .on_hover_text("Clear the calibration and evaluation folders, labels and preprocessing; keep the model")
+                    .clicked()
+                {
+                    self.push(Command::ResetDataSettings);
                     ui.close();
                 }
                 let autosaved = self.autosave.as_ref().is_some_and(|a| a.path.is_file());
@@ -1613,6 +1931,18 @@ impl Workbench {
                     self.push(Command::Export(ExportKind::Qdq));
                     ui.close();
                 }
+                if ui
+                    .add_enabled(
+                        !self.trt_commands.is_empty(),
+                        egui::Button::new("TensorRT commands…"),
+                    )
+                    .on_hover_text("The trtexec lines for the last export, with Copy buttons")
+                    .on_disabled_hover_text("Export the Q/DQ models first")
+                    .clicked()
+                {
+                    self.trt_window = true;
+                    ui.close();
+                }
                 let has_masks = self.results.artifacts.is_some();
                 if ui
                     .add_enabled(
@@ -1664,10 +1994,11 @@ impl Workbench {
             ui.menu_button("Run", |ui| {
                 if ui
                     .add_enabled(
-                        !self.is_running(),
+                        self.run_blocker().is_none(),
                         egui::Button::new("Run").shortcut_text(ctx.format_shortcut(&SC_RUN)),
                     )
                     .on_hover_text("Build and compare the engines")
+                    .on_disabled_hover_text(self.run_blocker().unwrap_or_default())
                     .clicked()
                 {
                     self.push(Command::Run);
@@ -1827,4 +2158,33 @@ pub fn texture(ctx: &egui::Context, name: &str, img: &image::RgbImage) -> egui::
     let (w, h) = img.dimensions();
     let ci = egui::ColorImage::from_rgb([w as usize, h as usize], img.as_raw());
     ctx.load_texture(name, ci, egui::TextureOptions::LINEAR)
+}
+
+/// True for a file inside the bundled sample folder, which quantscope never writes into.
+fn is_bundled_sample(p: &Path) -> bool {
+    let samples =
+        crate::data::canonical(&Path::new(env!("CARGO_MANIFEST_DIR")).join("sample_models"));
+    let p = std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let dir = p.parent().map(crate::data::canonical).unwrap_or_default();
+    dir.starts_with(&samples)
+}
+
+/// Where a save or an export is offered when it must be typed: `~/quantscope/<name>` (the
+/// working folder where there is no home).
+fn suggested_output(name: &str) -> String {
+    std::env::var_os("HOME")
+        .map(|h| PathBuf::from(h).join("quantscope"))
+        .unwrap_or_else(|| PathBuf::from("."))
+        .join(name)
+        .display()
+        .to_string()
+}
+
+/// The time of day in UTC, "14:02 UTC", for run names (the standard library knows no zone).
+fn clock_utc() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    format!("{:02}:{:02} UTC", secs / 3600 % 24, secs / 60 % 60)
 }

@@ -105,6 +105,9 @@ pub struct RunState {
     pub cancelled_at: Option<Instant>,
     /// A per-layer sensitivity analysis rather than a build of the engines.
     pub sensitivity: bool,
+    /// Re-timing one row: (the job of the results it belongs to, its index). The run's latency
+    /// replaces that row's, and nothing else changes.
+    pub retime: Option<(Option<JobId>, usize)>,
 }
 
 impl RunState {
@@ -129,8 +132,11 @@ pub const PAST_RUNS_KEPT: usize = 8;
 
 #[derive(Default)]
 pub struct Results {
-    /// Which run these are, for the run-history picker ("run #3: model on cpu").
+    /// Which run these are, for the run-history picker ("run #3 · model · max · cpu · 14:02").
     pub title: String,
+    /// The worker job that produces (or produced) them: rows arriving from a run land in its
+    /// own results, wherever the history picker has put them.
+    pub job: Option<JobId>,
     pub rows: Vec<Row>,
     pub report: Option<Report>,
     pub artifacts: Option<Artifacts>,
@@ -239,7 +245,7 @@ pub struct LogLine {
 }
 
 /// What a pending file dialog is for.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub enum DialogPurpose {
     Open,
     SaveExperiment,
@@ -263,6 +269,9 @@ pub struct Workbench {
     /// Earlier runs of this session, newest first, kept for comparison (at most
     /// [`PAST_RUNS_KEPT`]); the Results area can show any of them.
     pub past_runs: Vec<Results>,
+    /// An earlier run (index into `past_runs`) whose table the Compare tab shows under the
+    /// current one.
+    pub compare_with: Option<usize>,
     /// Set for the real window (not in tests): keeps the experiment on disk as it is edited.
     pub autosave: Option<Autosave>,
     pub tab: Tab,
@@ -280,11 +289,17 @@ pub struct Workbench {
     /// The method used when "compare all methods" is off.
     pub primary_method: Method,
     pub open_path_text: String,
-    /// File > Open path… is showing.
-    pub open_path_window: bool,
+    /// The window for typing a path is showing, for this purpose: File > Open path…, or a save
+    /// or an export on a desktop without a file dialog.
+    pub path_window: Option<DialogPurpose>,
     /// After an export: (file, ready `trtexec` line) for each exported model, shown in a
     /// window with Copy buttons until closed.
     pub trt_commands: Vec<(String, String)>,
+    /// The TensorRT commands window is showing (closing it keeps the commands for reopening).
+    pub trt_window: bool,
+    /// Path fields (by label) whose typed text differs from the setting and cannot be used,
+    /// as of the last frame: Run stays off until they are fixed or cleared.
+    pub unusable_paths: Vec<String>,
     /// Paths dropped on the window this frame and not yet claimed by a path field.
     pub drops: Vec<PathBuf>,
     /// Where the pointer was when they were dropped.
@@ -336,6 +351,7 @@ impl Workbench {
             run: None,
             results: Results::default(),
             past_runs: vec![],
+            compare_with: None,
             autosave: None,
             tab: Tab::Compare,
             masks: MaskViewState::default(),
@@ -347,8 +363,10 @@ impl Workbench {
             backends: vec![(BackendKind::Cpu, Ok("this machine's CPU".into()))],
             ort: None,
             open_path_text: String::new(),
-            open_path_window: false,
+            path_window: None,
             trt_commands: vec![],
+            trt_window: false,
+            unusable_paths: vec![],
             drops: vec![],
             drop_pos: None,
             pending: vec![],
@@ -372,6 +390,7 @@ impl Workbench {
             report: Some(report),
             artifacts,
             partial: false,
+            job: None,
         };
         self.masks = MaskViewState::default();
         self.pick_default_engines();
@@ -429,6 +448,10 @@ impl Workbench {
             .default_size(340.0)
             .min_size(260.0)
             .show(ui, |ui| {
+                egui::Panel::bottom("setup.run").show(ui, |ui| {
+                    ui.add_space(4.0);
+                    panels::run_bar_ui(self, ui);
+                });
                 egui::ScrollArea::vertical().show(ui, |ui| panels::panels_ui(self, ui));
             });
         egui::CentralPanel::default().show(ui, |ui| {
@@ -465,6 +488,63 @@ impl Autosave {
             path,
             written: None,
         }
+    }
+
+    /// The folder finished runs' reports are kept in, beside the autosaved experiment.
+    pub fn runs_dir(&self) -> PathBuf {
+        self.path.with_extension("runs")
+    }
+
+    /// Keeps a finished run's report (title as its `experiment` line) and drops all but the
+    /// newest [`PAST_RUNS_KEPT`] + 1, the one shown and the history's.
+    pub fn keep_run(&self, title: &str, report: &Report) -> Result<(), String> {
+        let dir = self.runs_dir();
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_millis())
+            .unwrap_or(0);
+        let mut kept = report.clone();
+        kept.experiment = title.to_string();
+        crate::files::write(&dir.join(format!("{stamp:016}.json")), kept.to_json())
+            .map_err(|e| format!("autosave of the run: {e}"))?;
+        let mut files = Self::run_files(&dir);
+        while files.len() > PAST_RUNS_KEPT + 1 {
+            let _ = std::fs::remove_file(files.remove(0));
+        }
+        Ok(())
+    }
+
+    /// The kept runs, newest first, as history entries (their predictions are not kept: the
+    /// Masks tab needs a new run). Unreadable files are skipped.
+    pub fn restore_runs(&self) -> Vec<Results> {
+        let mut out: Vec<Results> = Self::run_files(&self.runs_dir())
+            .iter()
+            .filter_map(|f| crate::files::read_input(f, 256 << 20).ok())
+            .filter_map(|b| serde_json::from_slice::<Report>(&b).ok())
+            .map(|r| Results {
+                title: format!("{} (last session)", r.experiment),
+                rows: r.rows.clone(),
+                report: Some(r),
+                ..Default::default()
+            })
+            .collect();
+        out.reverse();
+        out.truncate(PAST_RUNS_KEPT);
+        out
+    }
+
+    /// The kept run files, oldest first (their names are millisecond stamps).
+    fn run_files(dir: &Path) -> Vec<PathBuf> {
+        let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
+            .map(|d| {
+                d.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.extension().is_some_and(|e| e == "json"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        files.sort();
+        files
     }
 
     /// Writes `exp` if it changed and the last write is `quiet` old (or `now`).
@@ -567,6 +647,11 @@ pub fn run(path: Option<PathBuf>) -> anyhow::Result<()> {
             wb.autosave = Some(Autosave::new(
                 crate::calib::StatsCache::default_dir().join("autosave.ron"),
             ));
+            wb.past_runs = wb
+                .autosave
+                .as_ref()
+                .map(Autosave::restore_runs)
+                .unwrap_or_default();
             if wb.autosave.as_ref().is_some_and(|a| a.path.is_file()) {
                 wb.log_info(
                     "the experiment of the last session is kept: File > Restore autosaved experiment",

@@ -42,6 +42,7 @@ fn row(precision: Precision, method: Option<Method>, miou: f64, median_ms: f64) 
             p90: median_ms * 1.1,
             p99: median_ms * 1.3,
             runs: 20,
+            ..Default::default()
         }),
         throughput_ips: Some(1e3 / median_ms),
         memory_bytes: Some(MemoryBytes {

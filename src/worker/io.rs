@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use image::RgbImage;
 
-use super::{Event, IoRequest, JobId};
+use super::{Event, ExportCheck, IoRequest, JobId};
 use crate::backend::{self, BackendKind};
 use crate::data::{self, EvalSet, Preprocess, ResizeMode, Selection};
 use crate::model::{Layout, Model, Task};
@@ -117,33 +117,40 @@ fn failed(job: JobId, req: IoRequest, error: String) -> Event {
         IoRequest::ExportQdq { .. } => Event::Exported {
             job,
             result: Err(error),
+            checks: vec![],
         },
     }
 }
 
 /// The strongly typed FP16 model and the mixed INT8/FP16 model (from the mixed-precision plan's
-/// Q/DQ model, else the first method's) next to the Q/DQ exports. The window has no engine to
-/// check them against: `quantscope eval --export` runs the ONNX Runtime check.
+/// Q/DQ model, else the first method's) next to the Q/DQ exports, each written and checked in
+/// ONNX Runtime against the CPU engine as `quantscope eval --export` does (`check`: the input
+/// size and the image the check runs on, else a constant input).
 fn typed_exports(
     dir: &std::path::Path,
     model_path: &std::path::Path,
     qdq: &[crate::pipeline::QdqArtifact],
-) -> Result<Vec<PathBuf>, String> {
-    use crate::quant::typed;
+    check: &ExportCheck,
+) -> Result<Vec<crate::export::ExportedModel>, String> {
     let model = Model::load(model_path).map_err(|e| format!("{e:#}"))?;
-    let stem = model_path
-        .file_stem()
-        .and_then(|s| s.to_str())
-        .unwrap_or("model");
-    let write = |name: String, bytes: Vec<u8>| -> Result<PathBuf, String> {
-        let path = dir.join(name);
-        crate::files::refuse_inputs([path.as_path()], &[(model_path, "the model")])
-            .map_err(|e| e.to_string())?;
-        crate::files::write(&path, bytes).map_err(|e| e.to_string())?;
-        Ok(path)
+    let hw = check.hw;
+    let input = match &check.image {
+        Some(img) => {
+            let img = data::open_rgb(img).map_err(|e| format!("{e:#}"))?;
+            check
+                .preprocess
+                .apply(&img, hw, model.info.input_chw[0], model.info.layout)
+        }
+        None => vec![0.5; model.input_shape(1, hw).iter().product()],
     };
-    let fp16 = typed::fp16_model(&model, None).map_err(|e| e.to_string())?;
-    let mut files = vec![write(format!("{stem}_fp16.onnx"), fp16.to_bytes())?];
+    let backend = crate::backend::backend(crate::backend::BackendKind::Cpu);
+    let mut out = vec![crate::export::export_fp16(
+        dir,
+        &model,
+        hw,
+        backend.as_ref(),
+        &input,
+    )?];
     // The mixed model is INT8 where INT8: FP8 Q/DQ models are not its source.
     let int8: Vec<&crate::pipeline::QdqArtifact> = qdq
         .iter()
@@ -154,15 +161,17 @@ fn typed_exports(
         .find(|q| !q.suffix.is_empty())
         .or_else(|| int8.first());
     if let Some(q) = mixed_source {
-        let name = model_path.display().to_string();
-        let mixed = typed::mixed_model(&q.model, &name, None).map_err(|e| e.to_string())?;
-        let m = q.method.map(|m| m.name()).unwrap_or("qat");
-        files.push(write(
-            format!("{stem}_mixed_int8_fp16_{m}.onnx"),
-            mixed.to_bytes(),
+        out.push(crate::export::export_mixed(
+            dir,
+            model_path,
+            &model,
+            &q.model,
+            hw,
+            backend.as_ref(),
+            &input,
         )?);
     }
-    Ok(files)
+    Ok(out)
 }
 
 pub(super) fn answer(job: JobId, req: IoRequest) -> Event {
@@ -219,9 +228,13 @@ pub(super) fn answer(job: JobId, req: IoRequest) -> Event {
                 .collect(),
             ort: backend::cpu::onnxruntime::runtime::found(),
         },
-        IoRequest::ExportQdq { dir, model, qdq } => Event::Exported {
-            job,
-            result: qdq
+        IoRequest::ExportQdq {
+            dir,
+            model,
+            qdq,
+            check,
+        } => {
+            let written = qdq
                 .iter()
                 .map(|q| match q.model.format {
                     crate::quant::QFormat::Int8 => {
@@ -233,12 +246,21 @@ pub(super) fn answer(job: JobId, req: IoRequest) -> Event {
                     }
                 })
                 .collect::<Result<Vec<Vec<PathBuf>>, String>>()
-                .map(|v| v.into_iter().flatten().collect())
-                .and_then(|mut files: Vec<PathBuf>| {
-                    files.extend(typed_exports(&dir, &model, &qdq)?);
-                    Ok(files)
-                }),
-        },
+                .map(|v| v.into_iter().flatten().collect::<Vec<PathBuf>>());
+            let mut checks = vec![];
+            let result = written.and_then(|mut files| {
+                for e in typed_exports(&dir, &model, &qdq, &check)? {
+                    checks.push(e.summary());
+                    files.push(e.file);
+                }
+                Ok(files)
+            });
+            Event::Exported {
+                job,
+                result,
+                checks,
+            }
+        }
         IoRequest::Dialog(d) => {
             let t = Instant::now();
             let path = run_dialog(d);
@@ -416,6 +438,11 @@ mod tests {
                 dir: dir.clone(),
                 model: path.clone(),
                 qdq,
+                check: ExportCheck {
+                    hw: [16, 16],
+                    image: None,
+                    preprocess: Default::default(),
+                },
             },
         ) {
             Event::Exported { result, .. } => result.expect("exported"),

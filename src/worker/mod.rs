@@ -95,6 +95,8 @@ pub enum Event {
     Exported {
         job: JobId,
         result: Result<Vec<PathBuf>, String>,
+        /// The ONNX Runtime check of each strongly typed model, one line each.
+        checks: Vec<String>,
     },
     /// A file dialog's answer. `dialog_ms` tells a cancelled dialog from a missing portal
     /// (which answers `None` at once).
@@ -181,7 +183,17 @@ pub enum IoRequest {
         dir: PathBuf,
         model: PathBuf,
         qdq: Vec<crate::pipeline::QdqArtifact>,
+        check: ExportCheck,
     },
+}
+
+/// What the ONNX Runtime check of a window export runs on: the run's input size, and one of its
+/// evaluation images (a constant input where it had none) preprocessed as the run did.
+#[derive(Clone, Debug)]
+pub struct ExportCheck {
+    pub hw: [usize; 2],
+    pub image: Option<PathBuf>,
+    pub preprocess: crate::data::Preprocess,
 }
 
 /// Why a request could not be queued.

@@ -246,8 +246,11 @@ impl TractModel {
             }
         }
         let best = |v: &[f64]| v.iter().copied().fold(f64::INFINITY, f64::min);
-        // One thread only when clearly faster: within 5 % the cores are kept.
-        if best(&single) < 0.95 * best(&multi) {
+        let median = |v: &[f64]| crate::timing::latency_from(v.to_vec()).median;
+        // One thread only when clearly faster, by its best run and by its median alike: within
+        // 5 %, or where the two disagree (a probe slowed by another process), the cores are
+        // kept, so the choice does not follow the machine's noise.
+        if best(&single) < 0.95 * best(&multi) && median(&single) < 0.95 * median(&multi) {
             self.executor = Some(Executor::SingleThread);
             Ok(1)
         } else {

@@ -137,13 +137,26 @@ pub fn build_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
         )
         .on_hover_text("Keep timing until at least this long has passed");
         ui.end_row();
+        ui.label("Until stable");
+        ui.checkbox(&mut exp.bench.until_stable, "time until the median is known to ±2 %")
+            .on_hover_text(format!(
+                "Then keep timing until the median's 95 % interval is within ±2 %, or {:.0} s have passed: for a busy machine",
+                exp.bench.max_time_ms / 1e3
+            ));
+        ui.end_row();
     });
+}
+
+/// Run and Cancel, and the run's progress: drawn at the foot of the setup panel, outside its
+/// scrolling, so Run is never below the fold.
+pub fn run_bar_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
     ui.horizontal(|ui| {
         let running = wb.is_running();
+        let blocker = wb.run_blocker();
         if ui
-            .add_enabled(!running, egui::Button::new("Run"))
+            .add_enabled(blocker.is_none(), egui::Button::new("Run"))
             .on_hover_text("Build and compare the engines (Ctrl+R)")
-            .on_disabled_hover_text("A run is in progress")
+            .on_disabled_hover_text(blocker.unwrap_or_default())
             .clicked()
         {
             wb.push(Command::Run);
@@ -158,7 +171,13 @@ pub fn build_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
         }
     });
     if let Some(run) = &wb.run {
-        progress_ui(ui, run, wb.results.rows.len(), ui.available_width());
+        // The run's own rows, also while the history picker shows an earlier run.
+        let rows = std::iter::once(&wb.results)
+            .chain(&wb.past_runs)
+            .find(|r| r.job == Some(run.job))
+            .map(|r| r.rows.len())
+            .unwrap_or(0);
+        progress_ui(ui, run, rows, ui.available_width());
     }
 }
 

@@ -10,9 +10,12 @@ mod calibration;
 mod data;
 mod model;
 
+pub use build::run_bar_ui;
+
 use super::{Command, Workbench, theme};
 
 pub fn panels_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
+    wb.unusable_paths.clear();
     let mut exp = wb.exp.clone();
     egui::CollapsingHeader::new("Model")
         .default_open(true)
@@ -139,6 +142,9 @@ pub(crate) fn path_field_ui(
     {
         ui.colored_label(theme::ERROR, format!("{why}: {t}"))
             .on_hover_text("Fix the path, then press Enter");
+        // The field shows a path the run would not use: Run says so rather than run the old.
+        wb.unusable_paths
+            .push(label.trim_end_matches(':').to_string());
     }
     if committed.is_some() {
         synced = text.trim().to_string();

@@ -13,7 +13,7 @@ use crate::backend::Precision;
 use crate::bench::Latency;
 use crate::model::Task;
 use crate::report::Row;
-use crate::ui::{Workbench, theme};
+use crate::ui::{Command, Workbench, theme};
 
 const MIB: f64 = 1024.0 * 1024.0;
 
@@ -84,7 +84,15 @@ pub fn compare_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
         .id_salt("compare.scroll")
         .auto_shrink([false, false])
         .show(ui, |ui| {
-            table_ui(&rows, seg, ui);
+            if let Some(i) = table_ui(&rows, seg, !wb.is_running(), "shown", ui) {
+                wb.push(Command::RetimeRow(i));
+            }
+            if let Some(other) = wb.compare_with.and_then(|k| wb.past_runs.get(k)) {
+                ui.add_space(8.0);
+                ui.strong(format!("Compared with {}", other.title));
+                let other_rows = other.rows().to_vec();
+                table_ui(&other_rows, seg, false, "compared", ui);
+            }
             ui.add_space(8.0);
             charts_ui(&rows, seg, &classes, ui);
         });
@@ -92,7 +100,7 @@ pub fn compare_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
 
 fn fp32_metric(rows: &[Row]) -> Option<f64> {
     rows.iter()
-        .find(|r| r.precision == Some(Precision::Fp32) && r.error.is_none())
+        .find(|r| r.precision == Some(Precision::Fp32) && !r.failed())
         .and_then(|r| r.metric())
 }
 
@@ -164,7 +172,16 @@ fn p99_cell_ui(latency: Option<Latency>, ui: &mut egui::Ui) {
     }
 }
 
-fn table_ui(rows: &[Row], seg: bool, ui: &mut egui::Ui) {
+/// The results table; returns the row whose "re-time" button was pressed (offered when
+/// `can_retime`, i.e. nothing is running).
+fn table_ui(
+    rows: &[Row],
+    seg: bool,
+    can_retime: bool,
+    id: &str,
+    ui: &mut egui::Ui,
+) -> Option<usize> {
+    let mut retime = None;
     let reference = fp32_metric(rows);
     let metric = if seg { "mIoU %" } else { "top-1 %" };
     let headers: [(&str, &str); 10] = [
@@ -192,9 +209,9 @@ fn table_ui(rows: &[Row], seg: bool, ui: &mut egui::Ui) {
         ("note", "Simulated precisions and errors"),
     ];
     egui::ScrollArea::horizontal()
-        .id_salt("compare.table")
+        .id_salt(("compare.table", id))
         .show(ui, |ui| {
-            egui::Grid::new("compare.grid")
+            egui::Grid::new(("compare.grid", id))
                 .striped(true)
                 .num_columns(headers.len())
                 .spacing([14.0, 4.0])
@@ -203,7 +220,7 @@ fn table_ui(rows: &[Row], seg: bool, ui: &mut egui::Ui) {
                         ui.label(egui::RichText::new(h).strong()).on_hover_text(tip);
                     }
                     ui.end_row();
-                    for r in rows {
+                    for (i, r) in rows.iter().enumerate() {
                         ui.horizontal(|ui| {
                             let (rect, _) =
                                 ui.allocate_exact_size(egui::vec2(10.0, 10.0), egui::Sense::hover());
@@ -231,11 +248,22 @@ fn table_ui(rows: &[Row], seg: bool, ui: &mut egui::Ui) {
                                 .map(|n| format!("over {n} images"))
                                 .unwrap_or_else(|| "not measured".into()),
                         );
-                        ui.label(num(r.latency_ms.map(|l| l.median), 2)).on_hover_text(
-                            r.latency_ms
-                                .map(|l| format!("{} runs, p90 {:.2} ms", l.runs, l.p90))
-                                .unwrap_or_default(),
-                        );
+                        ui.horizontal(|ui| {
+                            ui.spacing_mut().item_spacing.x = 4.0;
+                            ui.label(num(r.latency_ms.map(|l| l.median), 2))
+                                .on_hover_text(latency_tip(r));
+                            if r.latency_ms.is_some()
+                                && ui
+                                    .add_enabled(can_retime, egui::Button::new("re-time").small())
+                                    .on_hover_text(
+                                        "Build this engine again and time it until its median is known to ±2 % (no evaluation)",
+                                    )
+                                    .on_disabled_hover_text("A run is in progress")
+                                    .clicked()
+                            {
+                                retime = Some(i);
+                            }
+                        });
                         p99_cell_ui(r.latency_ms, ui);
                         ui.label(num(r.throughput_batch_ips.or(r.throughput_ips), 1))
                             .on_hover_text(
@@ -260,15 +288,19 @@ fn table_ui(rows: &[Row], seg: bool, ui: &mut egui::Ui) {
                                 ui.label("–");
                             }
                         }
-                        match (&r.error, r.simulated) {
-                            (Some(e), _) => {
+                        match (&r.error, &r.non_finite, r.simulated) {
+                            (Some(e), _, _) => {
                                 ui.colored_label(theme::ERROR, "error").on_hover_text(e);
                             }
-                            (None, true) => {
+                            (None, Some(n), _) => {
+                                ui.colored_label(theme::ERROR, "void: NaN/Inf")
+                                    .on_hover_text(n.reason());
+                            }
+                            (None, None, true) => {
                                 ui.label("simulated on CPU")
                                     .on_hover_text("FP16 numerics on CPU: accuracy is real, latency is not an FP16 device's");
                             }
-                            (None, false) => {
+                            (None, None, false) => {
                                 ui.label("");
                             }
                         }
@@ -276,6 +308,22 @@ fn table_ui(rows: &[Row], seg: bool, ui: &mut egui::Ui) {
                     }
                 });
         });
+    retime
+}
+
+/// The median cell's tooltip: runs, p90, the median's interval and the load it was timed under.
+fn latency_tip(r: &Row) -> String {
+    let Some(l) = r.latency_ms else {
+        return String::new();
+    };
+    let mut t = format!("{} runs, p90 {:.2} ms", l.runs, l.p90);
+    if let Some(c) = l.ci95_rel {
+        t.push_str(&format!("; median ±{:.1} % (95 % interval)", c * 100.0));
+    }
+    if let Some(w) = r.timing_load.and_then(|x| x.warning(&r.label())) {
+        t.push_str(&format!("\n{w}"));
+    }
+    t
 }
 
 fn short_name(r: &Row) -> String {
@@ -434,7 +482,9 @@ fn legend_ui(rows: &[Row], ui: &mut egui::Ui) {
         for r in rows {
             ui.add_space(6.0);
             let name = axis_name(r).replace('\n', " ");
-            if r.error.is_some() {
+            if r.non_finite.is_some() {
+                ui.weak(format!("{name} (NaN/Inf outputs, not charted)"));
+            } else if r.error.is_some() {
                 ui.weak(format!("{name} (failed, not charted)"));
             } else {
                 swatch_ui(ui, theme::row_color(r));
@@ -504,7 +554,7 @@ fn engine_chart<'a>(id: &str, y_label: &str, height: f32, names: Vec<String>) ->
 }
 
 fn charts_ui(rows: &[Row], seg: bool, classes: &[String], ui: &mut egui::Ui) {
-    let ok: Vec<&Row> = rows.iter().filter(|r| r.error.is_none()).collect();
+    let ok: Vec<&Row> = rows.iter().filter(|r| !r.failed()).collect();
     if ok.is_empty() {
         return;
     }
@@ -1044,6 +1094,7 @@ mod tests {
             p90: median,
             p99,
             runs: 20,
+            ..Default::default()
         }
     }
 
@@ -1135,6 +1186,7 @@ mod tests {
             p90: 900.0,
             p99: 1725.0,
             runs: 20,
+            ..Default::default()
         });
         let mut failed = report.rows[3].clone();
         failed.method = Some(crate::calib::Method::Mse);

@@ -96,7 +96,7 @@ fn image_list_ui(wb: &mut Workbench, order: &[usize], ui: &mut egui::Ui) {
     let rows = wb.results.rows();
     let fp32 = rows
         .iter()
-        .find(|r| r.precision == Some(Precision::Fp32) && r.error.is_none());
+        .find(|r| r.precision == Some(Precision::Fp32) && !r.failed());
     let files = wb
         .results
         .report
@@ -146,7 +146,7 @@ fn controls_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
     let candidates: Vec<usize> = rows
         .iter()
         .enumerate()
-        .filter(|(_, r)| r.precision != Some(Precision::Fp32) && r.error.is_none())
+        .filter(|(_, r)| r.precision != Some(Precision::Fp32) && !r.failed())
         .map(|(i, _)| i)
         .collect();
     ui.horizontal_wrapped(|ui| {
@@ -222,7 +222,7 @@ fn views_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
     };
     let fp32 = rows
         .iter()
-        .position(|r| r.precision == Some(Precision::Fp32) && r.error.is_none())
+        .position(|r| r.precision == Some(Precision::Fp32) && !r.failed())
         .and_then(|k| Some((k, pred(k)?)));
     let m = ImageMasks {
         gt,
@@ -466,7 +466,7 @@ pub fn export_png(wb: &Workbench, path: &Path) -> Result<(), String> {
     let rows = wb.results.rows();
     let fp32_k = rows
         .iter()
-        .position(|r| r.precision == Some(Precision::Fp32) && r.error.is_none())
+        .position(|r| r.precision == Some(Precision::Fp32) && !r.failed())
         .ok_or("no FP32 result to compare with")?;
     let fp32 = arts
         .predictions

@@ -89,6 +89,27 @@ impl Tab {
 }
 
 pub fn results_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
+    ui.horizontal(|ui| {
+        for t in Tab::ALL {
+            let label = match t {
+                Tab::Log if wb.log.iter().any(|l| l.error) => "Log (errors)".to_string(),
+                _ => t.title().to_string(),
+            };
+            if ui
+                .selectable_label(wb.tab == t, label)
+                .on_hover_text(t.help())
+                .clicked()
+            {
+                wb.push(Command::SetTab(t));
+            }
+        }
+    });
+    ui.separator();
+    // The run picker and messages come under the tab bar, so the tabs never move under the
+    // pointer when one appears.
+    if !wb.past_runs.is_empty() {
+        run_history_ui(wb, ui);
+    }
     if let Some((msg, error)) = wb.banner.clone() {
         egui::Frame::group(ui.style()).show(ui, |ui| {
             ui.horizontal_wrapped(|ui| {
@@ -107,25 +128,6 @@ pub fn results_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
             });
         });
     }
-    if !wb.past_runs.is_empty() {
-        run_history_ui(wb, ui);
-    }
-    ui.horizontal(|ui| {
-        for t in Tab::ALL {
-            let label = match t {
-                Tab::Log if wb.log.iter().any(|l| l.error) => "Log (errors)".to_string(),
-                _ => t.title().to_string(),
-            };
-            if ui
-                .selectable_label(wb.tab == t, label)
-                .on_hover_text(t.help())
-                .clicked()
-            {
-                wb.push(Command::SetTab(t));
-            }
-        }
-    });
-    ui.separator();
     match wb.tab {
         Tab::Compare => compare::compare_ui(wb, ui),
         Tab::Masks => masks::masks_ui(wb, ui),
@@ -135,7 +137,9 @@ pub fn results_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
     }
 }
 
-/// Which run the tabs show: this one or an earlier one of the session, kept for comparison.
+/// Which run the tabs show: this one or an earlier one of the session (also while a run is in
+/// flight: its rows keep arriving in its own entry), and an earlier run whose table the Compare
+/// tab shows under this one's.
 fn run_history_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
     let title = |r: &crate::ui::Results| {
         let t = if r.title.is_empty() {
@@ -146,24 +150,40 @@ fn run_history_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
         format!("{t} ({} rows)", r.rows().len())
     };
     let mut pick = None;
-    ui.horizontal(|ui| {
+    let mut compare = wb.compare_with;
+    ui.horizontal_wrapped(|ui| {
         ui.label("Showing:");
-        ui.add_enabled_ui(!wb.is_running(), |ui| {
-            egui::ComboBox::from_id_salt("results.history")
-                .selected_text(title(&wb.results))
-                .width(320.0)
-                .show_ui(ui, |ui| {
-                    for (k, r) in wb.past_runs.iter().enumerate() {
-                        if ui.selectable_label(false, title(r)).clicked() {
-                            pick = Some(k);
-                        }
+        egui::ComboBox::from_id_salt("results.history")
+            .selected_text(title(&wb.results))
+            .width(320.0)
+            .show_ui(ui, |ui| {
+                for (k, r) in wb.past_runs.iter().enumerate() {
+                    if ui.selectable_label(false, title(r)).clicked() {
+                        pick = Some(k);
                     }
-                })
-                .response
-                .on_hover_text("Earlier runs of this session, newest first: pick one to compare")
-                .on_disabled_hover_text("Wait for the run to finish");
-        });
+                }
+            })
+            .response
+            .on_hover_text("Earlier runs of this session, newest first (other models' too): pick one to show it");
+        ui.label("Compare with:");
+        egui::ComboBox::from_id_salt("results.compare_with")
+            .selected_text(
+                compare
+                    .and_then(|k| wb.past_runs.get(k))
+                    .map(title)
+                    .unwrap_or_else(|| "none".into()),
+            )
+            .width(320.0)
+            .show_ui(ui, |ui| {
+                ui.selectable_value(&mut compare, None, "none");
+                for (k, r) in wb.past_runs.iter().enumerate() {
+                    ui.selectable_value(&mut compare, Some(k), title(r));
+                }
+            })
+            .response
+            .on_hover_text("Show an earlier run's table under this one's, in the Compare tab");
     });
+    wb.compare_with = compare;
     if let Some(k) = pick {
         wb.show_past_run(k);
     }

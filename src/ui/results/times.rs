@@ -157,16 +157,19 @@ fn share_ui(ui: &mut egui::Ui, ms: f64, total: f64) {
     );
 }
 
-/// `s` cut to `max` characters: its end where `keep_end` (layer names differ at the end),
-/// else its start (op names differ at the start).
+/// `s` cut to `max` characters. Layer names (`keep_end`) keep both ends, the middle elided:
+/// they differ at the end, and their start says which block they are in. Op names keep their
+/// start, where they differ.
 fn short(s: &str, max: usize, keep_end: bool) -> String {
     let n = s.chars().count();
     if n <= max {
         return s.to_string();
     }
     if keep_end {
-        let tail: String = s.chars().skip(n - (max - 1)).collect();
-        format!("…{tail}")
+        let tail_len = (max - 1) * 2 / 3;
+        let head: String = s.chars().take(max - 1 - tail_len).collect();
+        let tail: String = s.chars().skip(n - tail_len).collect();
+        format!("{head}…{tail}")
     } else {
         let head: String = s.chars().take(max - 1).collect();
         format!("{head}…")
@@ -199,7 +202,11 @@ mod tests {
                 ("Requantize".to_string(), 0.5, 1)
             ]
         );
-        assert_eq!(short("abcdef", 4, true), "…def");
+        assert_eq!(short("abcdef", 4, true), "a…ef");
+        assert_eq!(
+            short("/backbone/layer3/block2/conv1/Conv", 20, true),
+            "/backbo…2/conv1/Conv"
+        );
         assert_eq!(short("abcdef", 4, false), "abc…");
         assert_eq!(short("abc", 4, true), "abc");
     }
