@@ -202,13 +202,8 @@ pub fn prepare(exp: &Experiment) -> Result<Prepared, PipelineError> {
     }) {
         Ok(Ok(s)) => Some(s),
         Ok(Err(e)) if format!("{e:#}").contains("Impossible to unify") => {
-            return Err(PipelineError::Config(format!(
-                "{}: the model's shapes do not fit together at a {}x{} input: {}. The file is damaged or was edited; re-export it (or give the --size it was exported for)",
-                model.path.display(),
-                hw[0],
-                hw[1],
-                format!("{e:#}").replace("Failed analyse for node", "node")
-            )));
+            check_shapes_in_ort(&model, hw, exp.cpu_engine, &format!("{e:#}"))?;
+            None
         }
         _ => None,
     };
@@ -302,6 +297,35 @@ pub fn prepare(exp: &Experiment) -> Result<Prepared, PipelineError> {
         preprocess,
         normalize_source,
     })
+}
+
+/// Tract found two shapes that contradict each other (`tract_says`). tract's inference is not
+/// the last word where ONNX Runtime runs the CPU engine: the model is refused only when ORT
+/// cannot load it at this size either (or tract is the engine), with ORT's words where it has
+/// them, since they name the node in ONNX terms.
+fn check_shapes_in_ort(
+    model: &Model,
+    hw: [usize; 2],
+    choice: backend::cpu::CpuEngineChoice,
+    tract_says: &str,
+) -> Result<(), PipelineError> {
+    use backend::cpu::onnxruntime::{self as ort_engine, Optimisation, Use};
+    let why = match ort_engine::runtime::resolve(choice) {
+        Ok((backend::cpu::CpuEngineKind::Ort, _)) => {
+            let bytes = prost::Message::encode_to_vec(&model.with_fixed_input(1, hw));
+            match ort_engine::session(&bytes, Optimisation::Exact, 1, Use::Statistics, None) {
+                Ok(_) => return Ok(()),
+                Err(e) => e,
+            }
+        }
+        _ => tract_says.replace("Failed analyse for node", "node"),
+    };
+    Err(PipelineError::Config(format!(
+        "{}: the model's shapes do not fit together at a {}x{} input: {why}. The file is damaged or was edited; re-export it (or give the --size it was exported for)",
+        model.path.display(),
+        hw[0],
+        hw[1],
+    )))
 }
 
 /// Refuses an evaluation folder laid out for another task than the model's, saying what the

@@ -818,6 +818,19 @@ fn small_data_problems_are_named_or_skipped() {
         !err.contains("calibration pass"),
         "relative paths hit the cache the absolute run filled: {err}"
     );
+    // Every evaluation image is a calibration image and "skip calibration images" is on.
+    let mut args = c.eval_args("model.onnx", &["--eval-skip-calib"]);
+    let i = args.iter().position(|a| a == "--data").expect("--data") + 1;
+    args[i] = c.p("calib_as_eval");
+    common::image_folder_dataset(&c.dir.join("calib_as_eval"), 4, 1, 16);
+    let j = args.iter().position(|a| a == "--calib").expect("--calib") + 1;
+    args[j] = c.p("calib_as_eval");
+    let (code, err) = c.run(&args);
+    expect_refused(
+        code,
+        &err,
+        &["also calibration images", "--eval-skip-calib"],
+    );
     // A segmenter given class folders is told what a segmentation folder holds.
     let mut b = GraphBuilder::new(&[1, 3, 16, 16]);
     let y = b.conv("seg", "x", 3, 4, 3);

@@ -298,6 +298,42 @@ fn qdq_export_from_the_window_and_run_history() {
         "the earlier run is shown again"
     );
     assert_eq!(h.state().results.rows().len(), 2);
+    // Browsing during a run: the run's rows land in its own entry, not in the one shown.
+    h.state_mut().push(Command::Run);
+    h.step();
+    assert!(h.state().is_running());
+    h.state_mut().show_past_run(0);
+    let shown = h.state().results.title.clone();
+    until(&mut h, "the third run", |wb| !wb.is_running());
+    assert_eq!(
+        h.state().results.title,
+        shown,
+        "the browsed run stays on screen"
+    );
+    let third = h
+        .state()
+        .past_runs
+        .iter()
+        .find(|r| r.title.starts_with("run #") && r.report.is_some() && r.title != shown)
+        .map(|r| r.rows().len());
+    assert!(
+        third.is_some_and(|n| n == 2),
+        "the third run filled its own entry"
+    );
+    // Re-time one row: its latency is measured again, until stable, and nothing else moves.
+    let before = h.state().results.rows()[0].latency_ms.expect("timed");
+    let metric = h.state().results.rows()[0].metric();
+    h.state_mut().push(Command::RetimeRow(0));
+    h.step();
+    until(&mut h, "the re-time", |wb| !wb.is_running());
+    let after = h.state().results.rows()[0].latency_ms.expect("re-timed");
+    assert_ne!(before, after, "a new measurement");
+    assert!(after.runs >= before.runs, "{after:?}");
+    assert_eq!(h.state().results.rows()[0].metric(), metric);
+    assert!(
+        h.state().log.iter().any(|l| l.text.starts_with("re-timed")),
+        "the log says so"
+    );
 }
 
 /// The workbench's own Run, again and again, on an experiment named by `QUANTSCOPE_GUI_SOAK`
@@ -479,4 +515,30 @@ fn the_last_runs_survive_a_restart() {
         files <= quantscope::ui::PAST_RUNS_KEPT + 1,
         "{files} files kept"
     );
+}
+
+/// A new labels file rescans the evaluation set: the Data panel's class count follows it.
+#[test]
+fn the_class_count_follows_the_labels_file() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let exp = tiny_experiment(dir.path());
+    let labels = dir.path().join("names.txt");
+    std::fs::write(&labels, "class0\nclass1\nclass2\n").expect("labels");
+    let mut wb = Workbench::new(None, Settings::default());
+    wb.apply(Command::SetExperiment(Box::new(exp.clone())));
+    let mut h = harness(wb);
+    let classes = |wb: &Workbench| match &wb.data.eval {
+        quantscope::ui::Scan::Done(s) => Some(s.classes.clone()),
+        _ => None,
+    };
+    until(&mut h, "the first scan", |wb| classes(wb).is_some());
+    assert_eq!(classes(h.state()).expect("scanned")[0], "class0");
+    // Display names in another order than the folders: the scan must follow the new file.
+    std::fs::write(&labels, "class2\nclass1\nclass0\n").expect("labels");
+    let mut e = exp;
+    e.evaluation.labels = Some(labels);
+    h.state_mut().push(Command::SetExperiment(Box::new(e)));
+    until(&mut h, "the rescan", |wb| {
+        classes(wb).is_some_and(|c| c.first().is_some_and(|n| n == "class2"))
+    });
 }

@@ -662,17 +662,8 @@ impl Workbench {
         };
         let job = w.submit_sensitivity(self.exp.clone(), options);
         self.run = Some(RunState {
-            job,
-            started: Instant::now(),
-            stage: "sensitivity".into(),
-            stage_started: Instant::now(),
-            done: 0,
-            total: 0,
-            rows_expected: 0,
-            cancelling: false,
-            cancelled_at: None,
             sensitivity: true,
-            retime: None,
+            ..RunState::new(job, "sensitivity", 0)
         });
         self.log_info(format!(
             "sensitivity #{job}: {}{}",
@@ -779,19 +770,7 @@ impl Workbench {
         );
         self.results.job = Some(job);
         self.masks = MaskViewState::default();
-        self.run = Some(RunState {
-            job,
-            started: Instant::now(),
-            stage: "starting".into(),
-            stage_started: Instant::now(),
-            done: 0,
-            total: 0,
-            rows_expected,
-            cancelling: false,
-            cancelled_at: None,
-            sensitivity: false,
-            retime: None,
-        });
+        self.run = Some(RunState::new(job, "starting", rows_expected));
         self.log_info(format!(
             "run #{job}: {} on {}, precisions {:?}, methods {:?}",
             self.exp.model.display(),
@@ -833,17 +812,8 @@ impl Workbench {
         };
         let job = w.submit(e);
         self.run = Some(RunState {
-            job,
-            started: Instant::now(),
-            stage: "starting".into(),
-            stage_started: Instant::now(),
-            done: 0,
-            total: 0,
-            rows_expected: 1,
-            cancelling: false,
-            cancelled_at: None,
-            sensitivity: false,
             retime: Some((self.results.job, i)),
+            ..RunState::new(job, "starting", 1)
         });
         self.log_info(format!(
             "re-timing {} until its median is known to ±{:.0} % (at most {:.0} s)",

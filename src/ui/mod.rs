@@ -111,6 +111,23 @@ pub struct RunState {
 }
 
 impl RunState {
+    /// A job just submitted, at its first stage, expecting `rows_expected` rows.
+    pub fn new(job: JobId, stage: &str, rows_expected: usize) -> RunState {
+        RunState {
+            job,
+            started: Instant::now(),
+            stage: stage.into(),
+            stage_started: Instant::now(),
+            done: 0,
+            total: 0,
+            rows_expected,
+            cancelling: false,
+            cancelled_at: None,
+            sensitivity: false,
+            retime: None,
+        }
+    }
+
     /// An engine is being timed: the window keeps quiet.
     pub fn is_timing(&self) -> bool {
         self.stage.starts_with("timing")

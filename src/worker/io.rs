@@ -445,7 +445,17 @@ mod tests {
                 },
             },
         ) {
-            Event::Exported { result, .. } => result.expect("exported"),
+            Event::Exported { result, checks, .. } => {
+                // The strongly typed models get the CLI's ONNX Runtime check (or say why not).
+                assert_eq!(checks.len(), 2, "{checks:?}");
+                assert!(
+                    checks
+                        .iter()
+                        .all(|c| c.contains("ORT check") && !c.contains("OUTSIDE")),
+                    "{checks:?}"
+                );
+                result.expect("exported")
+            }
             e => panic!("unexpected {e:?}"),
         };
         let names: Vec<String> = files
