@@ -282,6 +282,10 @@ pub struct EvalArgs {
     /// stays closest to FP32; same scales, same Q/DQ format; best with --bias-correction).
     #[arg(long, value_enum, default_value_t = WeightRoundingArg::Nearest)]
     pub weight_rounding: WeightRoundingArg,
+    /// GPTQ and bias correction measure each layer on the first N calibration images (the
+    /// ranges use them all). More images cost time in proportion.
+    #[arg(long, value_name = "N", default_value_t = 32)]
+    pub correction_images: usize,
     /// Node names or op types to keep in float in the INT8 engines.
     #[arg(long, value_delimiter = ',')]
     pub exclude: Vec<String>,
@@ -496,6 +500,7 @@ impl EvalArgs {
         e.evaluation.skip_calibration_images = self.eval_skip_calib;
         e.evaluation.labels = self.labels.clone();
         e.bias_correction = self.bias_correction;
+        e.correction_images = self.correction_images;
         e.cle = match self.cle {
             CleArg::Auto => crate::quant::cle::CleSetting::Auto,
             CleArg::On => crate::quant::cle::CleSetting::On,
@@ -620,7 +625,13 @@ impl OutputArgs {
 pub struct CliSink {
     bar: ProgressBar,
     stage: Mutex<String>,
+    /// Where stderr is not a terminal (a log file, CI), the bar is hidden: a plain line then says
+    /// where the run is, at most every [`PLAIN_PROGRESS_EVERY`]. `None` on a terminal.
+    plain: Option<Mutex<std::time::Instant>>,
 }
+
+/// How often a redirected run prints a plain progress line.
+const PLAIN_PROGRESS_EVERY: std::time::Duration = std::time::Duration::from_secs(5);
 
 impl CliSink {
     pub fn new() -> Self {
@@ -630,9 +641,12 @@ impl CliSink {
                 .unwrap_or_else(|_| ProgressStyle::default_bar())
                 .progress_chars("=> "),
         );
+        use std::io::IsTerminal;
         CliSink {
             bar,
             stage: Mutex::new(String::new()),
+            plain: (!std::io::stderr().is_terminal())
+                .then(|| Mutex::new(std::time::Instant::now())),
         }
     }
 }
@@ -645,6 +659,12 @@ impl Default for CliSink {
 
 impl Sink for CliSink {
     fn progress(&self, stage: &str, done: usize, total: usize) {
+        if let Some(Ok(mut last)) = self.plain.as_ref().map(|m| m.lock())
+            && last.elapsed() >= PLAIN_PROGRESS_EVERY
+        {
+            *last = std::time::Instant::now();
+            eprintln!("progress: {stage} {done}/{total}");
+        }
         if let Ok(mut s) = self.stage.lock()
             && *s != stage
         {

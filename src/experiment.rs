@@ -148,6 +148,9 @@ pub struct Experiment {
     pub center: crate::quant::center::CenterSetting,
     /// How the INT8 engines' weights are rounded: nearest, or GPTQ (`--weight-rounding`).
     pub weight_rounding: crate::quant::gptq::WeightRounding,
+    /// GPTQ and bias correction measure each layer on the first this-many calibration images
+    /// (`--correction-images`).
+    pub correction_images: usize,
     /// A mixed-precision plan (from `quantscope sensitivity` or `--budget-*`): built as one
     /// more INT8 engine next to the plain ones.
     pub mixed_precision: Option<MixedPrecision>,
@@ -190,6 +193,7 @@ impl Default for Experiment {
             cle_scales: Default::default(),
             center: Default::default(),
             weight_rounding: Default::default(),
+            correction_images: 32,
             mixed_precision: None,
             output: OutputSpec::default(),
         }
@@ -288,6 +292,11 @@ impl Experiment {
             ));
         }
         self.bench.validate()?;
+        if self.correction_images == 0 {
+            return Err(
+                "--correction-images must be ≥ 1 (GPTQ and bias correction measure layers on that many calibration images; 32 is the default)".into(),
+            );
+        }
         if self.threads > 1024 {
             return Err(format!(
                 "{} threads is more than this machine can start (--threads; 0 uses every core)",

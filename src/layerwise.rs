@@ -291,7 +291,7 @@ impl BiasCorrection {
         } else {
             format!(
                 "; full correction in batches of {} (the model's batch limit or the memory \
-                 budget), each shift the running mean of the batches'",
+                 budget), each shift averaged over the batches",
                 self.batch
             )
         };
@@ -320,7 +320,7 @@ impl BiasCorrection {
 ///   each layer's output is corrected the moment it is computed, before any later layer reads
 ///   it: exact in one pass. Where the batch's layer outputs would pass
 ///   [`SEQUENTIAL_BATCH_BYTES`], or the model only runs at batch 1 (many exporters fix it),
-///   the inputs go in smaller batches and each shift is the running mean of the batches'.
+///   the inputs go in smaller batches and each shift is averaged over the batches.
 ///
 /// Why choose: matching each layer's mean is not the same as bringing the output closer.
 /// Measured on the bundled classifier with max ranges, both corrections moved the output

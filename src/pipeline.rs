@@ -328,6 +328,25 @@ fn check_shapes_in_ort(
     )))
 }
 
+/// The resize / crop / pad the evaluation images went through, in words: the geometry moves a
+/// metric by points (2.7 on one ImageNet model), so the run says what it applied.
+fn geometry_note(p: &Prepared, samples: &[Sample]) -> Option<String> {
+    let first = samples.first()?;
+    let same = samples
+        .iter()
+        .all(|s| s.geometry.orig_hw == first.geometry.orig_hw);
+    Some(format!(
+        "input geometry ({}): {}, {} interpolation",
+        if same {
+            "every evaluation image".to_string()
+        } else {
+            "the first evaluation image; sizes differ".to_string()
+        },
+        first.geometry.describe(p.preprocess.resize),
+        format!("{:?}", p.preprocess.interpolation).to_lowercase()
+    ))
+}
+
 /// Refuses an evaluation folder laid out for another task than the model's, saying what the
 /// folder must hold instead.
 fn check_layout(task: Option<Task>, set: &EvalSet) -> Result<(), PipelineError> {
@@ -518,9 +537,6 @@ pub fn calibrate(
     Ok((stats, false, ms))
 }
 
-/// The error of a row whose evaluation was stopped by Cancel or Ctrl-C.
-pub const CANCELLED: &str = crate::report::CANCELLED;
-
 /// The result of evaluating one engine.
 pub struct Evaluated {
     pub row: Row,
@@ -579,7 +595,7 @@ pub fn evaluate(
     };
     for (i, s) in samples.iter().enumerate() {
         if cancel.is_cancelled() {
-            return Err(CANCELLED.into());
+            return Err(crate::report::CANCELLED.into());
         }
         sink.progress(stage, i, samples.len());
         let out = engine.run(&s.input).map_err(|e| e.to_string())?;
@@ -1169,8 +1185,10 @@ impl<'a> Rows<'a> {
             .map(|&m| stats.ranges(m, exp.percentile))
             .collect();
         let ranges_ms = t.elapsed().as_secs_f64() * 1e3;
+        let asked: Vec<&str> = exp.methods.iter().map(|m| m.name()).collect();
         sink.log(&format!(
-            "ranges for all four methods computed in {ranges_ms:.0} ms"
+            "ranges for {} computed in {ranges_ms:.0} ms (every method's, for the Calibration tab's histograms)",
+            asked.join(", ")
         ));
         self.report.calibration = Some(calib_summary(&stats, &all, hit, pass_ms, ranges_ms));
         if exp.bias_correction {
@@ -1180,7 +1198,7 @@ impl<'a> Rows<'a> {
                 .copied()
                 .chain(exp.mixed_precision.as_ref().and_then(|m| m.method))
                 .collect();
-            let notes = correct_biases(p, plan, &mut all, &used, sink)?;
+            let notes = correct_biases(p, plan, &mut all, &used, exp.correction_images, sink)?;
             self.report.notes.extend(notes);
         }
         let mut variants: Vec<Int8Variant> = exp
@@ -1200,7 +1218,7 @@ impl<'a> Rows<'a> {
             let mut r = mixed_ranges(&all, m, &mp.per_tensor);
             if exp.bias_correction && !mp.per_tensor.is_empty() {
                 // The per-tensor ranges differ from the base method's: correct for them.
-                let inputs = probe_inputs(p, 32)?;
+                let inputs = probe_inputs(p, exp.correction_images)?;
                 let reference = crate::layerwise::Fp32Reference::new(&p.model, p.hw, plan, &inputs)
                     .map_err(PipelineError::Config)?;
                 let bc = crate::layerwise::bias_correction(&reference, plan, &r)
@@ -1391,6 +1409,9 @@ impl<'a> Rows<'a> {
             .notes
             .extend(self.ctx.batch_refused.borrow_mut().take());
         self.report.notes.extend(self.ctx.p.assumptions());
+        self.report
+            .notes
+            .extend(geometry_note(self.ctx.p, self.ctx.samples));
         let busy: Vec<String> = self
             .report
             .rows
@@ -1475,6 +1496,9 @@ pub fn run_with_cache(
     for line in p.assumptions() {
         sink.log(&line);
     }
+    if let Some(g) = geometry_note(&p, &samples) {
+        sink.log(&g);
+    }
     let reference = rows.float_rows();
     if !cancel.is_cancelled() {
         rows.export_fp16();
@@ -1497,6 +1521,21 @@ pub fn run_with_cache(
             rows.report.notes.push(summary);
         }
         rows.report.centering = centered.1;
+        let gptq = exp.weight_rounding == quant::gptq::WeightRounding::Gptq;
+        if gptq || exp.bias_correction {
+            let note = format!(
+                "{} measured each layer on the first {} of the {} calibration images (--correction-images; the ranges use them all)",
+                match (gptq, exp.bias_correction) {
+                    (true, true) => "GPTQ and bias correction",
+                    (true, false) => "GPTQ",
+                    _ => "bias correction",
+                },
+                exp.correction_images.min(p.calib_images.len()),
+                p.calib_images.len()
+            );
+            sink.log(&note);
+            rows.report.notes.push(note);
+        }
         int8_prepared = match exp.weight_rounding {
             quant::gptq::WeightRounding::Nearest => centered.0,
             quant::gptq::WeightRounding::Gptq => {
@@ -1517,8 +1556,6 @@ pub fn run_with_cache(
     Ok(rows.finish())
 }
 
-/// Calibration images whose FP32 activations feed GPTQ's input moments.
-const GPTQ_IMAGES: usize = 32;
 /// Input moments held at once; layers past it wait for another FP32 pass.
 const GPTQ_PASS_BYTES: usize = 512 << 20;
 
@@ -1570,7 +1607,7 @@ fn gptq_model(
     let plan = quant::plan(&p.model, &exp.exclude);
     let shapes = crate::model::infer_shapes(&p.model, p.hw).map_err(|e| format!("{e:#}"))?;
     let (layers, mut kept) = gptq::layers(&p.model, &plan, &shapes);
-    let inputs = probe_inputs(p, GPTQ_IMAGES).map_err(|e| format!("{e:#}"))?;
+    let inputs = probe_inputs(p, exp.correction_images).map_err(|e| format!("{e:#}"))?;
     let graph_input = p
         .model
         .graph()
@@ -1964,16 +2001,17 @@ pub fn probe_inputs(p: &Prepared, n: usize) -> Result<Vec<Vec<f32>>, PipelineErr
         .map_err(PipelineError::from)
 }
 
-/// Fills each used method's bias correction (passes over 32 calibration images); returns, per
-/// method, the line saying which correction was kept.
+/// Fills each used method's bias correction (passes over the first `images` calibration
+/// images); returns, per method, the line saying which correction was kept.
 fn correct_biases(
     p: &Prepared,
     plan: &QuantPlan,
     all: &mut [Ranges],
     used: &[Method],
+    images: usize,
     sink: &dyn Sink,
 ) -> Result<Vec<String>, PipelineError> {
-    let inputs = probe_inputs(p, 32)?;
+    let inputs = probe_inputs(p, images)?;
     let t = Instant::now();
     let todo: Vec<&mut Ranges> = all
         .iter_mut()

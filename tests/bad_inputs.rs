@@ -307,6 +307,7 @@ fn bad_settings_are_refused_before_anything_runs() {
         (&["--exclude", "block.conv_1"], "did you mean `block.conv1`"),
         (&["--calib-every", "0"], "--calib-every"),
         (&["--calib-count", "0"], "--calib-count must be ≥ 1"),
+        (&["--correction-images", "0"], "--correction-images"),
         (&["--scale", "0"], "--scale: 0"),
         (&["--budget-top1", "nan"], "--budget-top1"),
         (&["--budget-miou-rel=-3"], "--budget-miou-rel"),

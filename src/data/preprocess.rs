@@ -359,6 +359,24 @@ fn py_round(v: f64) -> i64 {
 }
 
 impl Geometry {
+    /// What happened to the image, in words: "500x375 → resized to 298x224 → centre 224x224"
+    /// (height x width), so a run says the geometry it applied.
+    pub fn describe(&self, mode: ResizeMode) -> String {
+        let hw = |v: [usize; 2]| format!("{}x{}", v[0], v[1]);
+        let (orig, resized, input) = (hw(self.orig_hw), hw(self.resized_hw), hw(self.input_hw));
+        match mode {
+            ResizeMode::Stretch => format!("{orig} → stretched to {input}"),
+            ResizeMode::Crop => format!(
+                "{orig} → resized to {resized} → centre crop {input} (from row {}, column {})",
+                self.origin[0], self.origin[1]
+            ),
+            ResizeMode::Letterbox => format!(
+                "{orig} → resized to {resized} → padded to {input} ({} rows above, {} columns left)",
+                -self.origin[0], -self.origin[1]
+            ),
+        }
+    }
+
     /// Original-image rectangle `[top, left, bottom, right]` (in original pixels, fractional)
     /// that the model input shows; for letterbox it is the whole image.
     pub fn source_box(&self) -> [f64; 4] {
@@ -639,6 +657,25 @@ impl Preprocess {
 mod tests {
     use super::*;
     use std::collections::BTreeSet;
+
+    /// The geometry a run reports, for torchvision's resize 256 / centre 224 on a portrait
+    /// image (height 500, width 375) and for a letterbox.
+    #[test]
+    fn the_applied_geometry_reads_as_it_was_done() {
+        let mut p = Preprocess::default();
+        Preset::TorchvisionImagenet.apply(&mut p);
+        let g = p.geometry([500, 375], [224, 224]);
+        assert_eq!(
+            g.describe(p.resize),
+            "500x375 → resized to 341x256 → centre crop 224x224 (from row 58, column 16)"
+        );
+        p.resize = ResizeMode::Letterbox;
+        let g = p.geometry([100, 200], [64, 64]);
+        assert_eq!(
+            g.describe(p.resize),
+            "100x200 → resized to 32x64 → padded to 64x64 (16 rows above, 0 columns left)"
+        );
+    }
 
     #[test]
     fn auto_normalization_takes_the_metadata_else_assumes_imagenet_and_says_so() {

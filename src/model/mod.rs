@@ -226,7 +226,7 @@ impl Model {
                 opset,
             });
         }
-        // IR 3 came with opset 7 (the oldest opset read); IR 12 is the newest ONNX defines.
+        // IR 3 came with opset 7 (the oldest opset read); 0 means the field was never written.
         if !(3..=MAX_IR_VERSION).contains(&proto.ir_version) {
             return Err(not_onnx(format!(
                 "IR version {} is not one quantscope reads (3 to {MAX_IR_VERSION}){}; re-export the model with a current exporter",
@@ -427,13 +427,13 @@ fn is_external(t: &pb::TensorProto) -> bool {
     t.data_location == Some(pb::tensor_proto::DataLocation::External as i32)
 }
 
+/// The newest ONNX IR version this reader accepts: the newest the ONNX proto defines.
+const MAX_IR_VERSION: i64 = 12;
+
 /// Reads the weights a model keeps in separate files into the graph. Initializers that no node
 /// reads are dropped unread (an unused 8 GiB tensor must not abort the process); the rest must
 /// be regular files inside the model's folder, links resolved, and must fit in the memory this
 /// machine has free.
-/// The newest ONNX IR version (ONNX 1.19) this reader accepts.
-const MAX_IR_VERSION: i64 = 12;
-
 fn inline_external_data(graph: &mut pb::GraphProto, dir: &Path) -> Result<(), (String, String)> {
     use std::io::{Read, Seek, SeekFrom};
     let mut read = HashSet::new();

@@ -346,9 +346,13 @@ impl Report {
         }
         if let Some(c) = &self.calibration {
             s.push_str(&format!(
-                "Calibration: {} images ({}; pass {:.0} ms, all four methods' ranges {:.0} ms).\n\n",
+                "Calibration: {} images ({}; pass {:.0} ms, every method's ranges {:.0} ms).\n\n",
                 c.images,
-                if c.cache_hit { "statistics from cache" } else { "statistics collected" },
+                if c.cache_hit {
+                    "statistics from cache"
+                } else {
+                    "statistics collected"
+                },
                 c.pass_ms,
                 c.ranges_ms
             ));

@@ -513,7 +513,7 @@ impl Autosave {
     }
 
     /// Keeps a finished run's report (title as its `experiment` line) and drops all but the
-    /// newest [`PAST_RUNS_KEPT`] + 1, the one shown and the history's.
+    /// newest [`PAST_RUNS_KEPT`], the history the next session starts with.
     pub fn keep_run(&self, title: &str, report: &Report) -> Result<(), String> {
         let dir = self.runs_dir();
         let stamp = std::time::SystemTime::now()
@@ -525,7 +525,7 @@ impl Autosave {
         crate::files::write(&dir.join(format!("{stamp:016}.json")), kept.to_json())
             .map_err(|e| format!("autosave of the run: {e}"))?;
         let mut files = Self::run_files(&dir);
-        while files.len() > PAST_RUNS_KEPT + 1 {
+        while files.len() > PAST_RUNS_KEPT {
             let _ = std::fs::remove_file(files.remove(0));
         }
         Ok(())
