@@ -5,6 +5,9 @@
 
 use eframe::egui;
 mod app;
+mod chrome;
+mod events;
+mod exports;
 mod panels;
 mod results;
 #[doc(hidden)]

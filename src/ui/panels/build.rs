@@ -4,7 +4,7 @@
 
 use crate::backend::{BackendKind, Fp32Math, Precision};
 use crate::experiment::Experiment;
-use crate::ui::{Command, Workbench, app::progress_ui};
+use crate::ui::{Command, Workbench, chrome::progress_ui};
 use eframe::egui;
 
 pub fn build_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
@@ -171,13 +171,7 @@ pub fn run_bar_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
         }
     });
     if let Some(run) = &wb.run {
-        // The run's own rows, also while the history picker shows an earlier run.
-        let rows = std::iter::once(&wb.results)
-            .chain(&wb.past_runs)
-            .find(|r| r.job == Some(run.job))
-            .map(|r| r.rows.len())
-            .unwrap_or(0);
-        progress_ui(ui, run, rows, ui.available_width());
+        progress_ui(ui, run, wb.live_rows(), ui.available_width());
     }
 }
 
