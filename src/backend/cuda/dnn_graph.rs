@@ -16,6 +16,8 @@ use dnn::cudnnBackendDescriptorType_t as D;
 use dnn::cudnnDataType_t as Dt;
 use dnn::cudnnPointwiseMode_t as P;
 
+use super::error::{CudaError, CudaResult, dnn_ok};
+
 type Desc = dnn::cudnnBackendDescriptor_t;
 
 /// Unique ids of the graph's real tensors (the variant pack names them).
@@ -104,15 +106,11 @@ impl Drop for ConvGraph {
     }
 }
 
-fn ok(s: dnn::cudnnStatus_t, what: &str) -> Result<(), String> {
-    if s == dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS {
-        Ok(())
-    } else {
-        Err(format!("{what}: {s:?}"))
-    }
+fn ok(s: dnn::cudnnStatus_t, what: &str) -> CudaResult<()> {
+    dnn_ok(s, what)
 }
 
-fn set<V>(d: Desc, name: N, ty: T, vals: &[V]) -> Result<(), String> {
+fn set<V>(d: Desc, name: N, ty: T, vals: &[V]) -> CudaResult<()> {
     ok(
         unsafe {
             dnn::cudnnBackendSetAttribute(
@@ -128,25 +126,25 @@ fn set<V>(d: Desc, name: N, ty: T, vals: &[V]) -> Result<(), String> {
 }
 
 /// Sets attributes that each hold one descriptor.
-fn set_descs(d: Desc, attrs: &[(N, Desc)]) -> Result<(), String> {
+fn set_descs(d: Desc, attrs: &[(N, Desc)]) -> CudaResult<()> {
     attrs
         .iter()
         .try_for_each(|&(n, v)| set(d, n, T::CUDNN_TYPE_BACKEND_DESCRIPTOR, &[v]))
 }
 
 /// Sets attributes that each hold int64 values.
-fn set_i64s(d: Desc, attrs: &[(N, &[i64])]) -> Result<(), String> {
+fn set_i64s(d: Desc, attrs: &[(N, &[i64])]) -> CudaResult<()> {
     attrs
         .iter()
         .try_for_each(|&(n, v)| set(d, n, T::CUDNN_TYPE_INT64, v))
 }
 
-fn finalize(d: Desc, what: &str) -> Result<(), String> {
+fn finalize(d: Desc, what: &str) -> CudaResult<()> {
     ok(unsafe { dnn::cudnnBackendFinalize(d) }, what)
 }
 
 impl ConvGraph {
-    fn make(&mut self, t: D) -> Result<Desc, String> {
+    fn make(&mut self, t: D) -> CudaResult<Desc> {
         let mut d: Desc = std::ptr::null_mut();
         ok(
             unsafe { dnn::cudnnBackendCreateDescriptor(t, &mut d) },
@@ -157,7 +155,7 @@ impl ConvGraph {
     }
 
     /// A tensor of logical dims `[n, c, h, w]` stored NHWC.
-    fn tensor(&mut self, id: i64, dims: [usize; 4], dt: Dt, virt: bool) -> Result<Desc, String> {
+    fn tensor(&mut self, id: i64, dims: [usize; 4], dt: Dt, virt: bool) -> CudaResult<Desc> {
         let [_, c, h, w] = dims.map(|v| v as i64);
         let d = self.make(D::CUDNN_BACKEND_TENSOR_DESCRIPTOR)?;
         set(
@@ -195,7 +193,7 @@ impl ConvGraph {
         y: Desc,
         alpha2: f32,
         act: GraphAct,
-    ) -> Result<Desc, String> {
+    ) -> CudaResult<Desc> {
         let pw = self.make(D::CUDNN_BACKEND_POINTWISE_DESCRIPTOR)?;
         set(
             pw,
@@ -254,7 +252,7 @@ impl ConvGraph {
         spec: ConvSpec,
         max_workspace: usize,
         max_plans: usize,
-    ) -> Result<ConvGraph, String> {
+    ) -> CudaResult<ConvGraph> {
         let mut s = ConvGraph {
             owned: vec![],
             plans: vec![],
@@ -404,7 +402,9 @@ impl ConvGraph {
             },
             "heuristic results",
         )?;
-        let mut last_err = format!("no engine for this graph ({count} heuristic results)");
+        let mut last_err = CudaError::Unsupported(format!(
+            "no engine for this graph ({count} heuristic results)"
+        ));
         for &cfg in cfgs.iter().take(got.max(0) as usize) {
             if s.plans.len() >= max_plans {
                 break;
@@ -448,8 +448,11 @@ impl ConvGraph {
     }
 
     /// Runs plan `i` on the stream bound to `handle`.
-    pub fn execute(&self, handle: dnn::cudnnHandle_t, i: usize, p: &Ptrs) -> Result<(), String> {
-        let (plan, _) = *self.plans.get(i).ok_or("no such cuDNN plan")?;
+    pub fn execute(&self, handle: dnn::cudnnHandle_t, i: usize, p: &Ptrs) -> CudaResult<()> {
+        let (plan, _) = *self
+            .plans
+            .get(i)
+            .ok_or_else(|| CudaError::Internal("no such cuDNN plan".into()))?;
         let mut ids = vec![X, W, Y, B];
         let mut ptrs = vec![p.x, p.w, p.y, p.bias];
         if self.scale {

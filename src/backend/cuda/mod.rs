@@ -9,6 +9,7 @@
 pub mod cache;
 mod dnn_graph;
 pub mod engine;
+pub mod error;
 pub mod libs;
 pub mod ops;
 pub mod plan;
@@ -19,6 +20,7 @@ use std::sync::OnceLock;
 use prost::Message;
 
 use super::{Backend, BackendError, BackendKind, BuildInput, BuildSpec, Engine, Precision};
+use error::{CudaError, CudaResult};
 
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CudaBackend {
@@ -158,12 +160,26 @@ impl Backend for CudaBackend {
             backend: "cuda",
             why,
         })?;
-        let build_err = |reason: String| BackendError::Build { precision, reason };
+        self.build_engine(&input, spec, precision)
+            .map_err(|e| e.at_build(precision))
+    }
+}
+
+impl CudaBackend {
+    /// Lowers the model (`plan`), then builds the device engine, with the choice cache.
+    fn build_engine(
+        &self,
+        input: &BuildInput<'_>,
+        spec: BuildSpec,
+        precision: Precision,
+    ) -> CudaResult<Box<dyn Engine>> {
         let model = input.model();
         if model.info.layout != crate::model::Layout::Nchw {
-            return Err(build_err("the CUDA backend takes NCHW image inputs".into()));
+            return Err(CudaError::Unsupported(
+                "the CUDA backend takes NCHW image inputs".into(),
+            ));
         }
-        let p = match &input {
+        let p = match input {
             BuildInput::Float { .. } => model.with_fixed_input(spec.batch, spec.hw),
             BuildInput::Quantized { qdq, .. } => crate::model::Model {
                 proto: qdq.proto.clone(),
@@ -173,7 +189,7 @@ impl Backend for CudaBackend {
         };
         let shape = model.input_shape(spec.batch, spec.hw);
         let device_start = std::time::Instant::now();
-        let dev = engine::Device::new().map_err(build_err)?;
+        let dev = engine::Device::new()?;
         engine::log_msg(&format!(
             "device, kernels and libraries ready in {:.0} ms",
             device_start.elapsed().as_secs_f64() * 1e3
@@ -185,10 +201,10 @@ impl Backend for CudaBackend {
             // Name every node the backend cannot take, not only the first, so one run tells
             // the user the whole gap.
             let all = ops::survey(&p, shape, precision).unwrap_or_default();
-            if all.len() > 1 {
+            CudaError::Unsupported(if all.len() > 1 {
                 let list: Vec<String> = all.iter().take(12).map(|u| u.why.clone()).collect();
                 let more = all.len().saturating_sub(12);
-                build_err(format!(
+                format!(
                     "the CUDA backend cannot take {} node(s): {}{}",
                     all.len(),
                     list.join("; "),
@@ -197,13 +213,13 @@ impl Backend for CudaBackend {
                     } else {
                         String::new()
                     }
-                ))
+                )
             } else {
-                build_err(first)
-            }
+                first
+            })
         })?;
         if precision == Precision::Fp8 && dev.compute < FP8_COMPUTE {
-            return Err(build_err(format!(
+            return Err(CudaError::Unsupported(format!(
                 "{} has compute capability {}.{}: FP8 (E4M3) tensor cores need {}.{} or newer \
                  (Ada, Hopper, Blackwell). Its accuracy can still be measured: the CPU backend \
                  simulates FP8 numerics (--backend cpu --precisions fp8)",
@@ -224,8 +240,7 @@ impl Backend for CudaBackend {
         );
         let cached = cache::load(&name);
         let (eng, choices) =
-            engine::CudaEngine::build(dev, plan, precision, tf32, spec.batch, &cached)
-                .map_err(build_err)?;
+            engine::CudaEngine::build(dev, plan, precision, tf32, spec.batch, &cached)?;
         if choices != cached {
             cache::store(&name, &choices);
         }

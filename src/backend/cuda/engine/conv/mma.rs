@@ -1,0 +1,257 @@
+//! Int8 convs on the tensor cores (mma.sync m16n8k32, cp.async; compute capability 8.0+), the
+//! epilogue (bias, residual, activation, requantization) in registers: `conv_i8_mma` /
+//! `conv_i8_mma64` (implicit GEMM in 128- or 64-pixel tiles), `conv_i8_mmas*` (1x1 with the
+//! block's weights resident, pixel tiles streamed) and `conv_i8_rows` (a regrouped stem, a
+//! row of output pixels a block).
+
+use cudarc::driver::LaunchConfig;
+
+use super::super::args::FastDiv;
+use super::super::device::{DevBuf, Launch};
+use super::super::kernels::{
+    MMA_BK, MMA_BM, MMA_BN, MMA_COMPUTE, MMA_OCCUPANCY, MMA_THREADS, MMAS_KPADS, MMAS_MAX_SMEM,
+    ROWS_MAX_OW, ROWS_MAX_SMEM, epi_i8_ok, launch, mma_smem_bytes, mmas_smem_bytes, round_up,
+    rows_codes, rows_smem_bytes,
+};
+use super::{ConvFamily, ConvImpl, ConvLayer, ConvSetup, ConvWay, Epi, padded_rows};
+use crate::backend::cuda::error::{CudaError, CudaResult};
+use crate::backend::cuda::plan::{ConvStep, DType};
+
+pub(super) struct Mma;
+
+pub(super) const MMA: Mma = Mma;
+
+impl ConvFamily for Mma {
+    fn name(&self) -> &'static str {
+        "int8 tensor-core kernel"
+    }
+    fn optional(&self) -> bool {
+        false
+    }
+    /// An int8 conv of one group reading int8 (NHWC, or rows for a 1x1 one), a tap's input
+    /// channels in whole 16-byte copies, output rows of 4-byte groups, 32-bit row indices
+    /// and input offsets and row tiles within the grid's y limit, on a GPU of compute
+    /// capability 8.0 or more.
+    fn applies(&self, cx: &Launch, l: &ConvLayer) -> bool {
+        let (c, m) = (&l.step, l.m);
+        let xd = cx.td(c.input);
+        c.quant.as_ref().is_some_and(|q| q.is_int8())
+            && cx.dev.compute >= MMA_COMPUTE
+            && xd.dtype == DType::I8
+            && c.groups == 1
+            && (xd.shape.len() == 4 || c.is_pointwise())
+            && c.cin.is_multiple_of(16)
+            && c.cout.is_multiple_of(4)
+            && m < i32::MAX as usize
+            && xd.numel() < i32::MAX as usize
+            && m.div_ceil(MMA_BM) <= u16::MAX as usize
+    }
+    fn prepare(&self, cx: &Launch, l: &ConvLayer) -> CudaResult<Option<Box<dyn ConvSetup>>> {
+        let c = &l.step;
+        let mut imps = vec![ConvImpl::Mma { bm: MMA_BM }];
+        // Half-height tiles while their row tiles fit the grid's y limit too.
+        if l.m.div_ceil(MMA_BM / 2) <= u16::MAX as usize {
+            imps.push(ConvImpl::Mma { bm: MMA_BM / 2 });
+        }
+        if rows_ok(cx, c) {
+            imps.push(ConvImpl::MmaRows);
+        }
+        imps.extend(
+            [MMA_BM, MMA_BM / 2]
+                .into_iter()
+                .filter(|&bm| stream_ok(cx, c, l.m, bm))
+                .map(|bm| ConvImpl::MmaStream { bm }),
+        );
+        Ok(Some(Box::new(MmaSetup {
+            w: weights(c)?,
+            imps,
+        })))
+    }
+}
+
+/// Whether the row-at-a-time tensor-core kernel runs int8 conv `c` (on top of `applies`):
+/// stride 1, no dilation, 16 input channels, an even kernel width, rows of at most
+/// ROWS_MAX_OW pixels, and its shared memory within ROWS_MAX_SMEM.
+fn rows_ok(cx: &Launch, c: &ConvStep) -> bool {
+    let od = cx.td(c.out);
+    od.shape.len() == 4
+        && c.stride == [1, 1]
+        && c.dilation == [1, 1]
+        && c.cin == 16
+        && c.k[1].is_multiple_of(2)
+        && od.shape[3] <= ROWS_MAX_OW
+        && rows_smem_bytes(
+            round_up(c.reduction(), MMA_BK),
+            c.k[0],
+            c.k[1],
+            od.shape[3],
+            rows_codes(od.dtype, c.residual.is_some(), c.act),
+        ) <= ROWS_MAX_SMEM
+}
+
+/// Whether the streaming 1x1 tensor-core kernel runs int8 conv `c` of `m` output pixels in
+/// `bm`-pixel tiles (on top of `applies`): pointwise (Gemm / MatMul rows are), a reduction
+/// of MMAS_KPADS, output channels in whole 16-byte pieces, input and output offsets below
+/// 2^31 up to the last tile's end (32-bit offsets), its shared memory within MMAS_MAX_SMEM,
+/// and an epilogue the int8 one in registers computes: int8 output, int8 residual or none,
+/// an activation of `epi_i8_ok`. (Tensors start buffers, 256-byte aligned.)
+fn stream_ok(cx: &Launch, c: &ConvStep, m: usize, bm: usize) -> bool {
+    let kpad = round_up(c.reduction(), MMA_BK);
+    c.is_pointwise()
+        && (m + bm) * c.cin.max(c.cout) < i32::MAX as usize
+        && MMAS_KPADS.contains(&kpad)
+        && c.cout.is_multiple_of(16)
+        && mmas_smem_bytes(bm, kpad) <= MMAS_MAX_SMEM
+        && epi_i8_ok(
+            cx.td(c.out).dtype,
+            c.residual.map(|r| cx.td(r).dtype),
+            c.act,
+        )
+}
+
+/// The tensor-core kernels' weights: int8 OHWI rows, `[cout rounded up to MMA_BN]` by
+/// `[KH * KW * Cin rounded up to MMA_BK]`, zero in the padding (whole tiles: no bounds
+/// checks on the weight side).
+fn weights(c: &ConvStep) -> CudaResult<DevBuf> {
+    let q = c
+        .quant
+        .as_ref()
+        .ok_or_else(|| CudaError::Internal("tensor-core kernel: not an int8 layer".into()))?;
+    let k = c.reduction();
+    let w = padded_rows(
+        &q.w,
+        c.cout,
+        k,
+        round_up(c.cout, MMA_BN),
+        round_up(k, MMA_BK),
+    );
+    DevBuf::from_slice(&w)
+}
+
+struct MmaSetup {
+    w: DevBuf,
+    imps: Vec<ConvImpl>,
+}
+
+impl ConvSetup for MmaSetup {
+    fn candidates(&self, _l: &ConvLayer) -> Vec<ConvImpl> {
+        self.imps.clone()
+    }
+
+    fn launch(&self, cx: &Launch, l: &ConvLayer, imp: &ConvImpl, way: &ConvWay) -> CudaResult<()> {
+        match imp {
+            ConvImpl::Mma { bm } => self.implicit_gemm(cx, l, *bm, way),
+            ConvImpl::MmaStream { bm } => self.streaming(cx, l, *bm, way),
+            ConvImpl::MmaRows => self.rows(cx, l, way),
+            _ => Err(CudaError::Internal(format!(
+                "a tensor-core setup asked for {}",
+                imp.key()
+            ))),
+        }
+    }
+
+    fn weights_bytes(&self) -> u64 {
+        self.w.bytes as u64
+    }
+}
+
+impl MmaSetup {
+    fn implicit_gemm(
+        &self,
+        cx: &Launch,
+        l: &ConvLayer,
+        bm: usize,
+        way: &ConvWay,
+    ) -> CudaResult<()> {
+        let c = &l.step;
+        let e = Epi::of(cx, c);
+        let u = |v: usize| v as i32;
+        let (h, w) = l.in_hw(cx.plan);
+        // Rows of a Gemm / MatMul are 1x1 images.
+        let (oh, ow) = if cx.td(c.input).shape.len() == 4 {
+            (l.oh, l.ow)
+        } else {
+            (1, 1)
+        };
+        // x: tiles of output channels (the blocks sharing a tile of pixels run together);
+        // y: tiles of pixels.
+        let cfg = LaunchConfig {
+            grid_dim: (c.cout.div_ceil(MMA_BN) as u32, l.m.div_ceil(bm) as u32, 1),
+            block_dim: (MMA_THREADS as u32, 1, 1),
+            shared_mem_bytes: mma_smem_bytes(bm, cx.dev.mma_residual) as u32,
+        };
+        // Row -> (image, output row): divisions by oh * ow and ow.
+        let div = FastDiv::of(&[(oh * ow) as i64, ow as i64]);
+        let k = &cx.dev.k;
+        let f = if bm == MMA_BM {
+            &k.conv_i8_mma
+        } else {
+            &k.conv_i8_mma64
+        };
+        launch!(cx.stream, f, cfg cfg; way.input, self.w.ptr, way.alpha, l.bias.ptr,
+            e.res.0, e.res.1, e.res.2, e.out.0, e.out.1, e.out.2,
+            u(l.m), u(c.cin), u(round_up(c.reduction(), MMA_BK)), u(c.cout), e.act.0, e.act.1, e.act.2,
+            u(h), u(w), u(oh), u(ow), u(c.k[0]), u(c.k[1]), u(c.stride[0]), u(c.stride[1]),
+            u(c.pads[0]), u(c.pads[1]), u(c.dilation[0]), u(c.dilation[1]),
+            div.magic[0], div.shift[0], div.magic[1], div.shift[1])
+    }
+
+    fn streaming(&self, cx: &Launch, l: &ConvLayer, bm: usize, way: &ConvWay) -> CudaResult<()> {
+        let c = &l.step;
+        let e = Epi::of(cx, c);
+        let u = |v: usize| v as i32;
+        let kpad = round_up(c.reduction(), MMA_BK);
+        let smem = mmas_smem_bytes(bm, kpad);
+        let k = &cx.dev.k;
+        let f = if bm == MMA_BM {
+            &k.conv_i8_mmas
+        } else {
+            &k.conv_i8_mmas64
+        };
+        // As many blocks as run at once (shared memory, and the launch bounds' blocks an SM,
+        // which the registers allow), each stepping over pixel tiles: x tiles of output
+        // channels (the blocks sharing a tile of pixels run together).
+        let bound = MMA_OCCUPANCY
+            .iter()
+            .find(|&&(h, _)| h == bm)
+            .map_or(1, |&(_, b)| b);
+        let per_sm = cx.dev.resident_blocks(smem).min(bound);
+        let col_tiles = c.cout.div_ceil(MMA_BN);
+        let blocks = (per_sm * cx.dev.sms / col_tiles).clamp(1, l.m.div_ceil(bm));
+        let cfg = LaunchConfig {
+            grid_dim: (col_tiles as u32, blocks.min(u16::MAX as usize) as u32, 1),
+            block_dim: (MMA_THREADS as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        launch!(cx.stream, f, cfg cfg; way.input, self.w.ptr, way.alpha, l.bias.ptr,
+            e.res.0, e.res.1, e.res.2, e.out.0, e.out.1, e.out.2, u(c.cout),
+            e.act.0, e.act.1, e.act.2, u(l.m), u(c.cin), u(kpad))
+    }
+
+    fn rows(&self, cx: &Launch, l: &ConvLayer, way: &ConvWay) -> CudaResult<()> {
+        let c = &l.step;
+        let e = Epi::of(cx, c);
+        let u = |v: usize| v as i32;
+        let (h, w) = l.in_hw(cx.plan);
+        let kpad = round_up(c.reduction(), MMA_BK);
+        let codes = rows_codes(cx.td(c.out).dtype, c.residual.is_some(), c.act);
+        let smem = rows_smem_bytes(kpad, c.k[0], c.k[1], l.ow, codes);
+        // Blocks step over the output rows: as many as fit the SMs at once, so that each
+        // reads its weights once.
+        let rows = cx.td(c.input).shape[0] * l.oh;
+        let per_sm = cx.dev.resident_blocks(smem);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                c.cout.div_ceil(MMA_BN) as u32,
+                rows.min(per_sm * cx.dev.sms).min(u16::MAX as usize) as u32,
+                1,
+            ),
+            block_dim: (MMA_THREADS as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
+        };
+        launch!(cx.stream, cx.dev.k.conv_i8_rows, cfg cfg; way.input, self.w.ptr, way.alpha, l.bias.ptr,
+            e.res.0, e.res.1, e.res.2, e.out.0, e.out.1, e.out.2, u(c.cout),
+            e.act.0, e.act.1, e.act.2, u(rows), u(h), u(w), u(l.oh), u(l.ow), u(c.k[0]), u(c.k[1]),
+            u(c.pads[0]), u(c.pads[1]), u(kpad))
+    }
+}
