@@ -10,7 +10,7 @@ use cudarc::cublaslt::sys as lt;
 use cudarc::cudnn::sys as dnn;
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream, result, sys};
 
-use super::kernels::{Kernels, MMA_COMPUTE, mma_residual_fits, ptx};
+use super::kernels::{Kernels, mma_residual_fits, ptx};
 use super::{LIB_WORKSPACE_BYTES, log_msg};
 use crate::backend::cuda::error::{CudaError, CudaResult, dnn_ok, drv, lt_err};
 use crate::backend::cuda::plan::{Operand, Plan, TensorDesc};
@@ -83,7 +83,7 @@ impl Device {
             lt,
             name,
             compute: (maj, min),
-            mma_residual: (maj, min) >= MMA_COMPUTE && mma_residual_fits(smem_per_sm),
+            mma_residual: mma_residual_fits(smem_per_sm),
             sms,
             smem_per_sm,
         })
