@@ -85,36 +85,41 @@ pub fn drv<T>(r: Result<T, DriverError>, what: &str) -> CudaResult<T> {
     })
 }
 
+/// A library status, named by `what`: `Ok` on success, running out of memory said as such.
+fn status(
+    s: impl std::fmt::Debug,
+    success: bool,
+    alloc_failed: bool,
+    what: &str,
+) -> CudaResult<()> {
+    let (call, status) = (what.to_string(), format!("{s:?}"));
+    match (success, alloc_failed) {
+        (true, _) => Ok(()),
+        (false, true) => Err(CudaError::OutOfMemory { call, status }),
+        (false, false) => Err(CudaError::Call { call, status }),
+    }
+}
+
 /// A cuDNN status, named by `what`.
 pub fn dnn_ok(s: dnn::cudnnStatus_t, what: &str) -> CudaResult<()> {
-    let status = format!("{s:?}");
-    match s {
-        dnn::cudnnStatus_t::CUDNN_STATUS_SUCCESS => Ok(()),
-        dnn::cudnnStatus_t::CUDNN_STATUS_ALLOC_FAILED => Err(CudaError::OutOfMemory {
-            call: what.to_string(),
-            status,
-        }),
-        _ => Err(CudaError::Call {
-            call: what.to_string(),
-            status,
-        }),
-    }
+    use dnn::cudnnStatus_t as S;
+    status(
+        s,
+        s == S::CUDNN_STATUS_SUCCESS,
+        s == S::CUDNN_STATUS_ALLOC_FAILED,
+        what,
+    )
 }
 
 /// A cuBLASLt status, named by `what`.
 pub fn lt_ok(s: lt::cublasStatus_t, what: &str) -> CudaResult<()> {
-    let status = format!("{s:?}");
-    match s {
-        lt::cublasStatus_t::CUBLAS_STATUS_SUCCESS => Ok(()),
-        lt::cublasStatus_t::CUBLAS_STATUS_ALLOC_FAILED => Err(CudaError::OutOfMemory {
-            call: what.to_string(),
-            status,
-        }),
-        _ => Err(CudaError::Call {
-            call: what.to_string(),
-            status,
-        }),
-    }
+    use lt::cublasStatus_t as S;
+    status(
+        s,
+        s == S::CUBLAS_STATUS_SUCCESS,
+        s == S::CUBLAS_STATUS_ALLOC_FAILED,
+        what,
+    )
 }
 
 /// A cuBLASLt error from cudarc's safe wrappers, named by `what`.
@@ -163,9 +168,12 @@ mod tests {
             Err(CudaError::OutOfMemory { .. })
         ));
         assert_eq!(
-            lt_ok(lt::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED, "cublasLtMatmul")
-                .unwrap_err()
-                .to_string(),
+            lt_ok(
+                lt::cublasStatus_t::CUBLAS_STATUS_NOT_SUPPORTED,
+                "cublasLtMatmul"
+            )
+            .unwrap_err()
+            .to_string(),
             "cublasLtMatmul: CUBLAS_STATUS_NOT_SUPPORTED"
         );
         let s = CudaError::Shape("dims [2] hold 2 elements, the output 3".into())

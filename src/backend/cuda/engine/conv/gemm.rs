@@ -160,6 +160,16 @@ fn float_compute(float: DType, tf32: bool) -> lt::cublasComputeType_t {
     }
 }
 
+/// cuBLASLt has int8 and float GEMMs; an FP8 layer's GEMM is its FP16 way's.
+fn no_fp8(c: &ConvStep) -> CudaResult<()> {
+    match &c.quant {
+        Some(q) if !q.is_int8() => Err(CudaError::Unsupported(
+            "no cuBLASLt GEMM for FP8 layers (their FP16 way has one)".into(),
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// The raw-output GEMM of conv `c` (`m` output pixels) in `float`, or int8 for an int8
 /// layer: weights `[cout_pad, kpad]`, zero padded. The FP16 way sets up its own on the
 /// dequantized layer.
@@ -171,11 +181,7 @@ pub(super) fn setup(
     tf32: bool,
 ) -> CudaResult<GemmSetup> {
     use lt::cudaDataType_t as T;
-    if c.quant.as_ref().is_some_and(|q| !q.is_int8()) {
-        return Err(CudaError::Unsupported(
-            "no cuBLASLt GEMM for FP8 layers (their FP16 way has one)".into(),
-        ));
-    }
+    no_fp8(c)?;
     let k = c.reduction();
     let kpad = round_up(k, 16);
     let cout_pad = round_up(c.cout, 16);
@@ -228,11 +234,7 @@ fn setup_fused(
     use lt::cublasLtMatmulDescAttributes_t as A;
     use lt::cublasLtPointerMode_t as M;
     use lt::cudaDataType_t as T;
-    if c.quant.as_ref().is_some_and(|q| !q.is_int8()) {
-        return Err(CudaError::Unsupported(
-            "no cuBLASLt GEMM for FP8 layers".into(),
-        ));
-    }
+    no_fp8(c)?;
     let unit = cx.td(c.out).unit();
     let k = c.reduction();
     let kpad = round_up(k, 16);
