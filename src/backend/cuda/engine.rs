@@ -24,6 +24,7 @@ use cudarc::driver::{
 
 use super::cache::Choices;
 use super::dnn_graph::{ConvGraph, ConvSpec, Geometry, GraphAct, Ptrs};
+use super::kernel_source::KERNELS;
 use super::plan::{
     Act, ConvStep, DType, Layout, MAX_RANK, Operand, PadMode, Plan, Step, TensorDesc,
     assign_buffers, float_type,
@@ -31,7 +32,6 @@ use super::plan::{
 use super::streams::{Schedule, schedule};
 use crate::backend::{BackendError, Engine, EngineInfo, LayerTime, Output, Precision};
 
-const KERNELS: &str = include_str!("kernels.cu");
 /// Workspace offered to cuDNN and cuBLASLt.
 const LIB_WORKSPACE_BYTES: usize = 64 << 20;
 /// Auxiliary streams independent branches may run on, beside the main one. An ASPP head has
@@ -365,8 +365,9 @@ const KERNEL_NAMES: [&str; 42] = [
     "gap_finish",
 ];
 
-/// Compiles `kernels.cu` for `arch` (`compute_XY`) with NVRTC: (PTX, compiler log). The log
-/// is empty on a clean compile; warnings show up in it.
+/// Compiles the kernels (`kernel_source`) for `arch` (`compute_XY`) with NVRTC: (PTX,
+/// compiler log). The log is empty on a clean compile; warnings show up in it, each naming
+/// its file of `kernels/` and line.
 fn compile_kernels(arch: &str) -> DevResult<(String, String)> {
     use cudarc::nvrtc::result as nv;
     let nv_err = |what: &str, e: nv::NvrtcError| format!("NVRTC {what}: {e:?}");
@@ -381,8 +382,8 @@ fn compile_kernels(arch: &str) -> DevResult<(String, String)> {
             .into_iter()
             .map(|p| format!("--include-path={}", p.display())),
     );
-    let src = std::ffi::CString::new(KERNELS).map_err(|e| format!("kernels.cu: {e}"))?;
-    let name = c"kernels.cu";
+    let src = std::ffi::CString::new(KERNELS).map_err(|e| format!("kernels/: {e}"))?;
+    let name = c"kernels";
     let prog = nv::create_program(&src, Some(name)).map_err(|e| nv_err("create", e))?;
     let as_string = |v: Vec<std::ffi::c_char>| {
         let bytes: Vec<u8> = v
@@ -407,7 +408,7 @@ fn compile_kernels(arch: &str) -> DevResult<(String, String)> {
     out
 }
 
-/// PTX of `kernels.cu`, compiled once per process (per compute capability).
+/// PTX of the kernels, compiled once per process (per compute capability).
 fn ptx(arch: &str) -> DevResult<String> {
     static PTX: OnceLock<Result<String, String>> = OnceLock::new();
     PTX.get_or_init(|| {

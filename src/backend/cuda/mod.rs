@@ -9,6 +9,7 @@
 pub mod cache;
 mod dnn_graph;
 pub mod engine;
+mod kernel_source;
 pub mod libs;
 pub mod ops;
 pub mod plan;
