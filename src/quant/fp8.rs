@@ -3,7 +3,7 @@
 //! are NaN; the largest finite value is 448, the smallest subnormal 2^-9. Conversion rounds to
 //! nearest, ties to even, and saturates to ±448, as ONNX's QuantizeLinear (`saturate` = 1, its
 //! default), CUDA's `__nv_cvt_float_to_fp8(.., __NV_SATFINITE, __NV_E4M3)` and TensorRT do.
-//! The CUDA kernels (`f8_from_f32`/`f8_to_f32` in kernels.cu) do the same arithmetic.
+//! The CUDA kernels (`f8_from_f32`/`f8_to_f32` in cuda/kernels/common.cuh) do the same arithmetic.
 
 use crate::model::proto;
 

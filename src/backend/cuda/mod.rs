@@ -10,6 +10,7 @@ pub mod cache;
 mod dnn_graph;
 pub mod engine;
 pub mod error;
+mod kernel_source;
 pub mod libs;
 pub mod ops;
 pub mod plan;

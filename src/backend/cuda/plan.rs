@@ -124,7 +124,7 @@ pub enum Act {
 }
 
 impl Act {
-    /// (code, a0, a1) as the kernels take it (`act_f` in kernels.cu).
+    /// (code, a0, a1) as the kernels take it (`act_f` in kernels/common.cuh).
     pub fn code(self) -> (i32, f32, f32) {
         match self {
             Act::None => (0, 0.0, 0.0),

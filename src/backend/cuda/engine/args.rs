@@ -1,5 +1,5 @@
 //! The argument structs of the strided kernels (`view`, `nary*`, `pad_nd`), field for field
-//! as kernels.cu declares them, built from a step's dims and strides with every read checked
+//! as kernels/common.cuh declares them, built from a step's dims and strides with every read checked
 //! against the tensor or constant it reads: the kernels trust them.
 
 use cudarc::driver::DeviceRepr;
@@ -18,7 +18,7 @@ pub(super) struct ViewArgs {
 }
 unsafe impl DeviceRepr for ViewArgs {}
 
-/// `NaryArgs` of kernels.cu: the output's dims, each input's strides over them, its device
+/// `NaryArgs` of kernels/common.cuh: the output's dims, each input's strides over them, its device
 /// pointer, dtype code (-1: f32 constant buffer) and scale.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
@@ -34,7 +34,7 @@ pub(super) struct NaryArgs {
 }
 unsafe impl DeviceRepr for NaryArgs {}
 
-/// `PadArgs` of kernels.cu (the `pad_nd` kernel).
+/// `PadArgs` of kernels/common.cuh (the `pad_nd` kernel).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(super) struct PadArgs {
@@ -47,7 +47,7 @@ pub(super) struct PadArgs {
 }
 unsafe impl DeviceRepr for PadArgs {}
 
-/// `FastDiv` of kernels.cu: per dim, the multiplier and shift that divide an index below 2^31
+/// `FastDiv` of kernels/common.cuh: per dim, the multiplier and shift that divide an index below 2^31
 /// by the dim as `umulhi(n, magic) >> shift` (magic 0: a dim of 1, or one no fast index meets).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]

@@ -13,8 +13,8 @@ use crate::backend::cuda::error::{CudaError, CudaResult, drv};
 use crate::backend::cuda::plan::Act;
 use crate::backend::cuda::plan::DType;
 
-pub(super) const KERNELS: &str = include_str!("../kernels.cu");
-/// Output channels per thread of the int8 pointwise kernel (`PW_CO` in kernels.cu).
+pub(super) use crate::backend::cuda::kernel_source::KERNELS;
+/// Output channels per thread of the int8 pointwise kernel (`PW_CO` in kernels/conv_pw_i8.cu).
 pub(super) const PW_CO: usize = 16;
 /// Threads (pixels) per block of the int8 pointwise kernel.
 pub(super) const PW_THREADS: usize = 128;
@@ -22,17 +22,17 @@ pub(super) const PW_THREADS: usize = 128;
 pub(super) const PW_MAX_SHARED_BYTES: usize = 48 << 10;
 /// The int8 tensor-core conv kernel's tile: output pixels and channels a block computes,
 /// bytes of the reduction a stage copies, threads a block (`MMA_BM`, `MMA_BN`, `MMA_BK`,
-/// `MMA_THREADS` in kernels.cu).
+/// `MMA_THREADS` in kernels/conv_i8_mma.cu).
 pub(super) const MMA_BM: usize = 128;
 pub(super) const MMA_BN: usize = 64;
 pub(super) const MMA_BK: usize = 64;
 pub(super) const MMA_THREADS: usize = 128;
-/// Its cp.async stages and their rows' bytes (`MMA_STAGES`, `MMA_LD` in kernels.cu).
+/// Its cp.async stages and their rows' bytes (`MMA_STAGES`, `MMA_LD` in kernels/conv_i8_mma.cu).
 pub(super) const MMA_STAGES: usize = 3;
 pub(super) const MMA_LD: usize = MMA_BK + 16;
 /// Dynamic shared memory of a `bm`-pixel tensor-core block: the stages, the tile's alphas and
 /// biases (f32), and with `residual` its int8 residual tile (the layout at `MMA_BM` in
-/// kernels.cu; the kernel reads the residual from global memory where the launch gave it no
+/// kernels/conv_i8_mma.cu; the kernel reads the residual from global memory where the launch gave it no
 /// room). With the residual, a 128-pixel block takes more than the 48 KiB a launch gets
 /// without asking: `Device::new` raises the kernels' limit.
 pub(super) const fn mma_smem_bytes(bm: usize, residual: bool) -> usize {
@@ -49,7 +49,7 @@ pub(super) fn mma_residual_fits(smem_per_sm: usize) -> bool {
         .iter()
         .all(|&(bm, blocks)| blocks * (mma_smem_bytes(bm, true) + 1024) <= smem_per_sm)
 }
-/// Dynamic shared memory of a streaming 1x1 tensor-core block (`conv_i8_mmas` in kernels.cu)
+/// Dynamic shared memory of a streaming 1x1 tensor-core block (`conv_i8_mmas` in kernels/conv_i8_mma.cu)
 /// of `bm`-pixel tiles and reduction `kpad`: its MMA_BN weight rows and two x tiles, `kpad` and
 /// 16 bytes a row, two residual / code tiles of ROWS_CODE_LD bytes a row, the alphas and
 /// biases.
@@ -64,13 +64,13 @@ pub(super) const MMAS_KPADS: [usize; 3] = [64, 128, 256];
 /// kpad 128 and its 64-pixel ones up to 256.
 pub(super) const MMAS_MAX_SMEM: usize = ROWS_MAX_SMEM;
 /// Output pixels a row at most, for the row-at-a-time tensor-core kernel (`ROWS_MAX_OW` in
-/// kernels.cu: a warp's 16 channels of a row in its registers).
+/// kernels/conv_i8_mma.cu: a warp's 16 channels of a row in its registers).
 pub(super) const ROWS_MAX_OW: usize = 128;
 /// Dynamic shared memory the row-at-a-time kernel may take a block, the limit `Device::new`
 /// raises it to: within the 99 KiB a block may have on sm_86 / sm_89 (sm_80 and sm_90 allow
 /// more).
 pub(super) const ROWS_MAX_SMEM: usize = 96 << 10;
-/// Dynamic shared memory of a row-at-a-time tensor-core block (the layout in kernels.cu):
+/// Dynamic shared memory of a row-at-a-time tensor-core block (the layout in kernels/conv_i8_mma.cu):
 /// MMA_BN weight rows of `kpad` + 16 bytes, two input windows of kh rows of ow + kw - 1
 /// 16-byte pixels (plus 16 of slack), the row in whole 16-pixel tiles (int8 codes of
 /// ROWS_CODE_LD bytes a pixel with `codes`, else int32 sums), the alphas and biases.
@@ -87,7 +87,7 @@ pub(super) fn rows_smem_bytes(kpad: usize, kh: usize, kw: usize, ow: usize, code
 }
 /// Bytes a pixel of the row-at-a-time kernel's staged int8 codes (`ROWS_CODE_LD`).
 pub(super) const ROWS_CODE_LD: usize = MMA_BN + 16;
-/// kernels.cu's `epi_i8_ok`: whether the tensor-core kernels' int8 epilogue computes an
+/// kernels/epi_i8.cuh's `epi_i8_ok`: whether the tensor-core kernels' int8 epilogue computes an
 /// output of type `out` with a residual of type `residual` (or none) and activation `act`:
 /// int8 out, an int8 residual or none, ReLU, clip, SiLU or no activation.
 pub(super) fn epi_i8_ok(out: DType, residual: Option<DType>, act: Act) -> bool {
@@ -101,7 +101,7 @@ pub(super) fn rows_codes(out: DType, residual: bool, act: Act) -> bool {
     !residual && epi_i8_ok(out, None, act)
 }
 /// (kernel size, stride) of the row-window int8 depthwise kernels, square both ways
-/// (`conv_dw_i8_k{K}s{S}` in kernels.cu): MobileNets' and EfficientNets' 3x3 and 5x5
+/// (`conv_dw_i8_k{K}s{S}` in kernels/conv_dw.cu): MobileNets' and EfficientNets' 3x3 and 5x5
 /// depthwise layers, ConvNeXt's 7x7 ones.
 pub(super) const DW_ROWS_SHAPES: [(usize, usize); 5] = [(3, 1), (3, 2), (5, 1), (5, 2), (7, 1)];
 /// Compute capability from which the tensor-core kernel runs (cp.async, int8 m16n8k32).
@@ -287,8 +287,9 @@ pub(super) const KERNEL_NAMES: [&str; 42] = [
     "gap_finish",
 ];
 
-/// Compiles `kernels.cu` for `arch` (`compute_XY`) with NVRTC: (PTX, compiler log). The log
-/// is empty on a clean compile; warnings show up in it.
+/// Compiles the kernels (`kernel_source`) for `arch` (`compute_XY`) with NVRTC: (PTX,
+/// compiler log). The log is empty on a clean compile; warnings show up in it, each naming
+/// its file of `kernels/` and line.
 pub(super) fn compile_kernels(arch: &str) -> CudaResult<(String, String)> {
     use cudarc::nvrtc::result as nv;
     let nv_err = |stage: &'static str, e: nv::NvrtcError, log: &str| CudaError::Nvrtc {
@@ -308,11 +309,11 @@ pub(super) fn compile_kernels(arch: &str) -> CudaResult<(String, String)> {
             .map(|p| format!("--include-path={}", p.display())),
     );
     let src = std::ffi::CString::new(KERNELS).map_err(|e| CudaError::Nvrtc {
-        stage: "source",
+        stage: "kernels/",
         status: e.to_string(),
         log: String::new(),
     })?;
-    let name = c"kernels.cu";
+    let name = c"kernels";
     let prog = nv::create_program(&src, Some(name)).map_err(|e| nv_err("create", e, ""))?;
     let as_string = |v: Vec<std::ffi::c_char>| {
         let bytes: Vec<u8> = v
@@ -337,7 +338,7 @@ pub(super) fn compile_kernels(arch: &str) -> CudaResult<(String, String)> {
     out
 }
 
-/// PTX of `kernels.cu`, compiled once per process (per compute capability).
+/// PTX of the kernels, compiled once per process (per compute capability).
 pub(super) fn ptx(arch: &str) -> CudaResult<String> {
     static PTX: OnceLock<CudaResult<String>> = OnceLock::new();
     PTX.get_or_init(|| {
@@ -377,7 +378,7 @@ pub(super) fn round_up(v: usize, m: usize) -> usize {
 }
 
 /// Launches kernel `$f` (a `Kernel`) on `$stream` with the arguments listed, which must
-/// mirror the kernel's parameters in kernels.cu: `cfg CONFIG;` gives the launch
+/// mirror the kernel's parameters in `kernels/`: `cfg CONFIG;` gives the launch
 /// configuration, a count `N;` launches a thread per element.
 macro_rules! launch {
     ($stream:expr, $f:expr, cfg $cfg:expr; $($a:expr),* $(,)?) => {{
@@ -409,7 +410,7 @@ pub(super) fn arg_ptr<T: DeviceRepr>(a: &T) -> *mut c_void {
     a as *const T as *mut c_void
 }
 
-/// A kernel of kernels.cu, and whether it is launched as a programmatic dependent launch:
+/// A kernel of `kernels/`, and whether it is launched as a programmatic dependent launch:
 /// on sm_90 and later (unless QUANTSCOPE_CUDA_PDL=off) every one is, so that its blocks are
 /// scheduled, and run what precedes their `pdl_wait` (index arithmetic, weight copies), while
 /// the kernel before it in the stream finishes. In ResNet-50's INT8 graph at batch 32 most
@@ -452,7 +453,7 @@ impl Kernel {
             numAttrs: u32::from(self.pdl),
         };
         // SAFETY: `args` points at live values of the kernel's parameter types, in order (the
-        // launch! call sites mirror kernels.cu's signatures, as cudarc's builder did).
+        // launch! call sites mirror the kernels' signatures, as cudarc's builder did).
         let r = unsafe {
             sys::cuLaunchKernelEx(&config, self.f.cu_function(), args.as_mut_ptr(), null_mut())
         };

@@ -1,0 +1,148 @@
+// Pointwise (1x1) int8 convolution and Gemm / MatMul on __dp4a: a thread per pixel
+// (conv_pw_i8) or per output word (conv_pw_i8_word).
+
+// Pointwise (1x1, stride 1) int8 convolution, and Gemm / MatMul as one, on __dp4a: x int8
+// [m, k] (NHWC pixels or rows), weights as 32-bit words [k / 4, cout] (word v * cout + c holds
+// w[c][4v .. 4v + 4], the layout conv_pw_i8_word reads), exact int32 sums, then conv_direct's
+// epilogue. Each thread computes PW_CO output channels of one pixel; grid
+// (ceil(m / blockDim.x), ceil(cout / PW_CO)); the block's PW_CO weight rows sit in shared
+// memory (PW_CO * k bytes, dynamic, zero past cout), read as warp-wide broadcasts.
+// For some memory-bound 1x1 layers of MobileNets at high resolution (k and cout of 16 to
+// 144) cuBLASLt's int8 GEMMs took twice FP16's time on an H200 (a tile of 16 or 24 output
+// channels wastes most of an int8 tensor-core tile, and an unfused epilogue costs a pass);
+// the builder times this kernel against them. (Staging whole tiles of pixels in shared
+// memory for line-wide loads and stores timed slower on an H200.)
+// k % 4 == 0 (16-byte reads where k % 16 == 0), cout % 4 == 0, m * k and m * cout < 2^31.
+#define PW_CO 16
+extern "C" __global__ void conv_pw_i8(const signed char* x, const int* w, const float* alpha,
+                                      const float* bias, const void* res, int res_t,
+                                      float res_scale, void* y, int y_t, float y_scale, int m,
+                                      int k, int cout, int act, float a0, float a1) {
+  pdl_enter();
+  extern __shared__ int sw[];
+  int kw4 = k >> 2, co0 = blockIdx.y * PW_CO;
+  for (int j = threadIdx.x; j < PW_CO * kw4; j += blockDim.x) {
+    int o = j / kw4, v = j - o * kw4;
+    sw[j] = co0 + o < cout ? w[(i64)v * cout + co0 + o] : 0;
+  }
+  __syncthreads();
+  int px = blockIdx.x * blockDim.x + threadIdx.x;
+  if (px >= m) return;
+  int acc[PW_CO];
+#pragma unroll
+  for (int o = 0; o < PW_CO; o++) acc[o] = 0;
+  if ((k & 15) == 0) {
+    const int4* xr = (const int4*)(x + px * k);
+    for (int v = 0; v < (k >> 4); v++) {
+      int4 a = xr[v];
+#pragma unroll
+      for (int o = 0; o < PW_CO; o++) {
+        int4 b = ((const int4*)sw)[o * (k >> 4) + v];
+        acc[o] = __dp4a(a.x, b.x, acc[o]);
+        acc[o] = __dp4a(a.y, b.y, acc[o]);
+        acc[o] = __dp4a(a.z, b.z, acc[o]);
+        acc[o] = __dp4a(a.w, b.w, acc[o]);
+      }
+    }
+  } else {
+    const int* xr = (const int*)(x + px * k);
+    for (int v = 0; v < kw4; v++) {
+      int a = xr[v];
+#pragma unroll
+      for (int o = 0; o < PW_CO; o++) acc[o] = __dp4a(a, sw[o * kw4 + v], acc[o]);
+    }
+  }
+  if (epi_i8_ok(y_t, res_t, act)) {
+#pragma unroll
+    for (int o = 0; o < PW_CO; o += 4) {
+      int c = co0 + o;
+      if (c >= cout) break;
+      i64 at = (i64)px * cout + c;
+      unsigned r = res_t == 2 ? *(const unsigned*)((const signed char*)res + at) : 0u;
+      *(unsigned*)((signed char*)y + at) =
+          epi_i8_word(epi_i8(alpha, bias, c, res_scale, y_scale, act, a0, a1),
+                      make_int4(acc[o], acc[o + 1], acc[o + 2], acc[o + 3]), r);
+    }
+    return;
+  }
+#pragma unroll
+  for (int o = 0; o < PW_CO; o += 4) {
+    int c = co0 + o;
+    if (c >= cout) break;
+    i64 at = (i64)px * cout + c;
+    float4 al = *(const float4*)(alpha + c), bi = *(const float4*)(bias + c);
+    float4 r = res_t >= 0 ? ld4(res, res_t, at, res_scale) : make_float4(0.f, 0.f, 0.f, 0.f);
+    float4 v = make_float4(act_f(acc[o] * al.x + bi.x + r.x, act, a0, a1),
+                           act_f(acc[o + 1] * al.y + bi.y + r.y, act, a0, a1),
+                           act_f(acc[o + 2] * al.z + bi.z + r.z, act, a0, a1),
+                           act_f(acc[o + 3] * al.w + bi.w + r.w, act, a0, a1));
+    st4(y, y_t, at, v, y_scale);
+  }
+}
+
+// Pointwise int8 convolution as conv_pw_i8 computes it (same weights, same epilogue), one
+// thread per four output channels of one pixel, that is one 32-bit word of an int8 output:
+// consecutive threads write consecutive words. In an expansion layer (k of 16 to 40 in, four
+// to six times as many channels out, at high resolution: MobileNetV2's and EfficientNet's)
+// the output is most of the traffic, and conv_pw_i8's thread per pixel stores it a word at a
+// time cout bytes apart. Each thread reads its four weight rows as one int4 per input word
+// (through L1: a layer's weights are a few KB) and its pixel's input words, which the
+// threads sharing the pixel get in one broadcast. k % 4 == 0 (16-byte input reads where
+// k % 16 == 0), cout % 4 == 0, m * cout < 2^31; (magic, shift) divide by cout / 4 as
+// FastDiv does (magic 0: by 1).
+extern "C" __global__ void conv_pw_i8_word(const signed char* x, const int* w,
+                                           const float* alpha, const float* bias,
+                                           const void* res, int res_t, float res_scale, void* y,
+                                           int y_t, float y_scale, int m, int k, int cout,
+                                           int act, float a0, float a1, unsigned magic,
+                                           unsigned shift) {
+  pdl_enter();
+  int cg = cout >> 2;
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= m * cg) return;
+  int px = magic ? __umulhi((unsigned)i, magic) >> shift : i, g = i - px * cg;
+  const int4* wr = (const int4*)w + g;
+  int a0c = 0, a1c = 0, a2c = 0, a3c = 0;
+#define PW_WORD(a, v)                         \
+  {                                           \
+    int4 b = __ldg(wr + (v) * cg);            \
+    a0c = __dp4a(a, b.x, a0c);                \
+    a1c = __dp4a(a, b.y, a1c);                \
+    a2c = __dp4a(a, b.z, a2c);                \
+    a3c = __dp4a(a, b.w, a3c);                \
+  }
+  if ((k & 15) == 0) {
+    const int4* xr = (const int4*)(x + (i64)px * k);
+#pragma unroll 2
+    for (int v = 0; v < (k >> 4); v++) {
+      int4 a = __ldg(xr + v);
+      PW_WORD(a.x, 4 * v)
+      PW_WORD(a.y, 4 * v + 1)
+      PW_WORD(a.z, 4 * v + 2)
+      PW_WORD(a.w, 4 * v + 3)
+    }
+  } else {
+    const int* xr = (const int*)(x + (i64)px * k);
+#pragma unroll 4
+    for (int v = 0; v < (k >> 2); v++) {
+      int a = __ldg(xr + v);
+      PW_WORD(a, v)
+    }
+  }
+#undef PW_WORD
+  int c = 4 * g;
+  i64 at = (i64)i * 4;
+  if (epi_i8_ok(y_t, res_t, act)) {
+    unsigned r = res_t == 2 ? *(const unsigned*)((const signed char*)res + at) : 0u;
+    *(unsigned*)((signed char*)y + at) = epi_i8_word(
+        epi_i8(alpha, bias, c, res_scale, y_scale, act, a0, a1), make_int4(a0c, a1c, a2c, a3c), r);
+    return;
+  }
+  float4 al = *(const float4*)(alpha + c), bi = *(const float4*)(bias + c);
+  float4 r = res_t >= 0 ? ld4(res, res_t, at, res_scale) : make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 v = make_float4(act_f(a0c * al.x + bi.x + r.x, act, a0, a1),
+                         act_f(a1c * al.y + bi.y + r.y, act, a0, a1),
+                         act_f(a2c * al.z + bi.z + r.z, act, a0, a1),
+                         act_f(a3c * al.w + bi.w + r.w, act, a0, a1));
+  st4(y, y_t, at, v, y_scale);
+}
