@@ -138,7 +138,7 @@ impl Workbench {
     /// The `trtexec` line for each exported file: strongly typed for the ONNX models, the
     /// TensorRT 8.6–10 implicit-INT8 line for a calibration cache.
     pub(super) fn trt_commands_for(&self, files: &[PathBuf]) -> Vec<(String, String)> {
-        use crate::quant::trtexec;
+        use crate::export::trtexec;
         let Some(info) = &self.model.info else {
             return vec![];
         };
