@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use super::Workbench;
-use super::app::*;
+use super::commands::*;
 use crate::report::Report;
 use crate::worker::IoRequest;
 

@@ -4,8 +4,8 @@
 //! the one place that takes worker events (dropping stale ones by job id).
 
 use eframe::egui;
-mod app;
 mod chrome;
+mod commands;
 mod events;
 mod exports;
 mod panels;
@@ -29,7 +29,7 @@ use crate::report::{Report, Row};
 use crate::sensitivity::SensitivityReport;
 use crate::worker::{CalibScan, EvalScan, JobId, PreviewImage, Worker};
 
-pub use app::{Command, ExportKind};
+pub use commands::{Command, ExportKind};
 
 pub use results::Tab;
 
