@@ -1,6 +1,7 @@
-//! Commands and the one place that applies them; keyboard shortcuts and dropped files; starting
-//! runs, analyses and re-times. Worker events are taken in `events.rs`, the menu bar, status
-//! bar and windows drawn in `chrome.rs`.
+//! Commands and the one place that applies them (`apply`, as rerun's `command_handling.rs`):
+//! opening and saving, starting runs, analyses and re-times, routing dropped paths. The frame
+//! that pushes them (keyboard shortcuts, dropped files, layout) is `app.rs`; worker events are
+//! taken in `events.rs`, the menu bar, status bar and windows drawn in `chrome.rs`.
 
 use eframe::egui;
 use std::path::{Path, PathBuf};
@@ -24,10 +25,6 @@ pub const SC_SAVE: KeyboardShortcut = KeyboardShortcut::new(Modifiers::COMMAND, 
 pub const SC_RUN: KeyboardShortcut = KeyboardShortcut::new(Modifiers::COMMAND, Key::R);
 pub const SC_CANCEL: KeyboardShortcut = KeyboardShortcut::new(Modifiers::NONE, Key::Escape);
 
-/// Events taken per frame at most, so a burst never makes a long frame.
-const MAX_EVENTS_PER_FRAME: usize = 256;
-/// How long a cancelled job may take to stop before the window lets go of it.
-const CANCEL_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
 /// A dialog that answers `None` faster than this had no portal to show it.
 pub(super) const NO_DIALOG_MS: f64 = 250.0;
 
@@ -882,33 +879,8 @@ impl Workbench {
         order
     }
 
-    /// Takes worker events (at most a frame's worth); drops those of stale jobs; lets go of a
-    /// cancelled job that does not stop.
-    pub fn poll_events(&mut self, ctx: &egui::Context) {
-        self.ctx = Some(ctx.clone());
-        while let Ok(note) = self.notes_rx.try_recv() {
-            match note {
-                Ok(t) => self.log_info(t),
-                Err(t) => self.log_error(t),
-            }
-        }
-        self.abandon_stuck_run();
-        self.keep_autosave(false);
-        for _ in 0..MAX_EVENTS_PER_FRAME {
-            let Some(w) = self.worker.as_ref() else { break };
-            match w.events.try_recv() {
-                Ok(ev) => self.take_event(ctx, ev),
-                Err(crossbeam_channel::TryRecvError::Empty) => break,
-                Err(crossbeam_channel::TryRecvError::Disconnected) => {
-                    self.restart_worker();
-                    break;
-                }
-            }
-        }
-    }
-
     /// Writes the experiment to the autosave file when it changed (at once when `now`).
-    fn keep_autosave(&mut self, now: bool) {
+    pub(super) fn keep_autosave(&mut self, now: bool) {
         // Called every frame: borrow the experiment, do not copy it.
         let exp = &self.exp;
         if let Some(Err(e)) = self.autosave.as_mut().map(|a| a.keep(exp, now)) {
@@ -932,42 +904,6 @@ impl Workbench {
                 self.set_experiment(e);
             }
             Err(e) => self.log_error(format!("{e:#}")),
-        }
-    }
-
-    /// A cancelled job that has not answered within [`CANCEL_GRACE`] is stuck in one long
-    /// step (a large model's build, say): the window goes back to idle with the rows it has,
-    /// the job's late answer is dropped as stale, and the next Run queues behind it.
-    fn abandon_stuck_run(&mut self) {
-        let stuck = self
-            .run
-            .as_ref()
-            .and_then(|r| r.cancelled_at)
-            .is_some_and(|t| t.elapsed() > CANCEL_GRACE);
-        if let Some(run) = stuck.then(|| self.run.take()).flatten() {
-            self.results.partial = true;
-            self.log_error(format!(
-                "run #{} did not stop within {} s of Cancel (it is inside one long step); \
-                 it finishes in the background and its results are dropped. Kept {} rows",
-                run.job,
-                CANCEL_GRACE.as_secs(),
-                self.results.rows.len()
-            ));
-        }
-    }
-
-    /// The worker's threads ended (they catch panics, so this should not happen): the job in
-    /// flight is lost, the rows already shown are kept, and a new worker takes the next Run.
-    fn restart_worker(&mut self) {
-        let lost = self.run.take().map(|r| r.job);
-        self.worker = None;
-        self.log_error(match lost {
-            Some(job) => format!("the worker stopped during run #{job}; its finished rows are kept. Starting a new worker"),
-            None => "the worker stopped; starting a new worker".into(),
-        });
-        match crate::worker::Worker::spawn() {
-            Ok(w) => self.worker = Some(w),
-            Err(e) => self.log_error(format!("cannot start the worker thread: {e:#}")),
         }
     }
 
@@ -1035,66 +971,6 @@ impl Workbench {
         }
     }
 
-    /// Shortcuts and dropped files.
-    pub(super) fn input_ui(&mut self, ctx: &egui::Context) {
-        let typing = ctx.egui_wants_keyboard_input();
-        let (open, save, run, cancel) = ctx.input_mut(|i| {
-            (
-                i.consume_shortcut(&SC_OPEN),
-                i.consume_shortcut(&SC_SAVE),
-                i.consume_shortcut(&SC_RUN),
-                !typing && i.consume_shortcut(&SC_CANCEL),
-            )
-        });
-        if open {
-            self.push(Command::OpenDialog);
-        }
-        if save {
-            self.push(Command::Save);
-        }
-        if run && !self.is_running() {
-            self.push(Command::Run);
-        }
-        if cancel && self.is_running() {
-            self.push(Command::Cancel);
-        }
-        if self.tab == Tab::Masks && !typing {
-            let (next, prev) = ctx.input(|i| {
-                (
-                    i.key_pressed(Key::ArrowRight) || i.key_pressed(Key::ArrowDown),
-                    i.key_pressed(Key::ArrowLeft) || i.key_pressed(Key::ArrowUp),
-                )
-            });
-            if next {
-                self.push(Command::NextImage);
-            }
-            if prev {
-                self.push(Command::PrevImage);
-            }
-        }
-        // Dropped paths wait for the frame: a path field under the pointer claims them, the
-        // rest are routed by what they are when the frame ends.
-        let (dropped, pos): (Vec<PathBuf>, _) = ctx.input(|i| {
-            (
-                i.raw
-                    .dropped_files
-                    .iter()
-                    .map(|f| f.path().to_path_buf())
-                    .filter(|p| !p.as_os_str().is_empty())
-                    .collect(),
-                i.pointer.latest_pos(),
-            )
-        });
-        self.drops = dropped;
-        self.drop_pos = pos;
-    }
-
-    /// A dropped path, if the drop landed inside `rect` (a path field's row).
-    pub fn claim_drop(&mut self, rect: egui::Rect) -> Option<PathBuf> {
-        let inside = self.drop_pos.is_some_and(|p| rect.contains(p));
-        (inside && !self.drops.is_empty()).then(|| self.drops.remove(0))
-    }
-
     /// Where a path goes when it is dropped on the window or typed into File > Open path:
     /// experiments and models open, a folder becomes the evaluation set when it is laid out as
     /// one (images/ + masks/, or class folders) and the calibration folder otherwise, a .txt
@@ -1129,13 +1005,6 @@ impl Workbench {
         self.log_info(format!("{}: used as {what}", p.display()));
         self.apply(Command::SetExperiment(Box::new(e)));
     }
-}
-
-/// Uploads an RGB image as a texture.
-pub fn texture(ctx: &egui::Context, name: &str, img: &image::RgbImage) -> egui::TextureHandle {
-    let (w, h) = img.dimensions();
-    let ci = egui::ColorImage::from_rgb([w as usize, h as usize], img.as_raw());
-    ctx.load_texture(name, ci, egui::TextureOptions::LINEAR)
 }
 
 /// True for a file inside the bundled sample folder, which quantscope never writes into.
