@@ -11,6 +11,7 @@
 //! | [`model`] | reading ONNX, graph preparation (BN folding), op census, task detection |
 //! | [`data`] | image folders, evaluation layouts, preprocessing |
 //! | [`calib`] | histograms and the four amax methods, the statistics cache |
+//! | [`precision`] | `Precision` (FP32 / FP16 / INT8 / FP8), shared by `quant` and `backend` |
 //! | [`quant`] | Q/DQ placement (TensorRT rules), Q/DQ ONNX and calibration cache |
 //! | [`backend`] | `Backend` / `Engine`; `cpu` (tract) and `cuda` |
 //! | [`eval`], [`bench`], [`report`] | metrics, timing and memory, output formats |
@@ -38,6 +39,7 @@ pub mod host;
 pub mod layerwise;
 pub mod model;
 pub mod pipeline;
+pub mod precision;
 pub mod quant;
 pub mod report;
 pub mod sensitivity;

@@ -1,16 +1,16 @@
 //! The strongly typed FP16 and mixed INT8/FP16 exports run in ONNX Runtime and match
 //! quantscope's engines for the same plan: FP16 model vs tract's simulated FP16 engine (an engine
 //! independent of ONNX Runtime), mixed model vs the INT8 engine of the same Q/DQ model (float
-//! layers FP32), within the tolerances `quant::ort_check` states.
+//! layers FP32), within the tolerances `export::ort_check` states.
 
 mod common;
 
 use quantscope::backend::cpu::{Probe, TractBackend};
 use quantscope::backend::{Backend, BackendKind, backend};
 use quantscope::calib::{Method, Stats};
-use quantscope::export;
+use quantscope::export::{self, ort_check};
 use quantscope::model::testing::{GraphBuilder, residual_classifier, values};
-use quantscope::quant::{self, ort_check};
+use quantscope::quant;
 
 /// A segmentation-like head: conv, a Softmax in the middle, a 8x Resize to the output.
 fn segmenter() -> quantscope::model::Model {

@@ -6,58 +6,13 @@ pub mod cpu;
 pub mod cuda;
 pub mod reference;
 
+/// Lives in [`crate::precision`] so that `quant` can name it without a backend.
+pub use crate::precision::Precision;
+
 use serde::{Deserialize, Serialize};
 
 use crate::model::Model;
 use crate::quant::QdqModel;
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Precision {
-    Fp32,
-    Fp16,
-    Int8,
-    /// FP8 E4M3 Q/DQ (Hopper and Ada GPUs): per-tensor activations, per-channel weights,
-    /// scales amax / 448.
-    Fp8,
-}
-
-impl Precision {
-    pub const ALL: [Precision; 4] = [
-        Precision::Fp32,
-        Precision::Fp16,
-        Precision::Int8,
-        Precision::Fp8,
-    ];
-    pub fn name(self) -> &'static str {
-        match self {
-            Precision::Fp32 => "fp32",
-            Precision::Fp16 => "fp16",
-            Precision::Int8 => "int8",
-            Precision::Fp8 => "fp8",
-        }
-    }
-    /// Built from a Q/DQ model (INT8, FP8), with calibrated scales.
-    pub fn is_quantized(self) -> bool {
-        matches!(self, Precision::Int8 | Precision::Fp8)
-    }
-}
-
-impl std::fmt::Display for Precision {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.name())
-    }
-}
-
-impl std::str::FromStr for Precision {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Precision::ALL
-            .into_iter()
-            .find(|p| p.name().eq_ignore_ascii_case(s.trim()))
-            .ok_or_else(|| format!("unknown precision `{s}` (expected fp32, fp16, int8 or fp8)"))
-    }
-}
 
 /// How FP32 engines on a GPU do their convolutions and GEMMs.
 #[derive(

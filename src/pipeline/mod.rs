@@ -853,7 +853,7 @@ impl<'a> Rows<'a> {
                 || self.report.centering.as_ref().is_some_and(|c| c.applied());
             let written = export_qdq(dir, &exp.model, qdq, v.method, suffix).and_then(|files| {
                 let fp32 = export::fp32_for_cache(dir, &exp.model, &p.model, rewritten)?;
-                let spec = crate::quant::trtexec::InputSpec::new(
+                let spec = crate::export::trtexec::InputSpec::new(
                     &p.model.info,
                     &p.model.input_shape(1, p.hw),
                 );

@@ -6,9 +6,6 @@ pub mod cle;
 pub mod fp8;
 pub mod gptq;
 mod opset;
-pub mod ort_check;
-pub mod trtexec;
-pub mod typed;
 
 pub use opset::{ensure_opset13, ensure_opset19};
 
@@ -21,6 +18,7 @@ use tract_onnx::pb;
 
 use crate::calib::{Method, Ranges};
 use crate::model::{Graph, Model, proto};
+use crate::precision::Precision;
 
 /// Ops whose inputs are quantized (activation per tensor, weight per output channel).
 pub const QUANTIZABLE: [&str; 4] = ["Conv", "ConvTranspose", "Gemm", "MatMul"];
@@ -346,17 +344,17 @@ pub enum QFormat {
 
 impl QFormat {
     /// The format a quantized precision is built in; `None` for float precisions.
-    pub fn of(precision: crate::backend::Precision) -> Option<QFormat> {
+    pub fn of(precision: Precision) -> Option<QFormat> {
         match precision {
-            crate::backend::Precision::Int8 => Some(QFormat::Int8),
-            crate::backend::Precision::Fp8 => Some(QFormat::Fp8E4M3),
+            Precision::Int8 => Some(QFormat::Int8),
+            Precision::Fp8 => Some(QFormat::Fp8E4M3),
             _ => None,
         }
     }
-    pub fn precision(self) -> crate::backend::Precision {
+    pub fn precision(self) -> Precision {
         match self {
-            QFormat::Int8 => crate::backend::Precision::Int8,
-            QFormat::Fp8E4M3 => crate::backend::Precision::Fp8,
+            QFormat::Int8 => Precision::Int8,
+            QFormat::Fp8E4M3 => Precision::Fp8,
         }
     }
     fn act_scale(self, amax: f32) -> f32 {

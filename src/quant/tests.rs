@@ -253,5 +253,5 @@ fn fp8_placement_matches_int8_with_e4m3_scales() {
     assert_eq!(qdq_pairs(&int8), qdq_pairs(&fp8), "same placement");
     assert!(fp8.scales.values().all(|&s| s == 2.0 / 448.0));
     assert!(int8.scales.values().all(|&s| s == 2.0 / 127.0));
-    assert_eq!(fp8.format.precision(), crate::backend::Precision::Fp8);
+    assert_eq!(fp8.format.precision(), crate::precision::Precision::Fp8);
 }

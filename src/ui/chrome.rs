@@ -4,7 +4,7 @@
 use eframe::egui;
 use std::path::{Path, PathBuf};
 
-use super::app::*;
+use super::commands::*;
 use super::{DialogPurpose, RunState, Tab, Workbench, theme};
 use crate::model::Task;
 

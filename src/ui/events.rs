@@ -4,7 +4,7 @@
 use eframe::egui;
 use std::time::Instant;
 
-use super::app::*;
+use super::app::texture;
 use super::{MaskViewState, Results, Scan, Workbench};
 use crate::report::Report;
 use crate::worker::{Event, JobId};

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use super::Workbench;
-use super::app::*;
+use super::commands::*;
 use crate::report::Report;
 use crate::worker::IoRequest;
 
@@ -138,7 +138,7 @@ impl Workbench {
     /// The `trtexec` line for each exported file: strongly typed for the ONNX models, the
     /// TensorRT 8.6–10 implicit-INT8 line for a calibration cache.
     pub(super) fn trt_commands_for(&self, files: &[PathBuf]) -> Vec<(String, String)> {
-        use crate::quant::trtexec;
+        use crate::export::trtexec;
         let Some(info) = &self.model.info else {
             return vec![];
         };

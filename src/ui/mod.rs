@@ -1,11 +1,13 @@
 //! The desktop workbench (eframe/egui). `run` opens the window; `Workbench` holds the saved
 //! `Experiment` apart from runtime state (textures, the worker, results). Panels and tabs
-//! draw from the state and push `Command`s; `app.rs` is the one place that applies them and
-//! the one place that takes worker events (dropping stale ones by job id).
+//! draw from the state and push `Command`s; `commands.rs` is the one place that applies them,
+//! `events.rs` the one place that takes worker events (dropping stale ones by job id), and
+//! `app.rs` the frame that lays the window out and opens it.
 
 use eframe::egui;
 mod app;
 mod chrome;
+mod commands;
 mod events;
 mod exports;
 mod panels;
@@ -29,7 +31,8 @@ use crate::report::{Report, Row};
 use crate::sensitivity::SensitivityReport;
 use crate::worker::{CalibScan, EvalScan, JobId, PreviewImage, Worker};
 
-pub use app::{Command, ExportKind};
+pub use app::run;
+pub use commands::{Command, ExportKind};
 
 pub use results::Tab;
 
@@ -42,7 +45,6 @@ pub struct Settings {
     pub light_theme: bool,
 }
 
-const SETTINGS_KEY: &str = "quantscope.settings";
 const MAX_RECENT: usize = 8;
 
 /// The model panel's runtime state.
@@ -450,48 +452,6 @@ impl Workbench {
     pub fn backend_status(&self, kind: BackendKind) -> Option<&Result<String, String>> {
         self.backends.iter().find(|b| b.0 == kind).map(|b| &b.1)
     }
-
-    /// One frame: take worker events, then draw and apply what the drawing asked for.
-    /// eframe calls the two halves from `logic` and `ui`; tests call this.
-    pub fn frame_ui(&mut self, ui: &mut egui::Ui) {
-        self.poll_events(ui.ctx());
-        self.root_ui(ui);
-    }
-
-    /// Draws the whole window and applies the frame's commands.
-    pub fn root_ui(&mut self, ui: &mut egui::Ui) {
-        self.input_ui(ui.ctx());
-        egui::Panel::top("menu").show(ui, |ui| self.menu_ui(ui));
-        egui::Panel::bottom("status").show(ui, |ui| self.status_ui(ui));
-        egui::Panel::left("setup")
-            .resizable(true)
-            .default_size(340.0)
-            .min_size(260.0)
-            .show(ui, |ui| {
-                egui::Panel::bottom("setup.run").show(ui, |ui| {
-                    ui.add_space(4.0);
-                    panels::run_bar_ui(self, ui);
-                });
-                egui::ScrollArea::vertical().show(ui, |ui| panels::panels_ui(self, ui));
-            });
-        egui::CentralPanel::default().show(ui, |ui| {
-            self.central_rect = ui.max_rect();
-            results::results_ui(self, ui)
-        });
-        self.open_path_window_ui(ui.ctx());
-        self.trt_commands_window_ui(ui.ctx());
-        for p in std::mem::take(&mut self.drops) {
-            self.route_path(p);
-        }
-        self.apply_pending();
-        if let Some(run) = &self.run {
-            // While an engine is being timed the window redraws once a second: a software-
-            // rendered frame costs more CPU than the benchmark thread has to spare.
-            let every_ms = if run.is_timing() { 1000 } else { 100 };
-            ui.ctx()
-                .request_repaint_after(std::time::Duration::from_millis(every_ms));
-        }
-    }
 }
 
 /// Where the window keeps the experiment being edited, so a crash loses nothing: written a
@@ -581,117 +541,4 @@ impl Autosave {
         self.written = Some((exp.clone(), Instant::now()));
         exp.save(&self.path).map_err(|e| format!("autosave: {e}"))
     }
-}
-
-/// The eframe face of the workbench.
-struct WorkbenchApp {
-    wb: Workbench,
-    /// `QUANTSCOPE_SMOKE_OUT`: when the autorun ends, write the report and a screenshot there
-    /// and close (the Xvfb smoke test drives a whole run this way).
-    smoke: Option<Smoke>,
-}
-
-/// Where the smoke run is: waiting for the run, then for the screenshot to be written.
-struct Smoke {
-    dir: PathBuf,
-    shot_requested: Option<Instant>,
-}
-
-impl WorkbenchApp {
-    fn smoke_step(&mut self, ctx: &egui::Context) {
-        let Some(smoke) = &mut self.smoke else { return };
-        ctx.request_repaint_after(std::time::Duration::from_millis(200));
-        let shot = smoke.dir.join("window.png");
-        match smoke.shot_requested {
-            None if !self.wb.is_running() && self.wb.pending.is_empty() => {
-                let dir = smoke.dir.clone();
-                smoke.shot_requested = Some(Instant::now());
-                self.wb
-                    .apply(Command::ExportTo(ExportKind::Json, dir.join("report.json")));
-                self.wb.apply(Command::ExportTo(ExportKind::ViewPng, shot));
-            }
-            Some(t) if shot.is_file() || t.elapsed().as_secs() > 20 => {
-                let log: Vec<String> = self.wb.log.iter().map(|l| l.text.clone()).collect();
-                let _ = std::fs::write(smoke.dir.join("log.txt"), log.join("\n"));
-                ctx.send_viewport_cmd(egui::ViewportCommand::Close);
-            }
-            _ => {}
-        }
-    }
-}
-
-impl eframe::App for WorkbenchApp {
-    fn logic(&mut self, ctx: &egui::Context, _frame: &mut eframe::Frame) {
-        self.wb.poll_events(ctx);
-        self.smoke_step(ctx);
-    }
-
-    fn ui(&mut self, ui: &mut egui::Ui, _frame: &mut eframe::Frame) {
-        self.wb.root_ui(ui);
-    }
-
-    fn save(&mut self, storage: &mut dyn eframe::Storage) {
-        eframe::set_value(storage, SETTINGS_KEY, &self.wb.settings);
-    }
-}
-
-/// Opens the workbench window on `path` (an experiment or a model). A missing file is
-/// reported in the window, never a panic. With `QUANTSCOPE_AUTORUN=1` the experiment starts
-/// at once and `QUANTSCOPE_TAB` (compare, masks, calibration, layers, log) picks the tab
-/// shown; with `QUANTSCOPE_SMOKE_OUT=DIR` the window writes the report, a screenshot and its
-/// log into DIR once the run ends, and closes: the smoke test uses all three.
-pub fn run(path: Option<PathBuf>) -> anyhow::Result<()> {
-    let icon = eframe::icon_data::from_png_bytes(include_bytes!("../../assets/icon.png")).ok();
-    let mut viewport = egui::ViewportBuilder::default()
-        .with_title("quantscope")
-        .with_inner_size([1440.0, 900.0])
-        .with_min_inner_size([900.0, 600.0])
-        .with_drag_and_drop(true);
-    if let Some(icon) = icon {
-        viewport = viewport.with_icon(icon);
-    }
-    let options = eframe::NativeOptions {
-        viewport,
-        ..Default::default()
-    };
-    eframe::run_native(
-        "quantscope",
-        options,
-        Box::new(move |cc| {
-            let settings: Settings = cc
-                .storage
-                .and_then(|s| eframe::get_value(s, SETTINGS_KEY))
-                .unwrap_or_default();
-            theme::apply(&cc.egui_ctx, settings.light_theme);
-            let mut wb = Workbench::new(path.as_deref(), settings);
-            wb.autosave = Some(Autosave::new(
-                crate::calib::StatsCache::default_dir().join("autosave.ron"),
-            ));
-            wb.past_runs = wb
-                .autosave
-                .as_ref()
-                .map(Autosave::restore_runs)
-                .unwrap_or_default();
-            if wb.autosave.as_ref().is_some_and(|a| a.path.is_file()) {
-                wb.log_info(
-                    "the experiment of the last session is kept: File > Restore autosaved experiment",
-                );
-            }
-            if let Ok(tab) = std::env::var("QUANTSCOPE_TAB") {
-                if let Some(t) = Tab::from_name(&tab) {
-                    wb.tab = t;
-                }
-            }
-            if std::env::var("QUANTSCOPE_AUTORUN").is_ok_and(|v| v == "1") {
-                wb.push(Command::Run);
-                wb.apply_pending();
-            }
-            let smoke = std::env::var_os("QUANTSCOPE_SMOKE_OUT").map(|d| Smoke {
-                dir: PathBuf::from(d),
-                shot_requested: None,
-            });
-            Ok(Box::new(WorkbenchApp { wb, smoke }))
-        }),
-    )
-    .map_err(|e| anyhow::anyhow!("the window could not open: {e}"))
 }

@@ -55,7 +55,7 @@ impl PathKind {
             PathKind::Folder => Some("no such folder".into()),
             _ if p.is_dir() => Some("a folder, not a file".into()),
             _ if !exists => Some("no such file".into()),
-            PathKind::Model if !super::app::is_model(p) => Some("not an .onnx model".into()),
+            PathKind::Model if !super::commands::is_model(p) => Some("not an .onnx model".into()),
             _ => None,
         }
     }

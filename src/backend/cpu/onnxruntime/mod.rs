@@ -254,13 +254,14 @@ pub fn build(
             ..
         } => {
             // FP16 numerics through the strongly typed model; the row is labelled simulated.
+            // export::typed reads only model and quant, so this is no import cycle.
             info.simulated = true;
             let m = Model {
                 proto: fixed,
                 ..model.clone()
             };
             let typed =
-                crate::quant::typed::fp16_model(&m, None).map_err(|e| build_err(e.to_string()))?;
+                crate::export::typed::fp16_model(&m, None).map_err(|e| build_err(e.to_string()))?;
             (typed.proto, Optimisation::Full, None)
         }
         BuildInput::Float { .. } => (fixed, Optimisation::Full, None),

@@ -5,9 +5,7 @@
 //! quantizes at one scale.
 //! Also BatchNormalization left unfolded and ConvTranspose.
 
-use tract_onnx::pb;
-
-use super::{Builder, OpFamily, Value, err};
+use super::{Builder, OpFamily, Value, conv_pads, err, pair};
 use crate::backend::FloatNode;
 use crate::backend::cuda::plan::{
     Act, ConvStep, DType, Layout, PlanResult, QuantWeights, Step, oihw_to_ohwi,
@@ -24,59 +22,9 @@ fn lower(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
     match b.g.node(i).op_type.as_str() {
         "BatchNormalization" => batch_norm(b, i),
         "ConvTranspose" => conv_transpose(b, i),
-        "Gemm" if !b.is_const(&b.g.node(i).input[1]) => super::matmul::gemm_of_tensors(b, i),
+        // Gemm of two computed tensors goes to `matmul` (`Builder::lowering_of`).
         _ => conv(b, i),
     }
-}
-
-/// Explicit or automatic pads (top, left, bottom, right) of a 2-D window op.
-pub(super) fn conv_pads(
-    n: &pb::NodeProto,
-    hw: [usize; 2],
-    k: [usize; 2],
-    s: [usize; 2],
-    d: [usize; 2],
-) -> PlanResult<[usize; 4]> {
-    let auto = proto::attr_str(n, "auto_pad").unwrap_or("NOTSET".into());
-    match auto.as_str() {
-        "NOTSET" | "" => {
-            let p = proto::attr_ints(n, "pads").unwrap_or(vec![0, 0, 0, 0]);
-            if p.len() != 4 || p.iter().any(|&v| v < 0) {
-                return Err(err(n, "pads must be 4 non-negative values"));
-            }
-            Ok([p[0] as usize, p[1] as usize, p[2] as usize, p[3] as usize])
-        }
-        "VALID" => Ok([0; 4]),
-        "SAME_UPPER" | "SAME_LOWER" => {
-            let mut out = [0usize; 4];
-            for a in 0..2 {
-                let o = hw[a].div_ceil(s[a]);
-                let ek = d[a] * (k[a] - 1) + 1;
-                let total = ((o - 1) * s[a] + ek).saturating_sub(hw[a]);
-                let (lo, hi) = if auto == "SAME_UPPER" {
-                    (total / 2, total - total / 2)
-                } else {
-                    (total - total / 2, total / 2)
-                };
-                out[a] = lo;
-                out[a + 2] = hi;
-            }
-            Ok(out)
-        }
-        other => Err(err(n, format!("auto_pad `{other}` is not supported"))),
-    }
-}
-
-/// A 2-element spatial attribute (strides, dilations), default 1.
-pub(super) fn pair(n: &pb::NodeProto, name: &str) -> PlanResult<[usize; 2]> {
-    let v = proto::attr_ints(n, name).unwrap_or(vec![1, 1]);
-    if v.len() != 2 || v.iter().any(|&x| x < 1) {
-        return Err(err(
-            n,
-            format!("`{name}` must be two positive values (only 2-D windows are implemented)"),
-        ));
-    }
-    Ok([v[0] as usize, v[1] as usize])
 }
 
 /// A row-major `[k, m]` matrix as `[m, k]` (B of a linear layer into output-channel rows).

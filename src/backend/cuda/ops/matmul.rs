@@ -21,11 +21,7 @@ fn lower(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
     let n = b.g.node(i);
     match n.op_type.as_str() {
         "Einsum" => einsum(b, i),
-        _ if b.const_of(&n.input[1]).is_some_and(|c| c.dims.len() == 2)
-            && !b.is_const(&n.input[0]) =>
-        {
-            super::conv::conv(b, i)
-        }
+        // MatMul against a constant 2-D B goes to `conv` (`Builder::lowering_of`).
         _ => {
             let o = matmul(b, n, &n.input[0], &n.input[1], false, &n.output[0], &n.name)?;
             b.values.insert(n.output[0].clone(), Value::Tensor(o));

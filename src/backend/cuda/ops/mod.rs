@@ -333,7 +333,32 @@ impl<'a> Builder<'a> {
                 n.op_type, n.name
             )
         })?;
-        (family.lower)(self, i).map_err(|e| if e.contains(&n.name) { e } else { err(n, e) })
+        (self.lowering_of(i, family))(self, i)
+            .map_err(|e| if e.contains(&n.name) { e } else { err(n, e) })
+    }
+
+    /// How node `i` lowers: its family's `lower`, except where Gemm and MatMul cross families
+    /// by what B is. Against a constant 2-D B they are linear layers, lowered by `conv`
+    /// (cuBLASLt with its fused epilogue); between two computed tensors, products lowered by
+    /// `matmul`. Decided here, once, so that neither family calls the other.
+    fn lowering_of(
+        &self,
+        i: usize,
+        family: &OpFamily,
+    ) -> fn(&mut Builder<'_>, usize) -> PlanResult<()> {
+        let n = self.g.node(i);
+        match n.op_type.as_str() {
+            "Gemm" if !self.is_const(&n.input[1]) => matmul::gemm_of_tensors,
+            "MatMul"
+                if self
+                    .const_of(&n.input[1])
+                    .is_some_and(|c| c.dims.len() == 2)
+                    && !self.is_const(&n.input[0]) =>
+            {
+                conv::conv
+            }
+            _ => family.lower,
+        }
     }
 
     pub(crate) fn tensor(
@@ -706,6 +731,56 @@ impl<'a> Builder<'a> {
 }
 
 /// Normalizes an ONNX axis of a rank-`r` tensor.
+/// Explicit or automatic pads (top, left, bottom, right) of a 2-D window op.
+pub(crate) fn conv_pads(
+    n: &pb::NodeProto,
+    hw: [usize; 2],
+    k: [usize; 2],
+    s: [usize; 2],
+    d: [usize; 2],
+) -> PlanResult<[usize; 4]> {
+    let auto = proto::attr_str(n, "auto_pad").unwrap_or("NOTSET".into());
+    match auto.as_str() {
+        "NOTSET" | "" => {
+            let p = proto::attr_ints(n, "pads").unwrap_or(vec![0, 0, 0, 0]);
+            if p.len() != 4 || p.iter().any(|&v| v < 0) {
+                return Err(err(n, "pads must be 4 non-negative values"));
+            }
+            Ok([p[0] as usize, p[1] as usize, p[2] as usize, p[3] as usize])
+        }
+        "VALID" => Ok([0; 4]),
+        "SAME_UPPER" | "SAME_LOWER" => {
+            let mut out = [0usize; 4];
+            for a in 0..2 {
+                let o = hw[a].div_ceil(s[a]);
+                let ek = d[a] * (k[a] - 1) + 1;
+                let total = ((o - 1) * s[a] + ek).saturating_sub(hw[a]);
+                let (lo, hi) = if auto == "SAME_UPPER" {
+                    (total / 2, total - total / 2)
+                } else {
+                    (total - total / 2, total / 2)
+                };
+                out[a] = lo;
+                out[a + 2] = hi;
+            }
+            Ok(out)
+        }
+        other => Err(err(n, format!("auto_pad `{other}` is not supported"))),
+    }
+}
+
+/// A 2-element spatial attribute (strides, dilations), default 1.
+pub(crate) fn pair(n: &pb::NodeProto, name: &str) -> PlanResult<[usize; 2]> {
+    let v = proto::attr_ints(n, name).unwrap_or(vec![1, 1]);
+    if v.len() != 2 || v.iter().any(|&x| x < 1) {
+        return Err(err(
+            n,
+            format!("`{name}` must be two positive values (only 2-D windows are implemented)"),
+        ));
+    }
+    Ok([v[0] as usize, v[1] as usize])
+}
+
 pub(crate) fn axis(n: &pb::NodeProto, a: i64, r: usize) -> PlanResult<usize> {
     let v = if a < 0 { a + r as i64 } else { a };
     if (0..r as i64).contains(&v) {

@@ -88,11 +88,11 @@ fn pool(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
         return Err(err(n, "only 2-D pooling windows are implemented"));
     }
     let k = [k[0] as usize, k[1] as usize];
-    let s = super::conv::pair(n, "strides")?;
-    let dil = super::conv::pair(n, "dilations")?;
+    let s = super::pair(n, "strides")?;
+    let dil = super::pair(n, "dilations")?;
     let ceil = proto::attr_i(n, "ceil_mode").unwrap_or(0) != 0;
     let (h, w) = (d.shape[2], d.shape[3]);
-    let pads = super::conv::conv_pads(n, [h, w], k, s, dil)?;
+    let pads = super::conv_pads(n, [h, w], k, s, dil)?;
     let (Some(oh), Some(ow)) = (
         pooled_len(h, pads[0], pads[2], k[0], dil[0], s[0], ceil),
         pooled_len(w, pads[1], pads[3], k[1], dil[1], s[1], ceil),

@@ -26,8 +26,7 @@ use serde::{Deserialize, Serialize};
 use tract_onnx::pb::{self, tensor_proto::DataType};
 
 use crate::model::{Graph, Model, proto};
-
-use super::QdqModel;
+use crate::quant::QdqModel;
 
 /// Ops kept in FP32 by rule 1.
 pub const SENSITIVE_OPS: [&str; 22] = [

@@ -1,6 +1,15 @@
 //! Writes the deployable models of a run (INT8 Q/DQ + calibration cache, strongly typed FP16,
 //! mixed INT8/FP16, FP8 Q/DQ), each with its ready `trtexec` lines, and checks each typed model in ONNX
 //! Runtime against quantscope's engine for the same plan.
+//!
+//! Beside it: [`typed`] writes the strongly typed models, [`trtexec`] their command lines,
+//! [`ort_check`] runs them in ONNX Runtime. Those three read only `model` and `quant`, never a
+//! backend, so the ONNX Runtime backend can build its FP16 engine from [`typed::fp16_model`]
+//! without an import cycle.
+
+pub mod ort_check;
+pub mod trtexec;
+pub mod typed;
 
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
@@ -11,9 +20,9 @@ use crate::backend::{Backend, BuildInput, BuildSpec, Precision};
 use crate::calib::Method;
 use crate::model::Model;
 use crate::quant::QdqModel;
-use crate::quant::ort_check::{self, OrtCheck, OrtError};
-use crate::quant::trtexec::{self, InputSpec};
-use crate::quant::typed::{self, KeptFp32, TypedModel};
+use ort_check::{OrtCheck, OrtError};
+use trtexec::InputSpec;
+use typed::{KeptFp32, TypedModel};
 
 /// Which models an export writes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
