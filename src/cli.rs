@@ -502,25 +502,25 @@ impl EvalArgs {
         e.bias_correction = self.bias_correction;
         e.correction_images = self.correction_images;
         e.cle = match self.cle {
-            CleArg::Auto => crate::quant::cle::CleSetting::Auto,
-            CleArg::On => crate::quant::cle::CleSetting::On,
-            CleArg::Off => crate::quant::cle::CleSetting::Off,
+            CleArg::Auto => crate::prepare::cle::CleSetting::Auto,
+            CleArg::On => crate::prepare::cle::CleSetting::On,
+            CleArg::Off => crate::prepare::cle::CleSetting::Off,
         };
         e.cle_scales = match self.cle_scales {
-            CleScalesArg::Activations => crate::quant::cle::ScaleRule::Activations,
-            CleScalesArg::Weights => crate::quant::cle::ScaleRule::Weights,
+            CleScalesArg::Activations => crate::prepare::cle::ScaleRule::Activations,
+            CleScalesArg::Weights => crate::prepare::cle::ScaleRule::Weights,
         };
         e.center = match self.center_activations {
-            CenterArg::On => crate::quant::center::CenterSetting::On,
-            CenterArg::Off => crate::quant::center::CenterSetting::Off,
+            CenterArg::On => crate::prepare::center::CenterSetting::On,
+            CenterArg::Off => crate::prepare::center::CenterSetting::Off,
         };
         e.weight_rounding = match self.weight_rounding {
-            WeightRoundingArg::Nearest => crate::quant::gptq::WeightRounding::Nearest,
-            WeightRoundingArg::Gptq => crate::quant::gptq::WeightRounding::Gptq,
+            WeightRoundingArg::Nearest => crate::prepare::gptq::WeightRounding::Nearest,
+            WeightRoundingArg::Gptq => crate::prepare::gptq::WeightRounding::Gptq,
         };
         e.cle_clip = match self.cle_clip {
-            CleClipArg::PerChannel => crate::quant::cle::ClipPolicy::PerChannel,
-            CleClipArg::Skip => crate::quant::cle::ClipPolicy::Skip,
+            CleClipArg::PerChannel => crate::prepare::cle::ClipPolicy::PerChannel,
+            CleClipArg::Skip => crate::prepare::cle::ClipPolicy::Skip,
         };
         // The preset first; each flag given overrides its field.
         if let Some(p) = self.preset {

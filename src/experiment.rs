@@ -135,19 +135,19 @@ pub struct Experiment {
     pub bias_correction: bool,
     /// Cross-layer equalization of the model the INT8 engines are built from (the FP32 rows
     /// keep the original): auto, on or off (`--cle`).
-    pub cle: crate::quant::cle::CleSetting,
+    pub cle: crate::prepare::cle::CleSetting,
     /// What CLE does with a Clip (ReLU6) between two convs: rewrite it per channel (exact) or
     /// skip the pair.
-    pub cle_clip: crate::quant::cle::ClipPolicy,
+    pub cle_clip: crate::prepare::cle::ClipPolicy,
     /// How CLE picks each channel's scale: from the calibration images' activation ranges
     /// (default) or from weight ranges only (the paper's data-free rule).
-    pub cle_scales: crate::quant::cle::ScaleRule,
+    pub cle_scales: crate::prepare::cle::ScaleRule,
     /// Activation centering of the model the INT8 engines are built from: non-negative
     /// activations read by unpadded convs shifted by half their range, so symmetric int8 uses
     /// all its steps on them (`--center-activations`; exact in float).
-    pub center: crate::quant::center::CenterSetting,
+    pub center: crate::prepare::center::CenterSetting,
     /// How the INT8 engines' weights are rounded: nearest, or GPTQ (`--weight-rounding`).
-    pub weight_rounding: crate::quant::gptq::WeightRounding,
+    pub weight_rounding: crate::prepare::gptq::WeightRounding,
     /// GPTQ and bias correction measure each layer on the first this-many calibration images
     /// (`--correction-images`).
     pub correction_images: usize,

@@ -13,11 +13,12 @@
 //! | [`calib`] | histograms and the four amax methods, the statistics cache |
 //! | [`precision`] | `Precision` (FP32 / FP16 / INT8 / FP8), shared by `quant` and `backend` |
 //! | [`quant`] | Q/DQ placement (TensorRT rules), Q/DQ ONNX and calibration cache |
-//! | [`backend`] | `Backend` / `Engine`; `cpu` (tract) and `cuda` |
+//! | [`prepare`] | the INT8 preparation: CLE, activation centering, GPTQ, bias correction (per-layer or full, chosen by output SQNR) |
+//! | [`backend`] | `Backend` / `Engine`; `cpu` (ONNX Runtime or tract) and `cuda` |
 //! | [`eval`], [`bench`], [`report`] | metrics, timing and memory, output formats |
 //! | [`experiment`], [`pipeline`], [`worker`] | what to run, running it, running it off the UI thread |
 //! | [`timing`] | latency statistics (median, p90, p99) from timed samples |
-//! | [`layerwise`] | per-layer isolation of quantization error; empirical bias correction (per-layer or full, chosen by output SQNR) |
+//! | [`layerwise`] | per-layer isolation of quantization error (sensitivity, per-layer bias correction) |
 //! | [`guard`] | the panic boundary around engines and worker jobs |
 //! | [`host`] | what the machine has to give (memory available) |
 //! | [`export`] | strongly typed FP16 / mixed / INT8 exports, trtexec lines, ONNX Runtime checks |
@@ -40,6 +41,7 @@ pub mod layerwise;
 pub mod model;
 pub mod pipeline;
 pub mod precision;
+pub mod prepare;
 pub mod quant;
 pub mod report;
 pub mod sensitivity;

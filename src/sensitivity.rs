@@ -17,9 +17,10 @@ use crate::backend::{self, Backend, BuildInput, BuildSpec, Precision};
 use crate::calib::{Method, Ranges, StatsCache};
 use crate::eval::Sqnr;
 use crate::experiment::Experiment;
-use crate::layerwise::{Fp32Reference, bias_correction, isolated_model, outputs_of};
+use crate::layerwise::{isolated_model, outputs_of};
 use crate::model::{Graph, Model, Task};
 use crate::pipeline::{self, CancelToken, PipelineError, Prepared, Sample, Sink};
+use crate::prepare::bias::{Fp32Reference, bias_correction};
 use crate::quant::{self, QdqModel, QuantPlan};
 
 /// An accuracy budget against FP32.
@@ -362,7 +363,7 @@ pub fn run_with_cache(
     let probe_eval = &samples[..opts.probe_eval_images.min(samples.len())];
     let plan = quant::plan(&p.model, &exp.exclude);
     let (stats, _, _) = pipeline::calibrate(&p, &plan, cache, sink, cancel)?;
-    let probe_inputs = pipeline::probe_inputs(&p, opts.probe_images)?;
+    let probe_inputs = p.source().inputs(opts.probe_images)?;
 
     let fp32 = cx.metric(
         BuildInput::Float {

@@ -13,8 +13,8 @@ use quantscope::calib::{Method, StatsCache};
 use quantscope::data::Selection;
 use quantscope::experiment::Experiment;
 use quantscope::pipeline::{self, CancelToken, Sink};
-use quantscope::quant::center::CenterSetting;
-use quantscope::quant::cle::CleSetting;
+use quantscope::prepare::center::CenterSetting;
+use quantscope::prepare::cle::CleSetting;
 use quantscope::report::Report;
 
 struct Quiet;

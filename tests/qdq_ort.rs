@@ -321,7 +321,7 @@ fn a_centered_model_runs_in_onnx_runtime_and_matches_the_int8_engine() {
         return;
     }
     use quantscope::model::testing::GraphBuilder;
-    use quantscope::quant::center;
+    use quantscope::prepare::center;
     let mut b = GraphBuilder::new(&SHAPE);
     let c = b.conv("stem", "x", 3, 8, 3);
     let lo = b.constant("lo", &[], &[0.0]);

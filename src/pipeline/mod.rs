@@ -21,12 +21,10 @@ use crate::report::{
 };
 
 mod evaluate;
-mod int8_prep;
 mod outputs;
 mod prepare;
 
 pub use evaluate::*;
-pub use int8_prep::*;
 pub use outputs::*;
 pub use prepare::*;
 
@@ -54,6 +52,16 @@ pub trait Sink: Sync {
     fn progress(&self, stage: &str, done: usize, total: usize);
     fn log(&self, line: &str);
     fn row(&self, _row: &Row) {}
+}
+
+/// The INT8 preparation's progress and log lines go where the run's do.
+impl<S: Sink + ?Sized> crate::prepare::Progress for S {
+    fn progress(&self, stage: &str, done: usize, total: usize) {
+        Sink::progress(self, stage, done, total)
+    }
+    fn log(&self, line: &str) {
+        Sink::log(self, line)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -707,7 +715,15 @@ impl<'a> Rows<'a> {
                 .copied()
                 .chain(exp.mixed_precision.as_ref().and_then(|m| m.method))
                 .collect();
-            let notes = correct_biases(p, plan, &mut all, &used, exp.correction_images, sink)?;
+            let notes = crate::prepare::correct_biases(
+                &p.source(),
+                plan,
+                &mut all,
+                &used,
+                exp.correction_images,
+                sink,
+            )
+            .map_err(PipelineError::Config)?;
             self.report.notes.extend(notes);
         }
         let mut variants: Vec<Int8Variant> = exp
@@ -727,15 +743,15 @@ impl<'a> Rows<'a> {
             let mut r = mixed_ranges(&all, m, &mp.per_tensor);
             if exp.bias_correction && !mp.per_tensor.is_empty() {
                 // The per-tensor ranges differ from the base method's: correct for them.
-                let inputs = probe_inputs(p, exp.correction_images)?;
-                let reference = crate::layerwise::Fp32Reference::new(&p.model, p.hw, plan, &inputs)
-                    .map_err(PipelineError::Config)?;
-                let bc = crate::layerwise::bias_correction(&reference, plan, &r)
-                    .map_err(PipelineError::Config)?;
-                let note = bc.summary("mixed precision", inputs.len());
-                sink.log(&note);
+                let note = crate::prepare::correct_mixed_biases(
+                    &p.source(),
+                    plan,
+                    &mut r,
+                    exp.correction_images,
+                    sink,
+                )
+                .map_err(PipelineError::Config)?;
                 self.report.notes.push(note);
-                r.bias_correction = bc.shifts;
             }
             variants.push(Int8Variant {
                 method: Some(m),
@@ -1013,47 +1029,11 @@ pub fn run_with_cache(
         rows.export_fp16();
     }
     if exp.precisions.contains(&Precision::Int8) && !cancel.is_cancelled() {
-        let (equalized, summary) = equalize_for_int8(&p, exp);
-        // A model with nothing to equalize gets no note (the report's field still says so).
-        let nothing = equalized
-            .1
-            .as_ref()
-            .is_some_and(|e| e.pairs.is_empty() && e.skipped.is_empty());
-        if !nothing {
-            sink.log(&summary);
-            rows.report.notes.push(summary);
-        }
-        rows.report.equalization = equalized.1;
-        let (centered, summary) = center_for_int8(&equalized.0, exp);
-        if centered.1.as_ref().is_some_and(|c| c.applied()) {
-            sink.log(&summary);
-            rows.report.notes.push(summary);
-        }
-        rows.report.centering = centered.1;
-        let gptq = exp.weight_rounding == quant::gptq::WeightRounding::Gptq;
-        if gptq || exp.bias_correction {
-            let note = format!(
-                "{} measured each layer on the first {} of the {} calibration images (--correction-images; the ranges use them all)",
-                match (gptq, exp.bias_correction) {
-                    (true, true) => "GPTQ and bias correction",
-                    (true, false) => "GPTQ",
-                    _ => "bias correction",
-                },
-                exp.correction_images.min(p.calib_images.len()),
-                p.calib_images.len()
-            );
-            sink.log(&note);
-            rows.report.notes.push(note);
-        }
-        int8_prepared = match exp.weight_rounding {
-            quant::gptq::WeightRounding::Nearest => centered.0,
-            quant::gptq::WeightRounding::Gptq => {
-                let (rounded, note) = round_weights_for_int8(&centered.0, exp, sink);
-                sink.log(&note);
-                rows.report.notes.push(note);
-                rounded
-            }
-        };
+        let int8 = crate::prepare::for_int8(&p.source(), &int8_settings(exp), sink);
+        rows.report.notes.extend(int8.notes);
+        rows.report.equalization = int8.equalization;
+        rows.report.centering = int8.centering;
+        int8_prepared = p.with_model(int8.model);
         rows.ctx.p = &int8_prepared;
         rows.int8_rows(cache, &reference);
     }
@@ -1063,6 +1043,20 @@ pub fn run_with_cache(
         rows.fp8_row(cache, &reference);
     }
     Ok(rows.finish())
+}
+
+/// The experiment's choices for the INT8 preparation.
+fn int8_settings(exp: &Experiment) -> crate::prepare::Settings<'_> {
+    crate::prepare::Settings {
+        cle: exp.cle,
+        cle_clip: exp.cle_clip,
+        cle_scales: exp.cle_scales,
+        center: exp.center,
+        weight_rounding: exp.weight_rounding,
+        exclude: &exp.exclude,
+        correction_images: exp.correction_images,
+        bias_correction: exp.bias_correction,
+    }
 }
 
 /// The experiment's backend, if it can run on this machine.
@@ -1104,52 +1098,6 @@ fn decode_batch(p: &Prepared, paths: &[PathBuf]) -> Result<Vec<f32>, PipelineErr
         .map(|f| data::open_rgb(f).map(|img| p.input_of(&img)))
         .collect::<Result<_, _>>()?;
     Ok(inputs.concat())
-}
-
-/// Probe inputs for passes that need activations: the first 32 calibration images.
-pub fn probe_inputs(p: &Prepared, n: usize) -> Result<Vec<Vec<f32>>, PipelineError> {
-    p.calib_images
-        .iter()
-        .take(n.max(1))
-        .map(|f| data::open_rgb(f).map(|img| p.input_of(&img)))
-        .collect::<Result<_, _>>()
-        .map_err(PipelineError::from)
-}
-
-/// Fills each used method's bias correction (passes over the first `images` calibration
-/// images); returns, per method, the line saying which correction was kept.
-fn correct_biases(
-    p: &Prepared,
-    plan: &QuantPlan,
-    all: &mut [Ranges],
-    used: &[Method],
-    images: usize,
-    sink: &dyn Sink,
-) -> Result<Vec<String>, PipelineError> {
-    let inputs = probe_inputs(p, images)?;
-    let t = Instant::now();
-    let todo: Vec<&mut Ranges> = all
-        .iter_mut()
-        .filter(|r| used.contains(&r.method))
-        .collect();
-    let n = todo.len();
-    let mut notes = vec![];
-    let reference = crate::layerwise::Fp32Reference::new(&p.model, p.hw, plan, &inputs)
-        .map_err(PipelineError::Config)?;
-    for (i, r) in todo.into_iter().enumerate() {
-        sink.progress("bias correction", i, n);
-        let bc = crate::layerwise::bias_correction(&reference, plan, r)
-            .map_err(PipelineError::Config)?;
-        let note = bc.summary(r.method.name(), inputs.len());
-        sink.log(&note);
-        notes.push(note);
-        r.bias_correction = bc.shifts;
-    }
-    sink.log(&format!(
-        "bias correction for {n} method(s) in {:.0} ms",
-        t.elapsed().as_secs_f64() * 1e3
-    ));
-    Ok(notes)
 }
 
 /// Ranges of `method`, with per-tensor overrides from a mixed-precision plan.

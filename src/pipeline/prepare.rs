@@ -39,12 +39,17 @@ impl Prepared {
 
     /// The preprocessed input for `img`.
     pub fn input_of(&self, img: &image::RgbImage) -> Vec<f32> {
-        self.preprocess.apply(
-            img,
-            self.hw,
-            self.model.info.input_chw[0],
-            self.model.info.layout,
-        )
+        self.source().input_of(img)
+    }
+
+    /// The model and calibration images, as the INT8 preparation reads them.
+    pub fn source(&self) -> crate::prepare::Source<'_> {
+        crate::prepare::Source {
+            model: &self.model,
+            hw: self.hw,
+            images: &self.calib_images,
+            preprocess: &self.preprocess,
+        }
     }
 
     /// Where the evaluation's class order and the input normalisation came from: said in the

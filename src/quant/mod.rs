@@ -1,10 +1,8 @@
 //! Q/DQ placement by TensorRT's explicit-quantization rules, writing the Q/DQ ONNX model and
 //! the TensorRT calibration cache. Depends on no backend: backends read the Q/DQ model.
 
-pub mod center;
-pub mod cle;
+pub mod centered;
 pub mod fp8;
-pub mod gptq;
 mod opset;
 
 pub use opset::{ensure_opset13, ensure_opset19};
@@ -53,7 +51,7 @@ pub struct QuantPlan {
     pub quantized_nodes: Vec<String>,
     /// Quantizable nodes left in float, with the reason.
     pub float_nodes: Vec<(String, String)>,
-    /// Activation tensors that hold t - c (activation centering, [`center`]), by tensor: the
+    /// Activation tensors that hold t - c (activation centering, [`centered`]), by tensor: the
     /// readers' biases fold c × Σ(rounded weights) where the float model folds c × Σ(weights).
     #[serde(default)]
     pub centered: BTreeMap<String, f32>,
@@ -152,7 +150,7 @@ pub fn plan(model: &Model, exclude: &[String]) -> QuantPlan {
     let mut acts: BTreeMap<String, Vec<(usize, usize)>> = BTreeMap::new();
     let mut weights: BTreeMap<String, (usize, Vec<(usize, usize)>)> = BTreeMap::new();
     let mut out = QuantPlan {
-        centered: center::shifts(&model.proto),
+        centered: centered::shifts(&model.proto),
         ..Default::default()
     };
     if model.info.prequantized {
@@ -598,7 +596,7 @@ fn centered_folds(
         let Some(&c) = n.input.first().and_then(|x| centered.get(x)) else {
             continue;
         };
-        if let Some(fold) = center::int8_fold(c, w, q, scales, wq.axis) {
+        if let Some(fold) = centered::int8_fold(c, w, q, scales, wq.axis) {
             folds.insert(n.name.clone(), fold);
         }
     }

@@ -267,10 +267,10 @@ pub struct Report {
     pub notes: Vec<String>,
     /// Cross-layer equalization of the INT8 engines' model: pairs equalized, skipped and why.
     #[serde(default)]
-    pub equalization: Option<crate::quant::cle::CleSummary>,
+    pub equalization: Option<crate::prepare::cle::CleSummary>,
     /// Activation centering of the INT8 engines' model: tensors shifted, left alone and why.
     #[serde(default)]
-    pub centering: Option<crate::quant::center::CenterSummary>,
+    pub centering: Option<crate::prepare::center::CenterSummary>,
     /// Models written for deployment (`--export`), with their trtexec lines and ORT checks.
     #[serde(default)]
     pub exports: Vec<crate::export::ExportedModel>,

@@ -5,9 +5,9 @@
 use crate::calib::Method;
 use crate::data::Selection;
 use crate::experiment::Experiment;
-use crate::quant::center::CenterSetting;
-use crate::quant::cle::CleSetting;
-use crate::quant::gptq::WeightRounding;
+use crate::prepare::center::CenterSetting;
+use crate::prepare::cle::CleSetting;
+use crate::prepare::gptq::WeightRounding;
 use crate::ui::Workbench;
 use eframe::egui;
 

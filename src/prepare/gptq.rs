@@ -9,7 +9,7 @@
 //! move: the result is written back into the model as values on the int8 grid, and the Q/DQ
 //! model, its calibration cache and TensorRT see ordinary per-channel int8 weights.
 //!
-//! This module does the arithmetic; the pipeline runs the FP32 model to feed it activations.
+//! This module does the arithmetic; `prepare` runs the FP32 model to feed it activations.
 
 use std::collections::HashMap;
 
@@ -17,8 +17,8 @@ use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 use tract_onnx::pb;
 
-use super::QuantPlan;
 use crate::model::{Layout, Model, proto};
+use crate::quant::QuantPlan;
 
 /// How the INT8 engines' weights are rounded to int8.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -82,7 +82,7 @@ pub struct Layer {
     pub weight: String,
     /// The activation tensor the layer reads (its H comes from it).
     pub input: String,
-    /// The shift c when `input` is centered (holds t - c, see `quant::center`), else 0. The
+    /// The shift c when `input` is centered (holds t - c, see `prepare::center`), else 0. The
     /// INT8 engine's rounding error meets t (the bias folds c × Σ rounded weights), so H is
     /// taken on t and the bias absorbs c × Σ(rounded - float).
     pub center: f32,
@@ -477,7 +477,7 @@ pub fn round_layer(model: &mut pb::ModelProto, layer: &Layer, m: Moments) -> Res
     };
     let fold = (layer.center != 0.0).then(|| {
         let channels = w.dims.first().copied().unwrap_or(1);
-        super::center::rounding_fold(layer.center, &data, &w.data, channels)
+        crate::quant::centered::rounding_fold(layer.center, &data, &w.data, channels)
     });
     *t = proto::f32_tensor(&layer.weight, &w.dims, &data);
     if let Some(fold) = fold {

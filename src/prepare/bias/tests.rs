@@ -1,5 +1,7 @@
 //! Bias correction on a small conv chain whose quantization shifts add up in depth.
 
+use tract_onnx::pb;
+
 use super::*;
 use crate::backend::cpu::Probe;
 use crate::calib::Method;

@@ -16,10 +16,10 @@
 //! The float fold is exact for float weights; the INT8 engine multiplies the shift by the
 //! int8-rounded weights instead, so the shifts travel with the model ([`SHIFTS_KEY`]) and the
 //! steps that round weights (GPTQ, the Q/DQ build) fold c × (rounded - float weights) into the
-//! bias as well: the INT8 model then computes exactly what it would on the unshifted tensor
+//! bias as well ([`crate::quant::centered`]): the INT8 model then computes exactly what it would on the unshifted tensor
 //! with twice the resolution, and the weights' rounding error meets t, not t - c.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
 use prost::Message;
 use serde::{Deserialize, Serialize};
@@ -27,6 +27,7 @@ use tract_onnx::pb::{self, tensor_proto::DataType};
 
 use super::cle::{clip_bounds, is_conv, private_f32};
 use crate::model::{Graph, Model, ModelError, proto};
+use crate::quant::centered::{SHIFTS_KEY, shifts};
 
 /// The experiment's choice (`--center-activations`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, Default)]
@@ -203,46 +204,6 @@ fn find_sites(g: &Graph<'_>) -> (Vec<Site>, Vec<(String, String)>) {
     (sites, skipped)
 }
 
-/// The model's `metadata_props` key holding the shifts (JSON, tensor -> c), written by
-/// [`apply`] and read by [`shifts`].
-pub const SHIFTS_KEY: &str = "quantscope.centered_shifts";
-
-/// The shifts [`apply`] made in this model, by tensor (empty for any other model).
-pub fn shifts(p: &pb::ModelProto) -> BTreeMap<String, f32> {
-    p.metadata_props
-        .iter()
-        .find(|m| m.key == SHIFTS_KEY)
-        .and_then(|m| serde_json::from_str(&m.value).ok())
-        .unwrap_or_default()
-}
-
-/// [`rounding_fold`] for int8 weights `q` with per-channel `scales` along `axis`; `None` when
-/// the scales do not match the weight's channels.
-pub fn int8_fold(
-    c: f32,
-    w: &proto::F32Tensor,
-    q: &[i8],
-    scales: &[f32],
-    axis: usize,
-) -> Option<Vec<f32>> {
-    let values: Vec<f32> = q.iter().map(|&v| v as f32).collect();
-    let rounded = super::dequantize_per_axis(&values, &w.dims, axis, scales)?;
-    let channels = w.dims.first().copied().unwrap_or(1);
-    Some(rounding_fold(c, &rounded, &w.data, channels))
-}
-
-/// Per output channel of a Conv weight `[Cout, ...]` read on a tensor shifted by `c`, the bias
-/// change that makes the shift exact for `rounded` weights when the bias folded it for
-/// `float` ones: c × Σ(rounded - float) over the channel's window.
-pub fn rounding_fold(c: f32, rounded: &[f32], float: &[f32], channels: usize) -> Vec<f32> {
-    let per = (float.len() / channels.max(1)).max(1);
-    rounded
-        .chunks(per)
-        .zip(float.chunks(per))
-        .map(|(r, f)| c * r.iter().zip(f).map(|(a, b)| a - b).sum::<f32>())
-        .collect()
-}
-
 /// The tensors centering would shift: the caller measures their largest value over the
 /// calibration images (this module runs nothing).
 pub fn tensors(model: &Model) -> Vec<String> {
@@ -327,13 +288,13 @@ fn channel_sums(gp: &pb::GraphProto, node: usize) -> Vec<f32> {
         })
 }
 
-/// `super::add_to_bias` on node `node` of `gp` (nothing for a conv without float weights).
+/// `quant::add_to_bias` on node `node` of `gp` (nothing for a conv without float weights).
 fn shift_bias(gp: &mut pb::GraphProto, node: usize, shift: &[f32]) {
     if shift.is_empty() {
         return;
     }
     let mut n = std::mem::take(&mut gp.node[node]);
-    super::add_to_bias(gp, &mut n, shift, "centered_bias");
+    crate::quant::add_to_bias(gp, &mut n, shift, "centered_bias");
     gp.node[node] = n;
 }
 

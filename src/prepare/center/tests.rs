@@ -186,20 +186,20 @@ fn gptq_keeps_the_shift_exact_for_the_weights_it_rounds() {
     let plan = quant::plan(&centered, &[]);
     assert!(plan.centered.contains_key("a.relu6.out"));
     let shapes = crate::model::infer_shapes(&centered, HW).expect("shapes");
-    let (layers, _) = quant::gptq::layers(&centered, &plan, &shapes);
+    let (layers, _) = crate::prepare::gptq::layers(&centered, &plan, &shapes);
     let layer = layers
         .into_iter()
         .find(|l| l.node == "b")
         .expect("b is rounded");
     assert!(layer.center > 0.0);
     let probe = Probe::new(&centered, HW, std::slice::from_ref(&layer.input)).expect("probe");
-    let mut m = quant::gptq::Moments::new(&layer);
+    let mut m = crate::prepare::gptq::Moments::new(&layer);
     for x in &inputs {
         let (_, acts) = probe.run(x).expect("runs");
         m.add(&layer, acts[0].as_ref(), inputs.len());
     }
     let mut rounded = centered.proto.clone();
-    quant::gptq::round_layer(&mut rounded, &layer, m).expect("rounds");
+    crate::prepare::gptq::round_layer(&mut rounded, &layer, m).expect("rounds");
     let rounded = Model::from_bytes(&centered.path, &rounded.encode_to_vec()).expect("loads");
     // The uncentered model given the same rounded weights computes the same function.
     let mut plain = model.proto.clone();

@@ -602,38 +602,7 @@ pub fn equalize_graph(
         for (k, (w1, b1, w2, g2)) in names.iter().enumerate() {
             let r1 = out_ranges(&tensors[w1]);
             let r2 = in_ranges(&tensors[w2], *g2);
-            // s_i = sqrt(r1_i / r2_i) = (1 / r2_i) sqrt(r1_i r2_i): conv1's channel i is
-            // divided by s_i and conv2's input channel i multiplied by it, so both ranges
-            // become sqrt(r1_i r2_i).
-            // A channel whose weights are (near) zero on either side outputs only its bias or
-            // is not read: rescaling it gains nothing, and dividing a dead conv1 channel by a
-            // tiny s would multiply its bias into a huge constant that sets the per-tensor
-            // activation range (measured on DeepLabV3-MobileNetV2's first block).
-            let (dead1, dead2) = (DEAD * max_of(&r1), DEAD * max_of(&r2));
-            let live = |c: usize| r1[c] > dead1 && r2[c] > dead2;
-            let s: Vec<f32> = match &acts[k] {
-                None => (0..r1.len())
-                    .map(|c| match live(c) {
-                        true => (r1[c] / r2[c]).sqrt(),
-                        false => 1.0,
-                    })
-                    .collect(),
-                Some(a) => {
-                    let dead_a = DEAD * max_of(a);
-                    let live = |c: usize| live(c) && a[c] > dead_a;
-                    let n = (0..a.len()).filter(|&c| live(c)).count().max(1);
-                    let mean =
-                        (0..a.len()).filter(|&c| live(c)).map(|c| a[c]).sum::<f32>() / n as f32;
-                    (0..a.len())
-                        .map(|c| match (live(c), depthwise[k]) {
-                            (false, _) => 1.0,
-                            (true, true) => a[c] / mean,
-                            (true, false) => (a[c] / r2[c]).sqrt(),
-                        })
-                        .collect()
-                }
-            };
-            let s: Vec<f32> = s
+            let s: Vec<f32> = pair_scales(&r1, &r2, acts[k].as_deref(), depthwise[k])
                 .iter()
                 .map(|v| v.clamp(SCALE_LIMITS.0, SCALE_LIMITS.1))
                 .collect();
@@ -671,6 +640,54 @@ pub fn equalize_graph(
         .iter()
         .map(|p| (gp.node[p.conv1].name.clone(), gp.node[p.conv2].name.clone()))
         .collect();
+    rewrite_clips(gp, &pairs, &names, &total, &tensors, summary);
+}
+
+/// One pair's scales s_i, one per channel between the convs: conv1's channel i is divided by
+/// s_i and conv2's input channel i multiplied by it. From weight ranges only (`act` None),
+/// s_i = sqrt(r1_i / r2_i) = (1 / r2_i) sqrt(r1_i r2_i), so both ranges become
+/// sqrt(r1_i r2_i); from the activation ranges `act`, s_i = sqrt(a_i / r2_i), or a_i / mean(a)
+/// where conv2 is depthwise.
+fn pair_scales(r1: &[f32], r2: &[f32], act: Option<&[f32]>, depthwise: bool) -> Vec<f32> {
+    // A channel whose weights are (near) zero on either side outputs only its bias or
+    // is not read: rescaling it gains nothing, and dividing a dead conv1 channel by a
+    // tiny s would multiply its bias into a huge constant that sets the per-tensor
+    // activation range (measured on DeepLabV3-MobileNetV2's first block).
+    let (dead1, dead2) = (DEAD * max_of(r1), DEAD * max_of(r2));
+    let live = |c: usize| r1[c] > dead1 && r2[c] > dead2;
+    match act {
+        None => (0..r1.len())
+            .map(|c| match live(c) {
+                true => (r1[c] / r2[c]).sqrt(),
+                false => 1.0,
+            })
+            .collect(),
+        Some(a) => {
+            let dead_a = DEAD * max_of(a);
+            let live = |c: usize| live(c) && a[c] > dead_a;
+            let n = (0..a.len()).filter(|&c| live(c)).count().max(1);
+            let mean = (0..a.len()).filter(|&c| live(c)).map(|c| a[c]).sum::<f32>() / n as f32;
+            (0..a.len())
+                .map(|c| match (live(c), depthwise) {
+                    (false, _) => 1.0,
+                    (true, true) => a[c] / mean,
+                    (true, false) => (a[c] / r2[c]).sqrt(),
+                })
+                .collect()
+        }
+    }
+}
+
+/// Writes each pair's Clip as per-channel Max/Min bounds divided by the pair's cumulative
+/// scale `total`.
+fn rewrite_clips(
+    gp: &mut pb::GraphProto,
+    pairs: &[Pair],
+    names: &[(String, Option<String>, String, usize)],
+    total: &[Vec<f32>],
+    tensors: &HashMap<String, proto::F32Tensor>,
+    summary: &mut CleSummary,
+) {
     // Clips become per-channel Max/Min; their output keeps its name so plans keyed by tensor
     // name (per-tensor methods, exclusions) still apply.
     let mut replace: BTreeMap<usize, Vec<pb::NodeProto>> = BTreeMap::new();
