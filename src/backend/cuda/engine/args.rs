@@ -7,6 +7,8 @@ use cudarc::driver::DeviceRepr;
 use crate::backend::cuda::error::{CudaResult, ensure};
 use crate::backend::cuda::plan::{Layout, MAX_RANK, Operand, PadMode, Plan, TensorDesc};
 
+/// `ViewArgs` of kernels/common.cuh (the `view` kernel's strided read), field for field.
+#[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(super) struct ViewArgs {
     pub(super) dims: [i64; MAX_RANK],

@@ -77,6 +77,34 @@ fn kernels_compile_with_nvrtc() {
     }
 }
 
+/// The argument structs keep kernels/common.cuh's C layout: each field at the offset the
+/// kernel reads it from (a struct without `#[repr(C)]` may be reordered by the compiler).
+#[test]
+fn argument_structs_keep_the_c_layout() {
+    use std::mem::offset_of;
+    let r = MAX_RANK * 8;
+    assert_eq!(
+        [
+            offset_of!(ViewArgs, strides),
+            offset_of!(ViewArgs, offset),
+            offset_of!(ViewArgs, rank)
+        ],
+        [r, 2 * r, 2 * r + 8]
+    );
+    assert_eq!(offset_of!(ViewArgs, div), 2 * r + 16);
+    assert_eq!(
+        [
+            offset_of!(NaryArgs, strides),
+            offset_of!(NaryArgs, ptrs),
+            offset_of!(NaryArgs, t)
+        ],
+        [r, 4 * r, 4 * r + 24]
+    );
+    assert_eq!(offset_of!(NaryArgs, div), 4 * r + 56);
+    assert_eq!(offset_of!(PadArgs, div), 3 * r + 8);
+    assert_eq!(offset_of!(FastDiv, shift), MAX_RANK * 4);
+}
+
 #[test]
 fn argument_structs_match_kernels_cu() {
     // i64 arrays then ints, padded to 8 bytes, then the FastDiv's two u32 arrays, as the
