@@ -944,7 +944,11 @@ impl<'a> Rows<'a> {
             .filter_map(|r| r.timing_load.and_then(|l| l.warning(&r.label())))
             .collect();
         self.report.notes.extend(busy);
-        for note in crate::report::slower_quantized_notes(&self.report.rows) {
+        let chance = crate::report::near_chance_note(&self.report.rows);
+        for note in chance
+            .into_iter()
+            .chain(crate::report::slower_quantized_notes(&self.report.rows))
+        {
             self.ctx.sink.log(&note);
             self.report.notes.push(note);
         }

@@ -209,6 +209,32 @@ pub fn slower_quantized_notes(rows: &[Row]) -> Vec<String> {
         .collect()
 }
 
+/// Images a classifier's FP32 top-1 must be measured on before it is called near chance.
+const CHANCE_MIN_IMAGES: usize = 20;
+
+/// A warning when the FP32 row's top-1 is near chance (at most twice 1 / classes, over at
+/// least CHANCE_MIN_IMAGES images): on a trained classifier that means the evaluation itself
+/// is wrong, and every Δ and agreement beside it is noise. It names what to check.
+pub fn near_chance_note(rows: &[Row]) -> Option<String> {
+    let r = rows
+        .iter()
+        .find(|r| r.precision == Some(Precision::Fp32) && r.error.is_none())?;
+    let (top1, classes) = (r.top1?, r.per_class_accuracy.as_ref()?.len());
+    let chance = 1.0 / classes.max(1) as f64;
+    (classes >= 2 && r.per_image.len() >= CHANCE_MIN_IMAGES && top1 <= 2.0 * chance).then(|| {
+        format!(
+            "fp32 top-1 is {:.1} % over {} images, about chance for {classes} classes ({:.1} %): \
+             the evaluation is likely wrong, not the model. Check that the labels file lists the \
+             classes in the model's output order, that the evaluation folders are named by class, \
+             and that the preprocessing is the one the model was trained with (--preset, --mean / \
+             --std or --scale / --offset, --bgr, --resize).",
+            top1 * 100.0,
+            r.per_image.len(),
+            chance * 100.0
+        )
+    })
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ModelSummary {
     pub file: PathBuf,
@@ -467,6 +493,45 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A classifier evaluated at chance gets a note naming what to check; one evaluated well,
+    /// or on too few images to tell, does not.
+    #[test]
+    fn top1_near_chance_is_said() {
+        let fp32 = |top1: f64, classes: usize, images: usize| Row {
+            precision: Some(Precision::Fp32),
+            top1: Some(top1),
+            per_class_accuracy: Some(vec![Some(top1); classes]),
+            per_image: vec![0.0; images],
+            ..Default::default()
+        };
+        let note = near_chance_note(&[fp32(0.11, 10, 100)]).expect("10 classes at 11 %");
+        assert!(
+            note.contains("fp32 top-1 is 11.0 % over 100 images"),
+            "{note}"
+        );
+        assert!(
+            note.contains("about chance for 10 classes (10.0 %)"),
+            "{note}"
+        );
+        assert!(
+            note.contains("labels file") && note.contains("--mean"),
+            "{note}"
+        );
+        assert_eq!(near_chance_note(&[fp32(0.91, 10, 100)]), None);
+        assert_eq!(
+            near_chance_note(&[fp32(0.1, 10, 8)]),
+            None,
+            "too few images"
+        );
+        assert!(near_chance_note(&[fp32(0.001, 1000, 500)]).is_some());
+        // No FP32 row (or a segmentation run): nothing to judge.
+        let int8 = Row {
+            precision: Some(Precision::Int8),
+            ..fp32(0.1, 10, 100)
+        };
+        assert_eq!(near_chance_note(&[int8]), None);
+    }
 
     #[test]
     fn int8_slower_than_device_fp16_is_said() {
