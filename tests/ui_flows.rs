@@ -542,3 +542,40 @@ fn the_class_count_follows_the_labels_file() {
         classes(wb).is_some_and(|c| c.first().is_some_and(|n| n == "class2"))
     });
 }
+
+/// A classifier evaluated at chance (here a model with random weights, on 24 images of 3
+/// classes) says so above the results, naming what to check: every comparison below it is
+/// noise.
+#[test]
+fn a_classifier_at_chance_says_so_above_the_results() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut exp = tiny_experiment(dir.path());
+    let data = exp.evaluation.dir.clone().expect("data");
+    for c in 0..3u32 {
+        for i in 4..8u32 {
+            let img = image::RgbImage::from_fn(16, 16, |x, y| {
+                image::Rgb([(x * 5 + i * 3) as u8, (y * 11 + i) as u8, (c * 80) as u8])
+            });
+            img.save(data.join(format!("class{c}/{i}.png")))
+                .expect("png");
+        }
+    }
+    exp.precisions = vec![Precision::Fp32];
+    let mut wb = Workbench::new(None, Settings::default());
+    wb.apply(Command::SetExperiment(Box::new(exp)));
+    let mut h = harness(wb);
+    h.state_mut().push(Command::Run);
+    h.step();
+    until(&mut h, "the run", |wb| {
+        !wb.is_running() && !wb.results.rows().is_empty()
+    });
+    let top1 = h.state().results.rows()[0].top1.expect("top-1");
+    let (msg, error) = h.state().banner.clone().unwrap_or_default();
+    // The model's weights are fixed (seeded), so its top-1 is too: at most twice chance.
+    assert!(top1 <= 2.0 / 3.0, "top-1 {top1}");
+    assert!(
+        error && msg.contains("about chance for 3 classes"),
+        "{top1}: {msg}"
+    );
+    assert!(msg.contains("labels file"), "{msg}");
+}

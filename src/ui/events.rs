@@ -167,6 +167,9 @@ impl Workbench {
                         ),
                         true,
                     ));
+                } else if let Some(note) = crate::report::near_chance_note(&self.results.rows) {
+                    // An evaluation at chance makes every comparison on screen noise.
+                    self.banner = Some((note, true));
                 }
             }
             Event::Failed { error, .. } if run_job == Some(job) => {
