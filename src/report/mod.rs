@@ -346,6 +346,53 @@ impl Report {
         Some((row.metric()? - self.fp32()?.metric()?) * 100.0)
     }
 
+    /// The classes each engine loses most on against FP32, at most `n` an engine, largest drop
+    /// first: (engine, class name, FP32's, the engine's), per-class accuracy for a classifier,
+    /// IoU for segmentation. Engines whose metrics are void are left out.
+    pub fn class_drops(&self, n: usize) -> Vec<(String, String, f64, f64)> {
+        let seg = self.model.task == Some(Task::Segmentation);
+        let per_class = |r: &Row| {
+            if seg {
+                r.per_class_iou.clone()
+            } else {
+                r.per_class_accuracy.clone()
+            }
+        };
+        let Some(base) = self.fp32().and_then(per_class) else {
+            return vec![];
+        };
+        let name = |c: usize| {
+            self.evaluation
+                .classes
+                .get(c)
+                .cloned()
+                .unwrap_or_else(|| format!("class {c}"))
+        };
+        let mut out = vec![];
+        for r in self.rows.iter().filter(|r| {
+            r.precision.is_some_and(|p| p != Precision::Fp32)
+                && r.error.is_none()
+                && r.non_finite.is_none()
+        }) {
+            let Some(own) = per_class(r) else { continue };
+            let mut drops: Vec<(usize, f64, f64)> = base
+                .iter()
+                .zip(&own)
+                .enumerate()
+                .filter_map(|(c, (a, b))| Some((c, (*a)?, (*b)?)))
+                .filter(|(_, a, b)| b < a)
+                .collect();
+            drops.sort_by(|x, y| (x.2 - x.1).total_cmp(&(y.2 - y.1)));
+            out.extend(
+                drops
+                    .into_iter()
+                    .take(n)
+                    .map(|(c, a, b)| (r.label(), name(c), a, b)),
+            );
+        }
+        out
+    }
+
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).unwrap_or_default()
     }
@@ -422,6 +469,22 @@ impl Report {
         for n in &self.notes {
             s.push_str(&format!("\nNote: {n}\n"));
         }
+        let drops = self.class_drops(5);
+        if !drops.is_empty() {
+            let what = if seg { "IoU %" } else { "accuracy %" };
+            s.push_str(&format!(
+                "\n## Classes that lost most against FP32\n\n| engine | class | FP32 {what} | engine {what} | Δ pt |\n|---|---|---|---|---|\n"
+            ));
+            for (e, c, a, b) in drops {
+                s.push_str(&format!(
+                    "| {e} | {} | {:.2} | {:.2} | {:+.2} |\n",
+                    c.replace('|', "/"),
+                    a * 100.0,
+                    b * 100.0,
+                    (b - a) * 100.0
+                ));
+            }
+        }
         if self.incomplete {
             s.push_str("\nIncomplete: the run was stopped; these are the rows that finished.\n");
         }
@@ -493,6 +556,41 @@ impl Report {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each engine's largest per-class drops against FP32 are listed by class name, largest
+    /// first, gains left out; a void engine is not listed.
+    #[test]
+    fn classes_that_lost_most_are_listed() {
+        let row = |p: Precision, acc: &[f64]| Row {
+            precision: Some(p),
+            method: (p == Precision::Int8).then_some(Method::Max),
+            top1: Some(0.5),
+            per_class_accuracy: Some(acc.iter().map(|&a| Some(a)).collect()),
+            ..Default::default()
+        };
+        let mut r = Report {
+            rows: vec![
+                row(Precision::Fp32, &[0.9, 0.8, 0.7]),
+                row(Precision::Int8, &[0.9, 0.5, 0.75]),
+            ],
+            ..Default::default()
+        };
+        r.model.task = Some(Task::Classification);
+        r.evaluation.classes = vec!["cat".into(), "dog".into(), "bird".into()];
+        let drops = r.class_drops(5);
+        assert_eq!(drops.len(), 1, "{drops:?}");
+        assert_eq!(
+            (drops[0].1.as_str(), drops[0].2, drops[0].3),
+            ("dog", 0.8, 0.5)
+        );
+        let md = r.to_markdown();
+        assert!(
+            md.contains("| int8 max | dog | 80.00 | 50.00 | -30.00 |"),
+            "{md}"
+        );
+        r.rows[1].non_finite = Some(NonFinite::default());
+        assert!(r.class_drops(5).is_empty());
+    }
 
     /// A classifier evaluated at chance gets a note naming what to check; one evaluated well,
     /// or on too few images to tell, does not.
