@@ -918,7 +918,15 @@ fn inspect(
         ),
     }
     if info.prequantized {
-        println!("note     the model already holds Q/DQ pairs: INT8 uses them as they are");
+        println!(
+            "note     the model already holds Q/DQ pairs: its quantized row runs them with the model's own scales (no calibration); FP32/FP16 run the float model they carry (weights dequantized, activation Q/DQ removed)"
+        );
+        for r in &info.qdq_rewrites {
+            println!("rewrote  {r}");
+        }
+        for k in &info.qdq_kept {
+            println!("kept     {k}");
+        }
     }
     if info.fp16_initializers > 0 {
         println!(

@@ -9,6 +9,8 @@
   unpack IN DIR   refills those initializers with seeded normal noise (see `unpack`).
 
 Random weights are fine for coverage and timing; accuracy is checked on ../shared's trained models.
+`export` also writes the pre-quantized models of tools/prequantized.py (PyTorch eager-mode and
+ONNX Runtime quantize_static exports, named tq_* and ortq_*).
 """
 import json
 import os
@@ -142,6 +144,17 @@ def export(out_dir, only=None):
             print(f"zoo: exported {name} ({os.path.getsize(path) / 1e6:.1f} MB)", flush=True)
         except Exception as e:  # one model failing must not lose the others
             print(f"zoo: {name} failed to export: {type(e).__name__}: {e}", flush=True)
+    # Pre-quantized models as PyTorch and ONNX Runtime write them (tools/prequantized.py), with
+    # their reference outputs beside them for tests/prequantized_zoo.rs.
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import prequantized
+
+    names = [n for n in list(prequantized.MODELS) + list(prequantized.ORT_MODELS) if not only or n in only]
+    if names:
+        try:
+            prequantized.export(out_dir, set(names))
+        except Exception as e:
+            print(f"zoo: pre-quantized exports failed: {type(e).__name__}: {e}", flush=True)
 
 
 def pack(in_dir, out):

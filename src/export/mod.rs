@@ -319,6 +319,45 @@ pub fn export_fp8(
     Ok(out)
 }
 
+/// Writes a pre-quantized model as its load normalised it (uint8 zero point 128 made int8,
+/// PyTorch's Casts and computed zero points folded, int32 biases made float; see
+/// [`crate::model::qdq_forms`]) as `<model>_<int8|fp8>_prequantized.onnx`: the TensorRT-ready
+/// Q/DQ model a TensorRT user otherwise repairs by hand. Its own scales: no calibration cache
+/// (TensorRT reads them from the Q/DQ with `--stronglyTyped`). Checked in ONNX Runtime against
+/// the backend's engine of the same model.
+pub fn export_prequantized(
+    dir: &Path,
+    model_path: &Path,
+    model: &Model,
+    qdq: &QdqModel,
+    hw: [usize; 2],
+    backend: &dyn Backend,
+    input: &[f32],
+) -> Result<ExportedModel, String> {
+    let kind = qdq.format.precision().name();
+    let file = dir.join(format!("{}_{kind}_prequantized.onnx", stem(model_path)));
+    save(&file, qdq.to_bytes(), model_path)?;
+    let spec = InputSpec::new(&model.info, &model.input_shape(1, hw));
+    let mut out = ExportedModel {
+        kind: kind.into(),
+        method: None,
+        trtexec: trtexec::strongly_typed(&file, &spec),
+        file,
+        int8_layers: crate::quant::carried::quantized_layers(model.graph()).len(),
+        ..Default::default()
+    };
+    let engine = BuildInput::Quantized { model, qdq };
+    check(
+        &mut out,
+        backend,
+        engine,
+        hw,
+        input,
+        ort_check::MIXED_TOLERANCE_REL,
+    );
+    Ok(out)
+}
+
 /// The report entry for an INT8 Q/DQ model and its cache already written by
 /// [`crate::pipeline::export_qdq`]. The implicit line needs the float model the cache's ranges
 /// belong to: `fp32_for_cache` (the user's file, or the prepared graph written beside it).

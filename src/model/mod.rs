@@ -6,6 +6,7 @@
 pub mod fp16;
 pub mod graph;
 pub mod proto;
+pub mod qdq_forms;
 #[doc(hidden)]
 pub mod testing;
 pub mod validate;
@@ -110,6 +111,14 @@ pub struct ModelInfo {
     /// Input normalisation the exporter wrote into the file's metadata, if any.
     #[serde(default)]
     pub normalization: Option<MetaNormalization>,
+    /// A pre-quantized model's Q/DQ as normalised at load (see [`qdq_forms`]): one line per
+    /// kind of rewrite, with a count and an example node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub qdq_rewrites: Vec<String>,
+    /// Q/DQ the load kept as they are although an engine may refuse them (asymmetric zero
+    /// points), each saying why and what to do.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub qdq_kept: Vec<String>,
 }
 
 /// Input normalisation read from an ONNX file's `metadata_props`: `(x / 255 - mean) / std`
@@ -266,9 +275,12 @@ impl Model {
             graph.initializer.iter().map(|t| t.name.clone()).collect();
         graph.input.retain(|i| !init_names.contains(&i.name));
         name_nodes(graph);
+        let qdq = qdq_forms::normalize(graph);
         let folded = fold_batch_norms(graph);
         let mut info = describe(path, &proto, opset, folded)?;
         info.fp16_initializers = fp16_initializers;
+        info.qdq_rewrites = qdq.rewrites;
+        info.qdq_kept = qdq.kept;
         let mut model = Model {
             path: path.into(),
             proto,
@@ -836,6 +848,8 @@ fn describe(
         prequantized,
         fp16_initializers: 0,
         normalization: metadata_normalization(p),
+        qdq_rewrites: vec![],
+        qdq_kept: vec![],
         unsupported,
     })
 }

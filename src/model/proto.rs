@@ -129,6 +129,16 @@ pub fn i8_tensor(name: &str, dims: &[usize], data: &[i8]) -> TensorProto {
     }
 }
 
+pub fn u8_tensor(name: &str, dims: &[usize], data: &[u8]) -> TensorProto {
+    TensorProto {
+        name: name.to_string(),
+        dims: dims.iter().map(|&d| d as i64).collect(),
+        data_type: DataType::Uint8 as i32,
+        raw_data: data.to_vec(),
+        ..Default::default()
+    }
+}
+
 pub fn i32_tensor(name: &str, dims: &[usize], data: &[i32]) -> TensorProto {
     TensorProto {
         name: name.to_string(),

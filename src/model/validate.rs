@@ -75,12 +75,15 @@ pub fn check_tensor(t: &pb::TensorProto) -> Result<(), String> {
         DataType::Float16 | DataType::Bfloat16 | DataType::Int16 | DataType::Uint16 => 2,
         DataType::Int8 | DataType::Uint8 | DataType::Bool => 1,
         DataType::String => 0,
-        // float8e4m3fn, e4m3fnuz, e5m2, e5m2fnuz: an FP8 Q/DQ model.
-        _ if (17..=20).contains(&t.data_type) => {
+        // float8e4m3fn: a pre-quantized FP8 Q/DQ model (modelopt's, or quantscope's own FP8
+        // export), which its FP8 row runs with its own scales.
+        DataType::Float8e4m3fn => 1,
+        // e4m3fnuz, e5m2, e5m2fnuz: FP8 formats no engine here runs.
+        _ if (18..=20).contains(&t.data_type) => {
             return Err(
-                "float8 initializers: this is an FP8 Q/DQ model (such as quantscope's own FP8 \
-                 export), a deployment file for TensorRT or ONNX Runtime; quantscope builds FP8 \
-                 from the float model: load that and choose the fp8 precision"
+                "float8 initializers other than float8e4m3fn (e4m3fnuz, e5m2): an FP8 Q/DQ \
+                 model in a format TensorRT's FP8 and quantscope do not run; export it with \
+                 float8e4m3fn, or load the float model and choose the fp8 precision"
                     .into(),
             );
         }

@@ -624,7 +624,10 @@ impl<'a> Rows<'a> {
         // re-time) there is nothing to compare and FP32 is not built for it.
         let needs_reference = self.exp.precisions.iter().any(|&p| p != Precision::Fp32)
             && !self.ctx.samples.is_empty();
-        let model = &self.ctx.p.model;
+        // A pre-quantized model's float rows run the float model it carries: the reference
+        // its own quantized row is compared with.
+        let float = quant::carried::float_model(&self.ctx.p.model);
+        let model = float.as_ref();
         let mut reference = Reference::default();
         if wants(Precision::Fp32) || needs_reference {
             let mut keep = needs_reference.then(Vec::new);
@@ -811,6 +814,11 @@ impl<'a> Rows<'a> {
         let plan = quant::plan(&p.model, &exp.exclude);
         let (sink, cancel) = (self.ctx.sink, self.ctx.cancel);
         let made = crate::guard::catch("calibrating for FP8", || {
+            if p.model.info.prequantized {
+                // Its own Q/DQ, when they are FP8 (else build_qdq_as says why not).
+                return quant::build_qdq_as(&p.model, &plan, None, quant::QFormat::Fp8E4M3)
+                    .map_err(|e| PipelineError::Config(e.to_string()));
+            }
             let (stats, _, _) = calibrate(p, &plan, cache, sink, cancel)?;
             let ranges = stats.ranges(Method::Max, exp.percentile);
             quant::build_qdq_as(&p.model, &plan, Some(&ranges), quant::QFormat::Fp8E4M3)
@@ -863,6 +871,21 @@ impl<'a> Rows<'a> {
         use crate::export::{self, ExportPrecision};
         let (exp, p) = (self.exp, self.ctx.p);
         let wants = |e: ExportPrecision| exp.output.export_precisions.contains(&e);
+        if p.model.info.prequantized {
+            // Its own Q/DQ as the load normalised them, with no cache (nothing was calibrated).
+            let input = self.ctx.bench_input.clone();
+            let written = export::export_prequantized(
+                dir,
+                &exp.model,
+                &p.model,
+                qdq,
+                p.hw,
+                self.ctx.backend,
+                &input,
+            );
+            self.record_export(written);
+            return;
+        }
         if wants(ExportPrecision::Int8) {
             // The cache's ranges belong to the prepared graph when a rewrite changed it.
             let rewritten = self.report.equalization.as_ref().is_some_and(|e| e.applied)

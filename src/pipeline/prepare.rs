@@ -63,6 +63,17 @@ impl Prepared {
         {
             v.push(e.classes_from.describe());
         }
+        let info = &self.model.info;
+        if info.prequantized {
+            v.push(
+                "pre-quantized model: its quantized row runs the model's own Q/DQ and scales \
+                 (nothing is calibrated); FP32 and FP16 run the float model it carries (weights \
+                 dequantized, activation Q/DQ removed)"
+                    .into(),
+            );
+            v.extend(info.qdq_rewrites.iter().map(|r| format!("at load: {r}")));
+            v.extend(info.qdq_kept.iter().cloned());
+        }
         if !self.unreadable_calib.is_empty() {
             let list: Vec<String> = self
                 .unreadable_calib

@@ -1,9 +1,11 @@
 //! Q/DQ placement by TensorRT's explicit-quantization rules, writing the Q/DQ ONNX model and
 //! the TensorRT calibration cache. Depends on no backend: backends read the Q/DQ model.
 
+pub mod carried;
 pub mod centered;
 pub mod fp8;
 mod opset;
+pub mod testing;
 
 pub use opset::{ensure_opset13, ensure_opset19};
 
@@ -418,13 +420,15 @@ pub fn build_qdq_as(
     format: QFormat,
 ) -> Result<QdqModel, QuantError> {
     let mut p = model.proto.clone();
-    if model.info.prequantized {
-        if format != QFormat::Int8 {
-            return Err(QuantError::Opset(
-                "the model already carries its own INT8 Q/DQ (quantization-aware training): \
-                 FP8 needs the float model"
-                    .into(),
-            ));
+    if let Some(carried) = carried::carried_format(model) {
+        if format != carried {
+            return Err(QuantError::Opset(format!(
+                "the model already carries its own {} Q/DQ (pre-quantized): its {} row runs \
+                 them; {} needs the float model",
+                carried.precision(),
+                carried.precision(),
+                format.precision()
+            )));
         }
         return Ok(QdqModel {
             proto: p,

@@ -188,6 +188,8 @@ pub fn sample_model_info() -> ModelInfo {
         prequantized: false,
         fp16_initializers: 0,
         normalization: None,
+        qdq_rewrites: vec![],
+        qdq_kept: vec![],
         unsupported: vec![UnsupportedOp {
             node: "warp/grid".into(),
             op: "GridSample".into(),

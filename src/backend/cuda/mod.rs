@@ -267,7 +267,7 @@ pub fn coverage(
         }
         .with_fixed_input(1, hw)
     } else {
-        model.with_fixed_input(1, hw)
+        crate::quant::carried::float_model(model).with_fixed_input(1, hw)
     };
     let shape = model.input_shape(1, hw);
     crate::guard::catch("surveying the CUDA plan", || {

@@ -273,8 +273,19 @@ pub fn build(
             .with_fixed_input(spec.batch, spec.hw);
             // The same census the tract engine reports: which nodes read quantized inputs.
             let census = super::lower_qdq(&q).map_err(build_err)?;
-            info.int8_nodes = census.quantized_nodes.len();
-            info.float_nodes = census.float_nodes;
+            // ONNX Runtime also runs the asymmetric (uint8, zero point ≠ 0) layers of another
+            // tool's Q/DQ model quantized, which tract's census leaves out.
+            let quantized = crate::quant::carried::quantized_layers(
+                q.graph
+                    .as_ref()
+                    .ok_or_else(|| build_err("no graph".into()))?,
+            );
+            info.int8_nodes = census.quantized_nodes.len().max(quantized.len());
+            info.float_nodes = census
+                .float_nodes
+                .into_iter()
+                .filter(|f| !quantized.contains(&f.node))
+                .collect();
             if CpuIsa::get().fused_int8_exact() {
                 let mut cpu = q.clone();
                 let pairs = cpu_form::quantize_before_activations(&mut cpu);

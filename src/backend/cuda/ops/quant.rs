@@ -69,7 +69,9 @@ fn quantize(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
             n,
             match engine_t {
                 DType::F8 => "an FP8 engine takes FP8 E4M3 Q/DQ (float8e4m3fn, zero point 0)",
-                _ => "only symmetric int8 (zero point 0) is supported",
+                _ => {
+                    "only symmetric int8 (zero point 0) is supported: re-quantize with symmetric activations, or give quantscope the float model to calibrate"
+                }
             },
         ));
     }
