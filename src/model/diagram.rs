@@ -466,7 +466,9 @@ pub fn synthetic(nodes: usize) -> Diagram {
         let res = node(&mut g, "Add", &[&start, &t]);
         let ln2 = node(&mut g, "LayerNormalization", &[&res]);
         let mut m = ln2;
-        for op in ["MatMul", "Add", "Div", "Erf", "Add", "Mul", "Mul", "MatMul", "Add"] {
+        for op in [
+            "MatMul", "Add", "Div", "Erf", "Add", "Mul", "Mul", "MatMul", "Add",
+        ] {
             m = node(&mut g, op, &[&m]);
         }
         x = node(&mut g, "Add", &[&res, &m]);
@@ -505,11 +507,7 @@ mod tests {
             .filter(|t| !t.is_empty() && !g.initializer.iter().any(|i| &i.name == *t))
             .count();
         assert_eq!(d.edges.len(), activation_reads + g.output.len());
-        let conv = d
-            .nodes
-            .iter()
-            .find(|n| n.op == "Conv")
-            .expect("a conv");
+        let conv = d.nodes.iter().find(|n| n.op == "Conv").expect("a conv");
         assert!(!conv.weights.is_empty(), "a conv shows its weights");
         assert!(conv.weights.iter().all(|w| !w.int8));
         assert_eq!(d.find(&conv.name), d.nodes.iter().position(|n| n == conv));
@@ -598,7 +596,11 @@ mod tests {
         let start = std::time::Instant::now();
         let d = synthetic(1000);
         let ms = start.elapsed().as_secs_f64() * 1e3;
-        eprintln!("{} boxes, {} edges laid out in {ms:.0} ms", d.nodes.len(), d.edges.len());
+        eprintln!(
+            "{} boxes, {} edges laid out in {ms:.0} ms",
+            d.nodes.len(),
+            d.edges.len()
+        );
         assert!(d.nodes.len() >= 950);
         assert!(ms < 5_000.0, "layout took {ms:.0} ms");
         for e in &d.edges {

@@ -118,7 +118,10 @@ mod tests {
             Some("/layer1/layer1.0/conv1/Conv"),
             "dots inside an ONNX name"
         );
-        assert_eq!(n.name("/layer1/layer1.0/conv1/Conv_output_0_Q"), Some("/layer1/layer1.0/conv1/Conv"));
+        assert_eq!(
+            n.name("/layer1/layer1.0/conv1/Conv_output_0_Q"),
+            Some("/layer1/layer1.0/conv1/Conv")
+        );
         assert_eq!(n.name("a_b.pack"), Some("a_b"), "the longest prefix");
         assert_eq!(n.name("a_c"), Some("a"));
         assert_eq!(n.name("conv2.im2col"), None);
