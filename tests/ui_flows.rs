@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use eframe::egui;
 use egui::accesskit::Role;
 use egui_kittest::Harness;
-use egui_kittest::kittest::Queryable;
+use egui_kittest::kittest::{NodeT, Queryable};
 use quantscope::backend::Precision;
 use quantscope::experiment::Experiment;
 use quantscope::model::testing::residual_classifier;
@@ -578,4 +578,90 @@ fn a_classifier_at_chance_says_so_above_the_results() {
         "{top1}: {msg}"
     );
     assert!(msg.contains("labels file"), "{msg}");
+}
+
+/// Every button labelled `label` (a node's box in the graph, its rows in the Layers tab) is
+/// shown selected, or none is.
+fn all_selected(h: &Harness<'static, Workbench>, label: &str, selected: bool) {
+    let nodes: Vec<_> = h.get_all_by_role_and_label(Role::Button, label).collect();
+    assert!(!nodes.is_empty(), "no button labelled {label}");
+    for n in nodes {
+        assert_eq!(
+            n.accesskit_node().toggled(),
+            Some(if selected {
+                egui::accesskit::Toggled::True
+            } else {
+                egui::accesskit::Toggled::False
+            }),
+            "{label}"
+        );
+    }
+}
+
+#[test]
+fn a_node_selected_in_the_graph_is_selected_in_the_layers_tab_and_back() {
+    let mut wb = sample_workbench();
+    wb.set_sensitivity(quantscope::ui::testing::sample_sensitivity());
+    wb.tab = quantscope::ui::Tab::Graph;
+    let mut h = harness(wb);
+    h.run();
+    // Every node of the sample's graph is a box with its ONNX name; none selected yet.
+    for (name, _) in quantscope::ui::testing::SAMPLE_NODES {
+        all_selected(&h, name, false);
+    }
+    h.get_by_label_contains("Click a node");
+    // Clicking a box selects it; the side panel tells how it ran on the engine shown.
+    h.get_by_role_and_label(Role::Button, "block1/add").click();
+    h.run();
+    assert_eq!(h.state().selected_node.as_deref(), Some("block1/add"));
+    all_selected(&h, "block1/add", true);
+    h.get_by_label_contains("unsupported: no int8 form");
+    h.get_by_label_contains("ms (Add)");
+    // The Layers tab shows the same node selected.
+    h.get_by_label("Show in Layers").click();
+    h.run();
+    assert_eq!(h.state().tab, quantscope::ui::Tab::Layers);
+    all_selected(&h, "block1/add", true);
+    all_selected(&h, "head/conv", false);
+    // Selecting a row of the Layers table selects that node in the graph.
+    h.get_all_by_role_and_label(Role::Button, "head/conv")
+        .last()
+        .expect("the table's row")
+        .click();
+    h.run();
+    assert_eq!(h.state().selected_node.as_deref(), Some("head/conv"));
+    all_selected(&h, "head/conv", true);
+    h.get_by_role_and_label(Role::Button, "Graph").click();
+    h.run();
+    assert_eq!(h.state().tab, quantscope::ui::Tab::Graph);
+    all_selected(&h, "head/conv", true);
+    all_selected(&h, "block1/add", false);
+    assert!(
+        h.state()
+            .history
+            .iter()
+            .filter(|c| matches!(c, Command::SelectNode(_)))
+            .count()
+            == 2,
+        "both selections went through the one command"
+    );
+}
+
+#[test]
+fn the_graph_search_selects_a_node_and_the_engine_picker_recolours() {
+    let mut wb = sample_workbench();
+    wb.tab = quantscope::ui::Tab::Graph;
+    let mut h = harness(wb);
+    h.run();
+    let field = h.get_by_role_and_label(Role::TextInput, "Find:");
+    field.focus();
+    field.type_text("matmul");
+    h.run();
+    assert_eq!(h.state().selected_node.as_deref(), Some("head/matmul"));
+    h.get_by_label_contains("1 match");
+    // An INT8 engine runs the convs in int8; FP32 runs everything in fp32.
+    h.get_by_label_contains("int8 (4)");
+    h.state_mut().graph.engine = Some("FP32".into());
+    h.run();
+    h.get_by_label_contains("fp32 (7)");
 }

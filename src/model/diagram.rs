@@ -116,7 +116,7 @@ fn attribute_text(a: &pb::AttributeProto) -> Option<String> {
         v.iter()
             .map(|x| x.to_string())
             .collect::<Vec<_>>()
-            .join("×")
+            .join("x")
     };
     Some(match T::try_from(a.r#type).ok()? {
         T::Int => a.i.to_string(),

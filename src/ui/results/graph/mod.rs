@@ -698,11 +698,11 @@ fn node_tooltip_ui(ui: &mut egui::Ui, n: &crate::model::diagram::DiagramNode, s:
 fn shape_text(shape: &Option<Vec<Option<i64>>>) -> String {
     match shape {
         Some(s) => format!(
-            "⟨{}⟩",
+            "[{}]",
             s.iter()
                 .map(|d| d.map(|v| v.to_string()).unwrap_or_else(|| "?".into()))
                 .collect::<Vec<_>>()
-                .join("×")
+                .join("x")
         ),
         None => String::new(),
     }
@@ -809,13 +809,13 @@ fn details_ui(wb: &mut Workbench, ui: &mut egui::Ui, d: &Diagram, st: &EngineSta
             }
             for w in &n.weights {
                 ui.label(format!(
-                    "{} ⟨{}⟩{}",
+                    "{} [{}]{}",
                     w.name,
                     w.dims
                         .iter()
                         .map(|x| x.to_string())
                         .collect::<Vec<_>>()
-                        .join("×"),
+                        .join("x"),
                     if w.int8 { " int8" } else { "" }
                 ));
             }
@@ -825,11 +825,11 @@ fn details_ui(wb: &mut Workbench, ui: &mut egui::Ui, d: &Diagram, st: &EngineSta
                 for e in d.edges.iter().filter(|e| e.from == i && &e.tensor == o) {
                     let to = &d.nodes[e.to];
                     if to.kind == NodeKind::Op {
-                        if ui.link(format!("  → {} ({})", to.name, to.op)).clicked() {
+                        if ui.link(format!("  -> {} ({})", to.name, to.op)).clicked() {
                             wb.push(Command::SelectNode(to.name.clone()));
                         }
                     } else {
-                        ui.weak(format!("  → graph output {}", to.name));
+                        ui.weak(format!("  -> graph output {}", to.name));
                     }
                 }
             }
