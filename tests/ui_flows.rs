@@ -665,3 +665,104 @@ fn the_graph_search_selects_a_node_and_the_engine_picker_recolours() {
     h.run();
     h.get_by_label_contains("fp32 (7)");
 }
+
+/// The label of the first widget whose text contains `part`.
+fn text_containing(h: &Harness<'static, Workbench>, part: &str) -> String {
+    let n = h.get_by_label_contains(part);
+    let a = n.accesskit_node();
+    a.label()
+        .map(|l| l.to_string())
+        .or(a.value().map(|v| v.to_string()))
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_graph_of_a_real_run_is_laid_out_on_the_worker_with_onnx_names_and_qdq_marks() {
+    use quantscope::backend::cpu::CpuEngineChoice;
+    // ONNX Runtime where this machine has it, and tract, whose node names are its own.
+    for engine in [CpuEngineChoice::Auto, CpuEngineChoice::Tract] {
+        graph_of_a_real_run(engine);
+    }
+}
+
+fn graph_of_a_real_run(engine: quantscope::backend::cpu::CpuEngineChoice) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut exp = tiny_experiment(dir.path());
+    exp.cpu_engine = engine;
+    let model = quantscope::model::Model::load(&exp.model).expect("model");
+    let mut wb = Workbench::new(None, Settings::default());
+    wb.apply(Command::SetExperiment(Box::new(exp)));
+    let mut h = harness(wb);
+    h.state_mut().push(Command::Run);
+    h.step();
+    until(&mut h, "the run", |wb| !wb.is_running());
+    // The tab asks for the drawing; the worker builds and lays it out.
+    h.state_mut()
+        .push(Command::SetTab(quantscope::ui::Tab::Graph));
+    h.step();
+    until(&mut h, "the graph", |wb| wb.model.diagram.is_some());
+    h.run();
+    let d = h.state().model.diagram.clone().expect("a diagram");
+    assert_eq!(
+        d.nodes
+            .iter()
+            .filter(|n| n.kind == quantscope::model::diagram::NodeKind::Op)
+            .count(),
+        model.graph().node.len()
+    );
+    // Every engine's per-layer times name the model's nodes (tract's or ORT's own names mapped
+    // back): each conv is timed under its ONNX name.
+    assert!(
+        h.state()
+            .results
+            .rows()
+            .iter()
+            .any(|r| !r.layer_times.is_empty()),
+        "{engine:?}: the engines were profiled"
+    );
+    if engine == quantscope::backend::cpu::CpuEngineChoice::Tract {
+        assert!(
+            h.state()
+                .results
+                .rows()
+                .iter()
+                .all(|r| r.engine.as_deref().is_some_and(|e| e.starts_with("tract"))),
+            "tract ran them"
+        );
+    }
+    for r in h.state().results.rows() {
+        if r.layer_times.is_empty() {
+            continue;
+        }
+        for n in model.graph().node.iter().filter(|n| n.op_type == "Conv") {
+            // A conv fused with its activation is the step "conv+act", as on the GPU.
+            assert!(
+                r.layer_times
+                    .iter()
+                    .any(|t| t.layer.split('+').next() == Some(n.name.as_str())),
+                "{}: {} not in {:?}",
+                r.label(),
+                n.name,
+                r.layer_times.iter().map(|t| &t.layer).collect::<Vec<_>>()
+            );
+        }
+    }
+    // The INT8 engine is the one shown: its convs in int8, its Q/DQ pairs on the edges.
+    let legend = text_containing(&h, "int8 (");
+    assert!(!legend.starts_with("int8 (0)"), "{legend}");
+    let summary = text_containing(&h, "Q/DQ marks");
+    let marks: usize = summary
+        .split(", ")
+        .find_map(|p| p.strip_suffix(" Q/DQ marks"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(marks > 0, "{summary}");
+    let errors: Vec<String> = h
+        .state()
+        .log
+        .iter()
+        .filter(|l| l.error)
+        .map(|l| l.text.clone())
+        .collect();
+    assert!(errors.is_empty(), "{errors:?}");
+}

@@ -259,17 +259,21 @@ pub fn engine_stats(
     }
     if let Some(q) = qdq {
         let boxes = d.by_onnx_index();
-        let mut uses: HashMap<(usize, usize), Option<f32>> = HashMap::new();
+        let mut uses: HashMap<(usize, usize), (&str, Option<f32>)> = HashMap::new();
         for a in &q.model.plan.activations {
             let scale = q.model.scales.get(&a.tensor).copied();
             for &(node, slot) in &a.uses {
                 if let Some(&b) = boxes.get(&node) {
-                    uses.insert((b, slot), scale);
+                    uses.insert((b, slot), (a.tensor.as_str(), scale));
                 }
             }
         }
+        // The plan counts nodes by index: the tensor must match too, or the plan is another
+        // model's (a past run shown over this model's drawing).
         for (k, e) in d.edges.iter().enumerate() {
-            if let Some(scale) = uses.get(&(e.to, e.slot)) {
+            if let Some((tensor, scale)) = uses.get(&(e.to, e.slot))
+                && *tensor == e.tensor
+            {
                 out.marks[k] = Some(*scale);
             }
         }
