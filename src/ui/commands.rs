@@ -528,7 +528,11 @@ impl Workbench {
         {
             return;
         }
-        let Some(w) = &mut self.worker else { return };
+        let Some(w) = &mut self.worker else {
+            // Asked once: the tab shows why instead of asking again every frame.
+            self.model.diagram_error = Some("no worker thread to lay the graph out".into());
+            return;
+        };
         match w.request(IoRequest::Diagram {
             path: self.exp.model.clone(),
         }) {

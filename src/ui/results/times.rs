@@ -132,7 +132,9 @@ pub fn times_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
                     .striped(true)
                     .show(&mut cols[1], |ui| {
                         for t in slowest.into_iter().take(SLOWEST) {
-                            let selected = selected_node.as_deref() == Some(t.layer.as_str());
+                            // A fused step ("conv+relu") selects its first node.
+                            let node = t.layer.split('+').next().unwrap_or(&t.layer);
+                            let selected = selected_node.as_deref() == Some(node);
                             if ui
                                 .selectable_label(selected, short(&t.layer, 30, true))
                                 .on_hover_text(format!(
@@ -141,7 +143,7 @@ pub fn times_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
                                 ))
                                 .clicked()
                             {
-                                select = Some(t.layer.clone());
+                                select = Some(node.to_string());
                             }
                             let hover = match &t.precision {
                                 Some(p) => format!("{} ({p})", t.kernel),
