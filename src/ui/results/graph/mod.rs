@@ -359,7 +359,9 @@ fn toolbar_ui(
             wb.graph.fit = true;
         }
         ui.label(format!("{:.0} %", wb.graph.zoom * 100.0))
-            .on_hover_text("Wheel to zoom at the pointer, drag to pan; click a node to select it");
+            .on_hover_text(
+                "Wheel to zoom at the pointer, drag to pan, double-click to fit; click a node to select it",
+            );
         let ops = d.nodes.iter().filter(|n| n.kind == NodeKind::Op).count();
         let marks = st.marks.iter().filter(|m| m.is_some()).count()
             + d.edges.iter().filter(|e| e.qdq.is_some()).count();
@@ -495,7 +497,12 @@ fn canvas_ui(wb: &mut Workbench, ui: &mut egui::Ui, d: &Diagram, st: &EngineStat
             }
         }
     }
-    // Pan and zoom.
+    // Pan and zoom; a double click fits the whole graph, as Fit does.
+    if resp.double_clicked() {
+        let (z, p) = fit(d, canvas);
+        wb.graph.zoom = z;
+        wb.graph.pan = p;
+    }
     if resp.dragged() {
         wb.graph.pan += resp.drag_delta();
     }

@@ -67,7 +67,8 @@ pub struct NodeStat {
     /// The engine's words for the precision, where it says ("fp16, timed faster than int8").
     pub precision_text: Option<String>,
     /// Why the node stayed in float on a quantized engine: "<kind>: <detail>", the kind one of
-    /// placement rule, exclusion, AMP, FP16 overflow, unsupported.
+    /// placement rule, exclusion, AMP, FP16 overflow, unsupported, or engine choice (a GPU
+    /// layer whose float implementation timed faster).
     pub why_float: Option<String>,
     pub time_ms: Option<f64>,
     pub kernel: Option<String>,
@@ -243,10 +244,14 @@ pub fn engine_stats(
                     let why = match (reason, said) {
                         (Some(r), _) => why_float(&n.op, Some(r), amp, excluded && quantizable),
                         (None, Some(p)) if quantizable && !amp && !excluded => {
-                            format!(
-                                "placement rule: the engine chose {} for this layer",
-                                s.precision_text.clone().unwrap_or_else(|| p.name().into())
-                            )
+                            let text = s.precision_text.clone().unwrap_or_else(|| p.name().into());
+                            // The GPU builder times each layer's implementations: a float one
+                            // that won is its choice, not the plan's.
+                            if text.contains("timed") {
+                                format!("engine choice: {text}")
+                            } else {
+                                format!("placement rule: {text}")
+                            }
                         }
                         _ => why_float(&n.op, None, amp, excluded && quantizable),
                     };
@@ -406,6 +411,17 @@ mod tests {
         assert_eq!(u.time_ms, None);
         assert_eq!(u.fused_into.as_deref(), Some(convs[0].as_str()));
         assert_eq!(c.precision, Some(NodePrecision::Fp16));
+        let int8 = Row {
+            precision: Some(Precision::Int8),
+            ..r.clone()
+        };
+        let s = engine_stats(&d, &int8, None, None, &[]);
+        let c = &s.nodes[d.find(&convs[0]).expect("box")];
+        assert_eq!(c.precision, Some(NodePrecision::Fp16));
+        assert_eq!(
+            c.why_float.as_deref(),
+            Some("engine choice: fp16, timed faster than int8")
+        );
         assert_eq!(NodePrecision::parse("int8 data"), Some(NodePrecision::Int8));
         assert_eq!(NodePrecision::parse("tf32"), Some(NodePrecision::Fp32));
         assert_eq!(NodePrecision::parse("?"), None);
