@@ -8,7 +8,7 @@
 //!
 //! | module | owns |
 //! |---|---|
-//! | [`model`] | reading ONNX, graph preparation (BN folding), op census, task detection |
+//! | [`model`] | reading ONNX, graph preparation (BN folding), op census, task detection, the drawing of the graph (`diagram`) |
 //! | [`data`] | image folders, evaluation layouts, preprocessing |
 //! | [`calib`] | histograms and the four amax methods, the statistics cache |
 //! | [`precision`] | `Precision` (FP32 / FP16 / INT8 / FP8), shared by `quant` and `backend` |

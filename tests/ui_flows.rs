@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use eframe::egui;
 use egui::accesskit::Role;
 use egui_kittest::Harness;
-use egui_kittest::kittest::Queryable;
+use egui_kittest::kittest::{NodeT, Queryable};
 use quantscope::backend::Precision;
 use quantscope::experiment::Experiment;
 use quantscope::model::testing::residual_classifier;
@@ -578,4 +578,191 @@ fn a_classifier_at_chance_says_so_above_the_results() {
         "{top1}: {msg}"
     );
     assert!(msg.contains("labels file"), "{msg}");
+}
+
+/// Every button labelled `label` (a node's box in the graph, its rows in the Layers tab) is
+/// shown selected, or none is.
+fn all_selected(h: &Harness<'static, Workbench>, label: &str, selected: bool) {
+    let nodes: Vec<_> = h.get_all_by_role_and_label(Role::Button, label).collect();
+    assert!(!nodes.is_empty(), "no button labelled {label}");
+    for n in nodes {
+        assert_eq!(
+            n.accesskit_node().toggled(),
+            Some(if selected {
+                egui::accesskit::Toggled::True
+            } else {
+                egui::accesskit::Toggled::False
+            }),
+            "{label}"
+        );
+    }
+}
+
+#[test]
+fn a_node_selected_in_the_graph_is_selected_in_the_layers_tab_and_back() {
+    let mut wb = sample_workbench();
+    wb.set_sensitivity(quantscope::ui::testing::sample_sensitivity());
+    wb.tab = quantscope::ui::Tab::Graph;
+    let mut h = harness(wb);
+    h.run();
+    // Every node of the sample's graph is a box with its ONNX name; none selected yet.
+    for (name, _) in quantscope::ui::testing::SAMPLE_NODES {
+        all_selected(&h, name, false);
+    }
+    h.get_by_label_contains("Click a node");
+    // Clicking a box selects it; the side panel tells how it ran on the engine shown.
+    h.get_by_role_and_label(Role::Button, "block1/add").click();
+    h.run();
+    assert_eq!(h.state().selected_node.as_deref(), Some("block1/add"));
+    all_selected(&h, "block1/add", true);
+    h.get_by_label_contains("unsupported: no int8 form");
+    h.get_by_label_contains("ms (Add)");
+    // The Layers tab shows the same node selected.
+    h.get_by_label("Show in Layers").click();
+    h.run();
+    assert_eq!(h.state().tab, quantscope::ui::Tab::Layers);
+    all_selected(&h, "block1/add", true);
+    all_selected(&h, "head/conv", false);
+    // Selecting a row of the Layers table selects that node in the graph.
+    h.get_all_by_role_and_label(Role::Button, "head/conv")
+        .last()
+        .expect("the table's row")
+        .click();
+    h.run();
+    assert_eq!(h.state().selected_node.as_deref(), Some("head/conv"));
+    all_selected(&h, "head/conv", true);
+    h.get_by_role_and_label(Role::Button, "Graph").click();
+    h.run();
+    assert_eq!(h.state().tab, quantscope::ui::Tab::Graph);
+    all_selected(&h, "head/conv", true);
+    all_selected(&h, "block1/add", false);
+    assert!(
+        h.state()
+            .history
+            .iter()
+            .filter(|c| matches!(c, Command::SelectNode(_)))
+            .count()
+            == 2,
+        "both selections went through the one command"
+    );
+}
+
+#[test]
+fn the_graph_search_selects_a_node_and_the_engine_picker_recolours() {
+    let mut wb = sample_workbench();
+    wb.tab = quantscope::ui::Tab::Graph;
+    let mut h = harness(wb);
+    h.run();
+    let field = h.get_by_role_and_label(Role::TextInput, "Find:");
+    field.focus();
+    field.type_text("matmul");
+    h.run();
+    assert_eq!(h.state().selected_node.as_deref(), Some("head/matmul"));
+    h.get_by_label_contains("1 match");
+    // An INT8 engine runs the convs in int8; FP32 runs everything in fp32.
+    h.get_by_label_contains("int8 (4)");
+    h.state_mut().graph.engine = Some("FP32".into());
+    h.run();
+    h.get_by_label_contains("fp32 (7)");
+}
+
+/// The label of the first widget whose text contains `part`.
+fn text_containing(h: &Harness<'static, Workbench>, part: &str) -> String {
+    let n = h.get_by_label_contains(part);
+    let a = n.accesskit_node();
+    a.label()
+        .map(|l| l.to_string())
+        .or(a.value().map(|v| v.to_string()))
+        .unwrap_or_default()
+}
+
+#[test]
+fn the_graph_of_a_real_run_is_laid_out_on_the_worker_with_onnx_names_and_qdq_marks() {
+    use quantscope::backend::cpu::CpuEngineChoice;
+    // ONNX Runtime where this machine has it, and tract, whose node names are its own.
+    for engine in [CpuEngineChoice::Auto, CpuEngineChoice::Tract] {
+        graph_of_a_real_run(engine);
+    }
+}
+
+fn graph_of_a_real_run(engine: quantscope::backend::cpu::CpuEngineChoice) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut exp = tiny_experiment(dir.path());
+    exp.cpu_engine = engine;
+    let model = quantscope::model::Model::load(&exp.model).expect("model");
+    let mut wb = Workbench::new(None, Settings::default());
+    wb.apply(Command::SetExperiment(Box::new(exp)));
+    let mut h = harness(wb);
+    h.state_mut().push(Command::Run);
+    h.step();
+    until(&mut h, "the run", |wb| !wb.is_running());
+    // The tab asks for the drawing; the worker builds and lays it out.
+    h.state_mut()
+        .push(Command::SetTab(quantscope::ui::Tab::Graph));
+    h.step();
+    until(&mut h, "the graph", |wb| wb.model.diagram.is_some());
+    h.run();
+    let d = h.state().model.diagram.clone().expect("a diagram");
+    assert_eq!(
+        d.nodes
+            .iter()
+            .filter(|n| n.kind == quantscope::model::diagram::NodeKind::Op)
+            .count(),
+        model.graph().node.len()
+    );
+    // Every engine's per-layer times name the model's nodes (tract's or ORT's own names mapped
+    // back): each conv is timed under its ONNX name.
+    assert!(
+        h.state()
+            .results
+            .rows()
+            .iter()
+            .any(|r| !r.layer_times.is_empty()),
+        "{engine:?}: the engines were profiled"
+    );
+    if engine == quantscope::backend::cpu::CpuEngineChoice::Tract {
+        assert!(
+            h.state()
+                .results
+                .rows()
+                .iter()
+                .all(|r| r.engine.as_deref().is_some_and(|e| e.starts_with("tract"))),
+            "tract ran them"
+        );
+    }
+    for r in h.state().results.rows() {
+        if r.layer_times.is_empty() {
+            continue;
+        }
+        for n in model.graph().node.iter().filter(|n| n.op_type == "Conv") {
+            // A conv fused with its activation is the step "conv+act", as on the GPU.
+            assert!(
+                r.layer_times
+                    .iter()
+                    .any(|t| t.layer.split('+').next() == Some(n.name.as_str())),
+                "{}: {} not in {:?}",
+                r.label(),
+                n.name,
+                r.layer_times.iter().map(|t| &t.layer).collect::<Vec<_>>()
+            );
+        }
+    }
+    // The INT8 engine is the one shown: its convs in int8, its Q/DQ pairs on the edges.
+    let legend = text_containing(&h, "int8 (");
+    assert!(!legend.starts_with("int8 (0)"), "{legend}");
+    let summary = text_containing(&h, "Q/DQ marks");
+    let marks: usize = summary
+        .split(", ")
+        .find_map(|p| p.strip_suffix(" Q/DQ marks"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(marks > 0, "{summary}");
+    let errors: Vec<String> = h
+        .state()
+        .log
+        .iter()
+        .filter(|l| l.error)
+        .map(|l| l.text.clone())
+        .collect();
+    assert!(errors.is_empty(), "{errors:?}");
 }

@@ -280,3 +280,78 @@ fn a_failed_run_returns_to_idle_with_the_error_and_run_works_again() {
         "every engine of the good run"
     );
 }
+
+/// "Stays smooth on ViT-B/16": a ~1,000-node graph (laid out once, off the frame) drawn at its
+/// first view, fitted whole (every box and edge on screen), zoomed at the pointer and dragged;
+/// every frame after the first stays under the budget.
+#[test]
+fn a_thousand_node_graph_stays_under_the_frame_budget() {
+    use quantscope::ui::{Overlay, Tab};
+    let mut wb = quantscope::ui::testing::sample_workbench();
+    let d = quantscope::model::diagram::synthetic(1000);
+    let report = wb.results.report.as_mut().expect("a report");
+    for r in &mut report.rows {
+        r.layer_times = d
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| quantscope::backend::LayerTime {
+                layer: n.name.clone(),
+                kernel: n.op.clone(),
+                time_ms: 0.01 + (i % 17) as f64 * 0.03,
+                precision: None,
+            })
+            .collect();
+    }
+    wb.results.rows = report.rows.clone();
+    let nodes = d.nodes.len();
+    wb.model.diagram = Some(std::sync::Arc::new(d));
+    wb.tab = Tab::Graph;
+    wb.graph.overlay = Overlay::TimeMs;
+    let mut h = harness(wb);
+    h.run();
+    let mut frames_ms: Vec<(String, f64)> = vec![];
+    let mut frame = |h: &mut Harness<'static, Workbench>, what: &str| {
+        let t = Instant::now();
+        h.step();
+        frames_ms.push((what.to_string(), t.elapsed().as_secs_f64() * 1e3));
+    };
+    for _ in 0..5 {
+        frame(&mut h, "first view");
+    }
+    h.state_mut().graph.fit = true;
+    for _ in 0..5 {
+        frame(&mut h, "fitted");
+    }
+    let centre = egui::pos2(700.0, 500.0);
+    h.hover_at(centre);
+    for _ in 0..8 {
+        h.event(egui::Event::Zoom(1.4));
+        frame(&mut h, "zooming");
+    }
+    h.drag_at(centre);
+    for k in 0..8 {
+        h.hover_at(centre + egui::vec2(0.0, 30.0 * k as f32));
+        frame(&mut h, "dragging");
+    }
+    h.drop_at(centre + egui::vec2(0.0, 240.0));
+    frame(&mut h, "dropped");
+    h.state_mut().graph.overlay = Overlay::Precision;
+    h.state_mut().graph.fit = true;
+    frame(&mut h, "precision, fitted");
+    let (worst_what, worst_ms) = frames_ms
+        .iter()
+        .cloned()
+        .fold((String::new(), 0.0), |a, b| if b.1 > a.1 { b } else { a });
+    let mean_ms = frames_ms.iter().map(|f| f.1).sum::<f64>() / frames_ms.len() as f64;
+    eprintln!(
+        "{nodes} boxes: {} frames, mean {mean_ms:.2} ms, worst {worst_ms:.2} ms ({worst_what}); zoom now {:.2}",
+        frames_ms.len(),
+        h.state().graph.zoom
+    );
+    assert!(
+        worst_ms < FRAME_BUDGET_MS,
+        "worst frame {worst_ms:.1} ms ({worst_what}) >= {FRAME_BUDGET_MS} ms"
+    );
+    assert!(h.state().graph.zoom > 0.0);
+}

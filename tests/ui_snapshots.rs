@@ -39,3 +39,12 @@ fn layers_view() {
         wb.tab = Tab::Layers;
     });
 }
+
+#[test]
+fn graph_view() {
+    snapshot("graph", |wb| {
+        wb.set_sensitivity(quantscope::ui::testing::sample_sensitivity());
+        wb.tab = Tab::Graph;
+        wb.selected_node = Some("block1/add".into());
+    });
+}

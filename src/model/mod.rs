@@ -1,8 +1,10 @@
 //! Reading ONNX models: decoding, preparing the graph the rest of the pipeline works on
 //! (external data inlined, weights-as-inputs made initializers, BatchNorm folded into Conv,
-//! every node named), and describing it (`ModelInfo`: inputs, outputs, op census, task).
+//! every node named), and describing it (`ModelInfo`: inputs, outputs, op census, task; the
+//! drawing of its graph in [`diagram`]).
 //! Nothing here runs the model.
 
+pub mod diagram;
 pub mod fp16;
 pub mod graph;
 pub mod proto;

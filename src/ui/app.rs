@@ -246,7 +246,7 @@ impl eframe::App for WorkbenchApp {
 
 /// Opens the workbench window on `path` (an experiment or a model). A missing file is
 /// reported in the window, never a panic. With `QUANTSCOPE_AUTORUN=1` the experiment starts
-/// at once and `QUANTSCOPE_TAB` (compare, masks, calibration, layers, log) picks the tab
+/// at once and `QUANTSCOPE_TAB` (compare, masks, calibration, layers, graph, log) picks the tab
 /// shown; with `QUANTSCOPE_SMOKE_OUT=DIR` the window writes the report, a screenshot and its
 /// log into DIR once the run ends, and closes: the smoke test uses all three.
 pub fn run(path: Option<PathBuf>) -> anyhow::Result<()> {

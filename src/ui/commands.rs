@@ -87,6 +87,11 @@ pub enum Command {
     /// Keep a layer (node name) in float in the mixed-precision engine, or quantize it again.
     ToggleLayerFloat(String),
     SetTab(Tab),
+    /// Select a node (ONNX name) in the Graph tab and the Layers table alike, bringing it into
+    /// view in both.
+    SelectNode(String),
+    /// Draw the model's graph: built and laid out on the worker.
+    DrawGraph,
     SelectImage(usize),
     NextImage,
     PrevImage,
@@ -237,6 +242,12 @@ impl Workbench {
             }
             Command::ToggleLayerFloat(node) => self.toggle_layer_float(node),
             Command::SetTab(t) => self.tab = t,
+            Command::SelectNode(n) => {
+                self.selected_node = Some(n);
+                self.graph.reveal = true;
+                self.layers.reveal = true;
+            }
+            Command::DrawGraph => self.request_diagram(),
             Command::SelectImage(i) => {
                 self.masks.image = i;
                 self.masks.textures.clear();
@@ -486,6 +497,11 @@ impl Workbench {
         self.model.error = None;
         self.model.loading = None;
         self.model.cuda.clear();
+        self.model.diagram = None;
+        self.model.diagram_error = None;
+        self.model.diagram_job = None;
+        self.selected_node = None;
+        self.graph = Default::default();
         if self.exp.model.as_os_str().is_empty() {
             return;
         }
@@ -501,6 +517,28 @@ impl Workbench {
         let _ = w.request(IoRequest::CudaCoverage {
             path: self.exp.model.clone(),
         });
+    }
+
+    /// Asks the worker for the model's drawing, laid out (once per model).
+    fn request_diagram(&mut self) {
+        if self.model.diagram.is_some()
+            || self.model.diagram_job.is_some()
+            || self.model.diagram_error.is_some()
+            || self.exp.model.as_os_str().is_empty()
+        {
+            return;
+        }
+        let Some(w) = &mut self.worker else {
+            // Asked once: the tab shows why instead of asking again every frame.
+            self.model.diagram_error = Some("no worker thread to lay the graph out".into());
+            return;
+        };
+        match w.request(IoRequest::Diagram {
+            path: self.exp.model.clone(),
+        }) {
+            Ok(job) => self.model.diagram_job = Some(job),
+            Err(e) => self.model.diagram_error = Some(format!("{e:#}")),
+        }
     }
 
     fn scan_calib(&mut self) {

@@ -246,6 +246,24 @@ impl Workbench {
                 }
                 self.request_preview();
             }
+            Event::Diagram { path, result, .. } if self.model.diagram_job == Some(job) => {
+                self.model.diagram_job = None;
+                match result {
+                    Ok(d) => {
+                        self.log_info(format!(
+                            "graph of {}: {} boxes, {} edges laid out",
+                            path.display(),
+                            d.nodes.len(),
+                            d.edges.len()
+                        ));
+                        self.model.diagram = Some(d);
+                    }
+                    Err(e) => {
+                        self.log_error(format!("graph of {}: {e}", path.display()));
+                        self.model.diagram_error = Some(e);
+                    }
+                }
+            }
             Event::CalibScanned { result, .. } if self.data.calib.loading_job() == Some(job) => {
                 match result {
                     Ok(scan) => {
@@ -363,6 +381,7 @@ impl Workbench {
                 }
             },
             Event::Inspected { .. }
+            | Event::Diagram { .. }
             | Event::CalibScanned { .. }
             | Event::EvalScanned { .. }
             | Event::Preview { .. }

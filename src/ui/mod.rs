@@ -35,6 +35,7 @@ pub use app::run;
 pub use commands::{Command, ExportKind};
 
 pub use results::Tab;
+pub use results::graph::{GraphViewState, Overlay};
 
 /// What the window remembers between sessions (eframe storage).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -55,6 +56,10 @@ pub struct ModelState {
     pub cuda: crate::backend::cuda::Coverage,
     pub error: Option<String>,
     pub loading: Option<JobId>,
+    /// The Graph tab's drawing, laid out on the worker when the tab first asks for it.
+    pub diagram: Option<std::sync::Arc<crate::model::diagram::Diagram>>,
+    pub diagram_error: Option<String>,
+    pub diagram_job: Option<JobId>,
 }
 
 /// A folder scan: in flight, done or failed.
@@ -201,6 +206,8 @@ pub struct LayersState {
     /// The engine "Where the time goes" shows (its name in Compare); the first with
     /// per-layer times when unset.
     pub time_engine: Option<String>,
+    /// Scroll the table to the selected node on the next frame (it was selected elsewhere).
+    pub reveal: bool,
 }
 
 impl Default for LayersState {
@@ -213,6 +220,7 @@ impl Default for LayersState {
             budget_miou_pct: 1.0,
             find_mixed: true,
             time_engine: None,
+            reveal: false,
         }
     }
 }
@@ -299,6 +307,9 @@ pub struct Workbench {
     pub tab: Tab,
     pub masks: MaskViewState,
     pub layers: LayersState,
+    /// The node selected in the Graph tab and the Layers table alike (an ONNX node name).
+    pub selected_node: Option<String>,
+    pub graph: GraphViewState,
     pub calib_tensor: Option<String>,
     pub calib_filter: String,
     pub log: Vec<LogLine>,
@@ -378,6 +389,8 @@ impl Workbench {
             tab: Tab::Compare,
             masks: MaskViewState::default(),
             layers: LayersState::default(),
+            selected_node: None,
+            graph: GraphViewState::default(),
             calib_tensor: None,
             calib_filter: String::new(),
             log: vec![],

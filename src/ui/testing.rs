@@ -1,10 +1,10 @@
-//! A report, predictions and a workbench built in code, for the GUI tests: no sample files,
-//! no models on disk.
+//! A report, predictions, a model's drawing and a workbench built in code, for the GUI tests:
+//! no sample files, no models on disk.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use crate::backend::{BackendKind, Precision};
+use crate::backend::{BackendKind, FloatNode, LayerTime, Precision};
 use crate::bench::Latency;
 use crate::calib::Method;
 use crate::model::{Layout, ModelInfo, Task, TensorInfo, UnsupportedOp};
@@ -67,6 +67,32 @@ pub fn sample_report() -> Report {
     ];
     // The max engine does worst on the last image.
     rows[2].per_image[2] = 0.2;
+    // Per-layer times under the graph's node names; the INT8 engines run the convs in int8 and
+    // say why the rest stays in float.
+    for (k, r) in rows.iter_mut().enumerate() {
+        let speed = [1.0, 1.4, 0.5, 0.45][k];
+        r.layer_times = SAMPLE_NODES
+            .iter()
+            .enumerate()
+            .map(|(i, (name, op))| LayerTime {
+                layer: name.to_string(),
+                kernel: op.to_string(),
+                time_ms: speed * (0.2 + 0.15 * i as f64),
+                precision: None,
+            })
+            .collect();
+        if r.precision == Some(Precision::Int8) {
+            r.float_nodes = SAMPLE_NODES
+                .iter()
+                .filter(|(_, op)| !crate::quant::QUANTIZABLE.contains(op))
+                .map(|(name, op)| FloatNode {
+                    node: name.to_string(),
+                    op: op.to_string(),
+                    reason: "no int8 form for this op on the CPU backend: runs in float".into(),
+                })
+                .collect();
+        }
+    }
     let tensors = ["stem.relu.out", "block.add.out", "head.out"]
         .iter()
         .enumerate()
@@ -155,7 +181,107 @@ pub fn sample_artifacts() -> Artifacts {
             .collect(),
         mask_hw: vec![MASK_HW; IMAGES],
         ground_truth: (0..IMAGES).map(|i| mask(i, 1)).collect(),
-        qdq: vec![],
+        qdq: [Method::Max, Method::Entropy]
+            .into_iter()
+            .map(|m| sample_qdq(m, if m == Method::Max { 1.0 } else { 0.8 }))
+            .collect(),
+    }
+}
+
+/// The nodes of the sample model's graph (names match [`sample_sensitivity`]), in order.
+pub const SAMPLE_NODES: [(&str, &str); 7] = [
+    ("stem/conv", "Conv"),
+    ("stem/relu", "Relu"),
+    ("block1/conv", "Conv"),
+    ("block1/add", "Add"),
+    ("head/conv", "Conv"),
+    ("head/matmul", "MatMul"),
+    ("warp/grid", "GridSample"),
+];
+
+/// The sample model's graph: a stem, a residual block, a head and a warp, with weights.
+pub fn sample_graph() -> tract_onnx::pb::GraphProto {
+    use crate::model::proto;
+    let out = |n: &str| format!("{n}:0");
+    let w = |name: &str, dims: &[usize]| {
+        proto::f32_tensor(name, dims, &vec![0.1; dims.iter().product()])
+    };
+    let node = |i: usize, inputs: &[&str]| {
+        let (name, op) = SAMPLE_NODES[i];
+        proto::node(op, name, inputs, &[&out(name)], vec![])
+    };
+    let o = |i: usize| out(SAMPLE_NODES[i].0);
+    tract_onnx::pb::GraphProto {
+        name: "sample".into(),
+        input: vec![proto::float_value_info("x", Some(&[1, 3, 48, 64]))],
+        output: vec![proto::float_value_info("y", Some(&[1, 4, 48, 64]))],
+        initializer: vec![
+            w("stem.w", &[8, 3, 3, 3]),
+            w("block1.w", &[8, 8, 3, 3]),
+            w("head.w", &[8, 8, 1, 1]),
+            w("head.m", &[64, 64]),
+        ],
+        node: vec![
+            node(0, &["x", "stem.w"]),
+            node(1, &[&o(0)]),
+            node(2, &[&o(1), "block1.w"]),
+            node(3, &[&o(1), &o(2)]),
+            node(4, &[&o(3), "head.w"]),
+            node(5, &[&o(4), "head.m"]),
+            proto::node("GridSample", "warp/grid", &[&o(5), &o(3)], &["y"], vec![]),
+        ],
+        ..Default::default()
+    }
+}
+
+/// The sample model's drawing, laid out.
+pub fn sample_diagram() -> crate::model::diagram::Diagram {
+    let mut d = crate::model::diagram::Diagram::of_graph(&sample_graph());
+    if let Err(e) = d.lay_out() {
+        panic!("{e}");
+    }
+    d
+}
+
+/// The Q/DQ model of an INT8 engine of the sample: the convs' inputs quantized (the graph
+/// itself is not needed by the views).
+fn sample_qdq(method: Method, amax: f32) -> crate::pipeline::QdqArtifact {
+    use crate::quant::{ActQuant, QFormat, QdqModel, QuantPlan};
+    let act = |tensor: &str, node: usize| ActQuant {
+        tensor: tensor.into(),
+        uses: vec![(node, 0)],
+    };
+    let plan = QuantPlan {
+        activations: vec![
+            act("x", 0),
+            act("stem/relu:0", 2),
+            act("block1/add:0", 4),
+            act("head/conv:0", 5),
+        ],
+        quantized_nodes: vec![
+            "stem/conv".into(),
+            "block1/conv".into(),
+            "head/conv".into(),
+            "head/matmul".into(),
+        ],
+        ..Default::default()
+    };
+    let scales = plan
+        .activations
+        .iter()
+        .enumerate()
+        .map(|(k, a)| (a.tensor.clone(), amax * (1.0 + k as f32) / 127.0))
+        .collect();
+    crate::pipeline::QdqArtifact {
+        method: Some(method),
+        suffix: "",
+        model: QdqModel {
+            proto: Default::default(),
+            format: QFormat::Int8,
+            scales,
+            method: Some(method),
+            plan,
+        },
     }
 }
 
@@ -215,6 +341,7 @@ pub fn sample_workbench() -> Workbench {
         ),
     ];
     wb.set_results(sample_report(), Some(sample_artifacts()));
+    wb.model.diagram = Some(std::sync::Arc::new(sample_diagram()));
     wb
 }
 

@@ -84,6 +84,11 @@ fn failed(job: JobId, req: IoRequest, error: String) -> Event {
             path,
             coverage: vec![],
         },
+        IoRequest::Diagram { path } => Event::Diagram {
+            job,
+            path,
+            result: Err(error),
+        },
         IoRequest::ScanCalib { .. } => Event::CalibScanned {
             job,
             result: Err(error),
@@ -174,6 +179,15 @@ fn typed_exports(
     Ok(out)
 }
 
+/// The drawing of the prepared model's graph (the node names every engine reports), laid out.
+fn diagram(path: &Path) -> Result<std::sync::Arc<crate::model::diagram::Diagram>, String> {
+    let model = Model::load(path).map_err(|e| format!("{e:#}"))?;
+    let mut d = crate::model::diagram::Diagram::of(&model.proto);
+    d.lay_out()
+        .map_err(|e| format!("{}: {e:#}", path.display()))?;
+    Ok(std::sync::Arc::new(d))
+}
+
 pub(super) fn answer(job: JobId, req: IoRequest) -> Event {
     match req {
         IoRequest::Inspect { path } => Event::Inspected {
@@ -181,6 +195,11 @@ pub(super) fn answer(job: JobId, req: IoRequest) -> Event {
             result: Model::load(&path)
                 .map(|m| Box::new(m.info))
                 .map_err(|e| format!("{e:#}")),
+            path,
+        },
+        IoRequest::Diagram { path } => Event::Diagram {
+            job,
+            result: diagram(&path),
             path,
         },
         IoRequest::CudaCoverage { path } => Event::CudaCoverage {

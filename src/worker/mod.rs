@@ -59,6 +59,12 @@ pub enum Event {
         path: PathBuf,
         result: Result<Box<ModelInfo>, String>,
     },
+    /// The drawing of `path`'s graph, laid out, or why it could not be made.
+    Diagram {
+        job: JobId,
+        path: PathBuf,
+        result: Result<std::sync::Arc<crate::model::diagram::Diagram>, String>,
+    },
     /// What the CUDA planner cannot take in `path`'s model, per precision (planned, not
     /// built: no GPU needed); asked after the model's description, as it takes longer.
     CudaCoverage {
@@ -117,6 +123,7 @@ impl Event {
             | Event::Failed { job, .. }
             | Event::Sensitivity { job, .. }
             | Event::Inspected { job, .. }
+            | Event::Diagram { job, .. }
             | Event::CudaCoverage { job, .. }
             | Event::CalibScanned { job, .. }
             | Event::EvalScanned { job, .. }
@@ -150,6 +157,10 @@ pub enum IoRequest {
         path: PathBuf,
     },
     CudaCoverage {
+        path: PathBuf,
+    },
+    /// The Graph tab's drawing of the model, laid out (a ViT-B/16 takes a moment).
+    Diagram {
         path: PathBuf,
     },
     ScanCalib {

@@ -8,6 +8,7 @@
 mod fast_ops;
 mod lower;
 pub mod onnxruntime;
+pub mod tract_names;
 
 use std::collections::HashMap;
 
@@ -405,6 +406,8 @@ pub struct CpuEngine {
     model: TractModel,
     info: EngineInfo,
     batch: usize,
+    /// The model's node names, which the profile's tract names are mapped back to.
+    names: tract_names::OnnxNodes,
 }
 
 impl Engine for CpuEngine {
@@ -424,6 +427,7 @@ impl Engine for CpuEngine {
     fn profile(&mut self, input: &[f32]) -> Result<Vec<LayerTime>, BackendError> {
         self.model
             .profile(input, 3)
+            .map(|times| self.names.rename(times))
             .map_err(|e| BackendError::Run(format!("{e:#}")))
     }
     fn choose_threads(&mut self) -> Result<Option<usize>, BackendError> {
@@ -678,6 +682,7 @@ pub fn build_tract(
         model: tm,
         info,
         batch: spec.batch,
+        names: tract_names::OnnxNodes::of(&model.proto),
     }))
 }
 

@@ -2,7 +2,8 @@
 //! per-layer sensitivity (SQNR isolated and accumulated, task metric gained by keeping a layer
 //! in float) as a sortable table and a bar chart; "Analyse sensitivity" runs it on the worker,
 //! clicking a layer's precision moves it in or out of the experiment's mixed-precision engine,
-//! and "Re-run" builds that engine next to the others.
+//! and "Re-run" builds that engine next to the others. Clicking a layer's name selects it here
+//! and in the Graph tab (one `Command::SelectNode`).
 
 use eframe::egui;
 use egui_plot::{Bar, BarChart, Legend};
@@ -221,6 +222,8 @@ fn table_ui(wb: &mut Workbench, r: &SensitivityReport, keep_float: &[String], ui
         ),
     ];
     let layers = sorted_layers(&r.layers, keep_float, wb.layers.sort, wb.layers.descending);
+    // A node selected in the Graph tab scrolls into view once.
+    let reveal = std::mem::take(&mut wb.layers.reveal);
     egui::Grid::new("layers.grid")
         .striped(true)
         .num_columns(headers.len())
@@ -251,7 +254,16 @@ fn table_ui(wb: &mut Workbench, r: &SensitivityReport, keep_float: &[String], ui
                     .position(|x| std::ptr::eq(x, l))
                     .unwrap_or(0);
                 ui.label(index.to_string());
-                ui.label(&l.node);
+                let selected = wb.selected_node.as_deref() == Some(l.node.as_str());
+                let name = ui
+                    .selectable_label(selected, &l.node)
+                    .on_hover_text("Click to select this node here and in the Graph tab");
+                if selected && reveal {
+                    name.scroll_to_me(Some(egui::Align::Center));
+                }
+                if name.clicked() {
+                    wb.push(Command::SelectNode(l.node.clone()));
+                }
                 ui.label(&l.op);
                 ui.label(num(l.sqnr_isolated_db, 1));
                 ui.label(num(l.sqnr_accumulated_db, 1));

@@ -1,9 +1,10 @@
-//! The central area: a banner for messages, then the Compare, Masks, Calibration, Layers
-//! and Log tabs.
+//! The central area: a banner for messages, then the Compare, Masks, Calibration, Layers,
+//! Graph and Log tabs.
 
 use eframe::egui;
 mod calib;
 mod compare;
+pub(crate) mod graph;
 mod layers;
 mod log;
 pub(crate) mod masks;
@@ -37,15 +38,17 @@ pub enum Tab {
     Masks,
     Calibration,
     Layers,
+    Graph,
     Log,
 }
 
 impl Tab {
-    pub const ALL: [Tab; 5] = [
+    pub const ALL: [Tab; 6] = [
         Tab::Compare,
         Tab::Masks,
         Tab::Calibration,
         Tab::Layers,
+        Tab::Graph,
         Tab::Log,
     ];
 
@@ -55,6 +58,7 @@ impl Tab {
             Tab::Masks => "Masks",
             Tab::Calibration => "Calibration",
             Tab::Layers => "Layers",
+            Tab::Graph => "Graph",
             Tab::Log => "Log",
         }
     }
@@ -65,6 +69,7 @@ impl Tab {
             Tab::Masks => "masks",
             Tab::Calibration => "calibration",
             Tab::Layers => "layers",
+            Tab::Graph => "graph",
             Tab::Log => "log",
         }
     }
@@ -83,6 +88,9 @@ impl Tab {
             Tab::Masks => "Predicted masks side by side, worst images first (segmentation)",
             Tab::Calibration => "Per-tensor histograms with the range each method chose",
             Tab::Layers => "Per-layer sensitivity: which layers to keep in float (mixed precision)",
+            Tab::Graph => {
+                "The model's graph, as Netron draws it, coloured by the precision each node ran in on an engine"
+            }
             Tab::Log => "What ran, with timings and errors",
         }
     }
@@ -133,6 +141,7 @@ pub fn results_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
         Tab::Masks => masks::masks_ui(wb, ui),
         Tab::Calibration => calib::calib_ui(wb, ui),
         Tab::Layers => layers::layers_ui(wb, ui),
+        Tab::Graph => graph::graph_ui(wb, ui),
         Tab::Log => log::log_ui(wb, ui),
     }
 }

@@ -65,6 +65,8 @@ pub fn times_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
         .and_then(|n| names.iter().position(|m| m == n))
         .unwrap_or(0);
     let mut pick = chosen;
+    let selected_node = wb.selected_node.clone();
+    let mut select = None;
     egui::CollapsingHeader::new("Where the time goes")
         .id_salt("layers.times")
         .default_open(true)
@@ -130,7 +132,19 @@ pub fn times_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
                     .striped(true)
                     .show(&mut cols[1], |ui| {
                         for t in slowest.into_iter().take(SLOWEST) {
-                            ui.label(short(&t.layer, 30, true)).on_hover_text(&t.layer);
+                            // A fused step ("conv+relu") selects its first node.
+                            let node = t.layer.split('+').next().unwrap_or(&t.layer);
+                            let selected = selected_node.as_deref() == Some(node);
+                            if ui
+                                .selectable_label(selected, short(&t.layer, 30, true))
+                                .on_hover_text(format!(
+                                    "{}: click to select it here and in the Graph tab",
+                                    t.layer
+                                ))
+                                .clicked()
+                            {
+                                select = Some(node.to_string());
+                            }
                             let hover = match &t.precision {
                                 Some(p) => format!("{} ({p})", t.kernel),
                                 None => t.kernel.clone(),
@@ -144,6 +158,9 @@ pub fn times_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
         });
     if pick != chosen {
         wb.layers.time_engine = Some(names[pick].clone());
+    }
+    if let Some(n) = select {
+        wb.push(crate::ui::Command::SelectNode(n));
     }
 }
 
@@ -160,7 +177,7 @@ fn share_ui(ui: &mut egui::Ui, ms: f64, total: f64) {
 /// `s` cut to `max` characters. Layer names (`keep_end`) keep both ends, the middle elided:
 /// they differ at the end, and their start says which block they are in. Op names keep their
 /// start, where they differ.
-fn short(s: &str, max: usize, keep_end: bool) -> String {
+pub(super) fn short(s: &str, max: usize, keep_end: bool) -> String {
     let n = s.chars().count();
     if n <= max {
         return s.to_string();

@@ -33,6 +33,8 @@ pub fn per_node(
 pub struct OnnxNames {
     nodes: std::collections::HashSet<String>,
     producer: HashMap<String, String>,
+    /// Node name -> (op type, first input tensor).
+    ops: HashMap<String, (String, Option<String>)>,
 }
 
 impl OnnxNames {
@@ -42,6 +44,14 @@ impl OnnxNames {
             nodes: nodes().map(|n| n.name.clone()).collect(),
             producer: nodes()
                 .flat_map(|n| n.output.iter().map(move |o| (o.clone(), n.name.clone())))
+                .collect(),
+            ops: nodes()
+                .map(|n| {
+                    (
+                        n.name.clone(),
+                        (n.op_type.clone(), n.input.first().cloned()),
+                    )
+                })
                 .collect(),
         }
     }
@@ -59,11 +69,43 @@ impl OnnxNames {
             .unwrap_or_else(|| layer.to_string())
     }
 
+    /// ORT fuses an activation (or a quantize) into the Conv, Gemm or MatMul before it and
+    /// names the fused node after the last one's output: such a step becomes the group
+    /// `conv+relu`, named as the CUDA engine names its fused steps, so its time belongs to the
+    /// conv. `node` is the name [`Self::name`] gave, `kernel` the op ORT ran.
+    pub fn group(&self, node: String, kernel: &str) -> String {
+        let Some(family) = ["Conv", "Gemm", "MatMul"]
+            .into_iter()
+            .find(|f| kernel.contains(f))
+        else {
+            return node;
+        };
+        let mut chain = vec![node.clone()];
+        // A fused group is short: the main op and an activation, maybe a quantize.
+        for _ in 0..3 {
+            let Some((op, input)) = chain.last().and_then(|n| self.ops.get(n)) else {
+                return node;
+            };
+            if op.contains(family) {
+                if chain.len() == 1 {
+                    return node;
+                }
+                chain.reverse();
+                return chain.join("+");
+            }
+            let Some(prev) = input.as_ref().and_then(|t| self.producer.get(t)) else {
+                return node;
+            };
+            chain.push(prev.clone());
+        }
+        node
+    }
+
     /// `times` with the model's node names; ORT nodes that map to one name are summed.
     pub fn rename(&self, times: Vec<LayerTime>) -> Vec<LayerTime> {
         let mut merged: Vec<LayerTime> = vec![];
         for mut t in times {
-            t.layer = self.name(&t.layer);
+            t.layer = self.group(self.name(&t.layer), &t.kernel);
             match merged.iter_mut().find(|m| m.layer == t.layer) {
                 Some(m) => m.time_ms += t.time_ms,
                 None => merged.push(t),
@@ -142,5 +184,47 @@ mod tests {
         );
         assert!((t[0].time_ms - 0.5).abs() < 1e-9, "{}", t[0].time_ms);
         assert_eq!(t[1].layer, "relu");
+    }
+
+    #[test]
+    fn a_fused_conv_is_named_as_the_group_it_holds() {
+        use tract_onnx::pb;
+        let node = |op: &str, name: &str, input: &str, output: &str| pb::NodeProto {
+            op_type: op.into(),
+            name: name.into(),
+            input: vec![input.into()],
+            output: vec![output.into()],
+            ..Default::default()
+        };
+        let p = pb::ModelProto {
+            graph: Some(pb::GraphProto {
+                node: vec![
+                    node("Conv", "stem", "x", "stem:0"),
+                    node("Relu", "stem.relu", "stem:0", "stem.relu:0"),
+                    node("MaxPool", "pool", "stem.relu:0", "pool:0"),
+                ],
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        let n = super::OnnxNames::of(&p);
+        let t = |layer: &str, kernel: &str| crate::backend::LayerTime {
+            layer: layer.into(),
+            kernel: kernel.into(),
+            time_ms: 1.0,
+            precision: None,
+        };
+        let out = n.rename(vec![
+            t("stem.relu:0_nchwc", "FusedConv"),
+            t("pool", "MaxPool"),
+            t("ReorderOutput", "ReorderOutput"),
+        ]);
+        let names: Vec<&str> = out.iter().map(|t| t.layer.as_str()).collect();
+        assert_eq!(names, ["stem+stem.relu", "pool", "ReorderOutput"]);
+        assert_eq!(
+            n.group("stem".into(), "Conv"),
+            "stem",
+            "a plain conv keeps its name"
+        );
     }
 }
