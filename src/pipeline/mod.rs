@@ -813,8 +813,11 @@ impl<'a> Rows<'a> {
         let (exp, p) = (self.exp, self.ctx.p);
         let plan = quant::plan(&p.model, &exp.exclude);
         let (sink, cancel) = (self.ctx.sink, self.ctx.cancel);
+        // A pre-quantized FP8 model runs its own scales: no calibration method to name.
+        let prequantized = p.model.info.prequantized;
+        let method = (!prequantized).then_some(Method::Max);
         let made = crate::guard::catch("calibrating for FP8", || {
-            if p.model.info.prequantized {
+            if prequantized {
                 // Its own Q/DQ, when they are FP8 (else build_qdq_as says why not).
                 return quant::build_qdq_as(&p.model, &plan, None, quant::QFormat::Fp8E4M3)
                     .map_err(|e| PipelineError::Config(e.to_string()));
@@ -830,7 +833,7 @@ impl<'a> Rows<'a> {
             Ok(q) => q,
             Err(PipelineError::Cancelled) => return,
             Err(e) => {
-                self.error_row(Precision::Fp8, Some(Method::Max), e.to_string());
+                self.error_row(Precision::Fp8, method, e.to_string());
                 return;
             }
         };
@@ -838,7 +841,19 @@ impl<'a> Rows<'a> {
             .output
             .export_precisions
             .contains(&crate::export::ExportPrecision::Fp8);
-        if let (Some(dir), true) = (&exp.output.qdq_dir, wants) {
+        if let (Some(dir), true) = (&exp.output.qdq_dir, prequantized) {
+            let input = self.ctx.bench_input.clone();
+            let written = crate::export::export_prequantized(
+                dir,
+                &exp.model,
+                &p.model,
+                &qdq,
+                p.hw,
+                self.ctx.backend,
+                &input,
+            );
+            self.record_export(written);
+        } else if let (Some(dir), true) = (&exp.output.qdq_dir, wants) {
             let input = self.ctx.bench_input.clone();
             let written = crate::export::export_fp8(
                 dir,
@@ -855,10 +870,11 @@ impl<'a> Rows<'a> {
             model: &p.model,
             qdq: &qdq,
         };
-        let ev = self.ctx.row(input, Some(reference), &mut None, "FP8 max");
-        self.push(ev, Precision::Fp8, Some(Method::Max), &[]);
+        let label = if prequantized { "FP8" } else { "FP8 max" };
+        let ev = self.ctx.row(input, Some(reference), &mut None, label);
+        self.push(ev, Precision::Fp8, method, &[]);
         self.artifacts.qdq.push(QdqArtifact {
-            method: Some(Method::Max),
+            method,
             suffix: "",
             model: qdq,
         });
