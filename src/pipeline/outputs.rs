@@ -46,6 +46,20 @@ pub(super) fn write_outputs(
         .into_iter()
         .map(|e| e.to_string())
         .collect();
+    let classes_csv: [(&Option<PathBuf>, fn(&Report) -> String); 2] = [
+        (&o.confusion_csv, Report::confusion_csv),
+        (&o.gallery_csv, Report::gallery_csv),
+    ];
+    for (path, text) in classes_csv {
+        let Some(path) = path else { continue };
+        if report.model.task != Some(Task::Classification) {
+            sink.log("--confusion-csv and --gallery-csv apply to classifiers only");
+            continue;
+        }
+        if let Err(e) = crate::files::write(path, text(report)) {
+            failed.push(e.to_string());
+        }
+    }
     if let Some(dir) = &o.masks_dir {
         if report.model.task != Some(Task::Segmentation) {
             sink.log("--save-masks applies to segmentation models only");

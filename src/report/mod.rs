@@ -1,6 +1,7 @@
 //! The report: one row per (precision, method) with accuracy, agreement, SQNR, latency and
 //! memory; written as JSON, Markdown and CSV; and mask overlays as PNG.
 
+mod classes;
 mod masks;
 
 use std::collections::BTreeMap;
@@ -14,6 +15,10 @@ use crate::calib::Method;
 use crate::data::Preprocess;
 use crate::model::{Task, TensorInfo};
 
+pub use classes::{
+    Confusion, Flip, GALLERY_MAX_IMAGES, GRID_MAX_CLASSES, GalleryImage, ImageTop, TOP_K, gallery,
+    probabilities,
+};
 pub use masks::{class_color, overlay_png, write_mask_overlays};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -44,6 +49,9 @@ pub struct Row {
     pub top1: Option<f64>,
     pub top5: Option<f64>,
     pub per_class_accuracy: Option<Vec<Option<f64>>>,
+    /// Classifiers: the confusion matrix over the evaluation images (true × predicted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confusion: Option<Confusion>,
     pub miou: Option<f64>,
     pub per_class_iou: Option<Vec<Option<f64>>>,
     pub pixel_acc: Option<f64>,
@@ -304,6 +312,10 @@ pub struct Report {
     /// path, the CPU's instruction set, and why where there was a choice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_engine: Option<crate::backend::cpu::CpuEngineInfo>,
+    /// Classifiers: the evaluation images some engine flips against FP32 (right to wrong or
+    /// the reverse), with every engine's top-3 and probabilities (see `classes.rs`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gallery: Vec<GalleryImage>,
 }
 
 /// A fraction as a percentage with two decimals, "–" when absent (tables in reports and UI).
@@ -485,6 +497,7 @@ impl Report {
                 ));
             }
         }
+        s.push_str(&self.classes_markdown());
         if self.incomplete {
             s.push_str("\nIncomplete: the run was stopped; these are the rows that finished.\n");
         }

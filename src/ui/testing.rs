@@ -155,7 +155,7 @@ pub fn sample_artifacts() -> Artifacts {
             .collect(),
         mask_hw: vec![MASK_HW; IMAGES],
         ground_truth: (0..IMAGES).map(|i| mask(i, 1)).collect(),
-        qdq: vec![],
+        ..Default::default()
     }
 }
 
