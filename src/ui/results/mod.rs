@@ -1,8 +1,9 @@
-//! The central area: a banner for messages, then the Compare, Masks, Calibration, Layers
-//! and Log tabs.
+//! The central area: a banner for messages, then the Compare, Masks, Classes, Calibration,
+//! Layers and Log tabs.
 
 use eframe::egui;
 mod calib;
+mod classes;
 mod compare;
 mod layers;
 mod log;
@@ -35,15 +36,17 @@ fn class_names(wb: &Workbench) -> Vec<String> {
 pub enum Tab {
     Compare,
     Masks,
+    Classes,
     Calibration,
     Layers,
     Log,
 }
 
 impl Tab {
-    pub const ALL: [Tab; 5] = [
+    pub const ALL: [Tab; 6] = [
         Tab::Compare,
         Tab::Masks,
+        Tab::Classes,
         Tab::Calibration,
         Tab::Layers,
         Tab::Log,
@@ -53,6 +56,7 @@ impl Tab {
         match self {
             Tab::Compare => "Compare",
             Tab::Masks => "Masks",
+            Tab::Classes => "Classes",
             Tab::Calibration => "Calibration",
             Tab::Layers => "Layers",
             Tab::Log => "Log",
@@ -63,6 +67,7 @@ impl Tab {
         match self {
             Tab::Compare => "compare",
             Tab::Masks => "masks",
+            Tab::Classes => "classes",
             Tab::Calibration => "calibration",
             Tab::Layers => "layers",
             Tab::Log => "log",
@@ -81,6 +86,9 @@ impl Tab {
                 "One row per engine: accuracy, agreement, SQNR, latency, memory; charts"
             }
             Tab::Masks => "Predicted masks side by side, worst images first (segmentation)",
+            Tab::Classes => {
+                "Confusion matrices, what INT8 moves against FP32, per-class accuracy and the images it flips (classification)"
+            }
             Tab::Calibration => "Per-tensor histograms with the range each method chose",
             Tab::Layers => "Per-layer sensitivity: which layers to keep in float (mixed precision)",
             Tab::Log => "What ran, with timings and errors",
@@ -131,6 +139,7 @@ pub fn results_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
     match wb.tab {
         Tab::Compare => compare::compare_ui(wb, ui),
         Tab::Masks => masks::masks_ui(wb, ui),
+        Tab::Classes => classes::classes_ui(wb, ui),
         Tab::Calibration => calib::calib_ui(wb, ui),
         Tab::Layers => layers::layers_ui(wb, ui),
         Tab::Log => log::log_ui(wb, ui),
