@@ -157,22 +157,29 @@ fn controls_ui(v: &View, ui: &mut egui::Ui, wants: &mut Wants) {
             }
         }
     });
-    if let Some((t, p)) = v.state.cell {
-        ui.horizontal_wrapped(|ui| {
-            ui.label(format!(
-                "Gallery narrowed to true {} → predicted {}",
-                v.names.get(t).map(String::as_str).unwrap_or("?"),
-                v.names.get(p).map(String::as_str).unwrap_or("?"),
-            ));
-            if ui
-                .small_button("Show all")
-                .on_hover_text("Show every flipped image again")
-                .clicked()
-            {
-                wants.commands.push(Command::SetConfusionCell(None));
-            }
-        });
-    }
+    // The same line with or without a cell (the button only enables), so the matrices stay
+    // under the pointer when a click narrows the gallery.
+    ui.horizontal(|ui| {
+        match v.state.cell {
+            Some((t, p)) => ui.label(format!(
+                "Gallery narrowed to true {}, predicted {}",
+                v.name(t),
+                v.name(p)
+            )),
+            None => ui
+                .weak("Click a cell to narrow the gallery to its images; hover it for the counts."),
+        };
+        if ui
+            .add_enabled(
+                v.state.cell.is_some(),
+                egui::Button::new("Show all").small(),
+            )
+            .on_hover_text("Show every flipped image again")
+            .clicked()
+        {
+            wants.commands.push(Command::SetConfusionCell(None));
+        }
+    });
 }
 
 /// `a` mixed towards `b` by `t` (0..1).
@@ -193,6 +200,7 @@ type CellFn<'a> = dyn Fn(usize, usize) -> (Color32, String, String) + 'a;
 /// cell clicked.
 fn heatmap_ui(
     ui: &mut egui::Ui,
+    title: &str,
     names: &[String],
     cell_px: f32,
     selected: Option<(usize, usize)>,
@@ -213,6 +221,7 @@ fn heatmap_ui(
         + 6.0;
     let size = vec2(label_px + n as f32 * cell_px, label_px + n as f32 * cell_px);
     let (rect, resp) = ui.allocate_exact_size(size, Sense::click());
+    resp.widget_info(|| egui::WidgetInfo::labeled(egui::Role::Canvas, true, title));
     let painter = ui.painter_at(rect);
     let grid = Rect::from_min_size(
         rect.min + vec2(label_px, label_px),
@@ -317,7 +326,8 @@ fn matrices_ui(v: &View, ui: &mut egui::Ui, wants: &mut Wants) {
     let mut clicked = None;
     ui.horizontal_top(|ui| {
         ui.vertical(|ui| {
-            ui.strong(format!("{engine}: confusion matrix"))
+            let title = format!("{engine}: confusion matrix");
+            ui.strong(&title)
                 .on_hover_text("Rows: true class; columns: predicted class. Colour: share of the true class's images");
             let bg = ui.visuals().extreme_bg_color;
             let cell = |t: usize, p: usize| {
@@ -326,7 +336,7 @@ fn matrices_ui(v: &View, ui: &mut egui::Ui, wants: &mut Wants) {
                 let rate = c as f32 / total as f32;
                 let fill = mix(bg, COUNT_COLOR, rate.sqrt());
                 let hover = format!(
-                    "true {} → predicted {}: {c} images ({:.1} % of {}); FP32: {}",
+                    "true {}, predicted {}: {c} images ({:.1} % of {}); FP32: {}",
                     v.names[t],
                     v.names[p],
                     rate * 100.0,
@@ -337,6 +347,7 @@ fn matrices_ui(v: &View, ui: &mut egui::Ui, wants: &mut Wants) {
             };
             clicked = clicked.or(heatmap_ui(
                 ui,
+                &title,
                 &v.names,
                 cell_px,
                 v.state.cell,
@@ -352,7 +363,8 @@ fn matrices_ui(v: &View, ui: &mut egui::Ui, wants: &mut Wants) {
             }
             let diff = v.own.diff(v.base);
             let max = diff.iter().map(|d| d.2.abs()).max().unwrap_or(1).max(1) as f32;
-            ui.strong(format!("{engine} minus FP32"))
+            let title = format!("{engine} minus FP32");
+            ui.strong(&title)
                 .on_hover_text("Red: worse than FP32 (more images in a wrong cell, fewer on the diagonal); blue: better");
             let bg = ui.visuals().extreme_bg_color;
             let cell = |t: usize, p: usize| {
@@ -370,7 +382,7 @@ fn matrices_ui(v: &View, ui: &mut egui::Ui, wants: &mut Wants) {
                     )
                 };
                 let hover = format!(
-                    "true {} → predicted {}: FP32 {a}, {engine} {b} ({d:+})",
+                    "true {}, predicted {}: FP32 {a}, {engine} {b} ({d:+})",
                     v.names[t], v.names[p]
                 );
                 (
@@ -381,6 +393,7 @@ fn matrices_ui(v: &View, ui: &mut egui::Ui, wants: &mut Wants) {
             };
             clicked = clicked.or(heatmap_ui(
                 ui,
+                &title,
                 &v.names,
                 cell_px,
                 v.state.cell,
@@ -541,6 +554,8 @@ fn shown_flips<'a>(v: &View<'a>) -> Vec<(&'a GalleryImage, Flip, f32)> {
 /// The flipped images, lost first (largest drop of the true class's probability), then
 /// gained; a thumbnail, the true class, FP32's and the engine's top-3 each.
 fn gallery_ui(v: &View, ui: &mut egui::Ui, wants: &mut Wants) {
+    // The panel keeps its width whatever it lists, so the matrices beside it stay put.
+    ui.set_min_width(ui.available_width());
     let engine = engine_name(&v.report.rows[v.engine]);
     let flips = shown_flips(v);
     let lost = flips.iter().filter(|f| f.1 == Flip::Lost).count();
