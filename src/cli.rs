@@ -779,7 +779,7 @@ fn run_experiment(
     sink.bar.finish_and_clear();
     let o = &exp.output;
     print_table(
-        &out.report.to_markdown(),
+        &out.report.to_terminal_markdown(),
         [
             &o.report_json,
             &o.markdown,

@@ -637,6 +637,16 @@ fn classes_tab_picks_an_engine_selects_an_image_and_exports_csv() {
     assert_eq!(h.state().classes.image, Some(13));
     assert!(h.state().history.contains(&Command::SelectGalleryImage(13)));
     h.get_by_label("true class: coat");
+    // Arrow keys step through the gallery as shown (lost by largest drop, then gained).
+    let order = h.state().gallery_order();
+    assert_eq!(order.len(), 4, "{order:?}");
+    let at = order.iter().position(|&i| i == 13).expect("shown");
+    h.key_press(egui::Key::ArrowDown);
+    h.run();
+    assert_eq!(h.state().classes.image, Some(order[(at + 1).min(3)]));
+    h.key_press(egui::Key::ArrowUp);
+    h.run();
+    assert_eq!(h.state().classes.image, Some(13));
     // Hovering the difference matrix's last cell (ankle boots kept as ankle boots) says what
     // it counts; a click on it narrows the gallery to it, another widens it again.
     let grid = h
@@ -711,4 +721,30 @@ fn masks_and_classes_tabs_point_to_each_other() {
     h.get_by_label("Masks").click();
     h.run();
     h.get_by_label_contains("in the Classes tab");
+}
+
+/// Past 30 classes the Classes tab lists the most confused pairs and the largest moves rather
+/// than drawing grids; a click on a pair narrows the gallery to it.
+#[test]
+fn classes_tab_lists_pairs_for_many_classes() {
+    let mut wb = sample_classifier_workbench();
+    let mut report = wb.results.report.clone().expect("report");
+    report.evaluation.classes = (0..40).map(|c| format!("class_{c}")).collect();
+    for r in &mut report.rows {
+        r.confusion.as_mut().expect("confusion").classes = 40;
+    }
+    wb.set_results(report, None);
+    wb.tab = Tab::Classes;
+    let mut h = harness(wb);
+    h.run();
+    h.get_by_label("Most confused, INT8 max");
+    h.get_by_label("Largest moves, INT8 max minus FP32");
+    // INT8 max's one confusion: a pullover (class 2) taken for a coat (class 4).
+    h.get_all_by_label("class_2")
+        .next()
+        .expect("the pair")
+        .click();
+    h.run();
+    assert_eq!(h.state().classes.cell, Some((2, 4)));
+    h.get_by_label("Flipped images: 1 lost, 0 gained");
 }

@@ -279,6 +279,27 @@ impl Report {
         out
     }
 
+    /// [`Report::flips`] of row `k`, narrowed to one confusion cell when given: the images of
+    /// true class `t` that `k` predicts as `p`.
+    pub fn flips_in(
+        &self,
+        k: usize,
+        cell: Option<(usize, usize)>,
+    ) -> Vec<(&GalleryImage, Flip, f32)> {
+        let mut out = self.flips(k);
+        if let Some((t, p)) = cell {
+            out.retain(|(g, _, _)| {
+                g.true_class == t
+                    && g.tops
+                        .get(k)
+                        .and_then(Option::as_ref)
+                        .and_then(ImageTop::top1)
+                        == Some(p)
+            });
+        }
+        out
+    }
+
     /// The Markdown sections of a classifier's report: FP32's confusion matrix, what each other
     /// engine moves against it, and the images each engine flips. Empty for other tasks.
     pub fn classes_markdown(&self) -> String {
@@ -616,6 +637,13 @@ mod tests {
         assert_eq!(flips, [(2, Flip::Lost), (1, Flip::Lost), (3, Flip::Gained)]);
         assert!((r.flips(1)[0].2 - 0.7).abs() < 1e-6);
         assert!(r.flips(0).is_empty(), "FP32 against itself");
+        // Narrowed to a cell: dogs the engine calls birds.
+        let cell: Vec<usize> = r
+            .flips_in(1, Some((1, 2)))
+            .iter()
+            .map(|x| x.0.image)
+            .collect();
+        assert_eq!(cell, [1]);
         let csv = r.gallery_csv();
         assert!(
             csv.contains(
@@ -659,5 +687,49 @@ mod tests {
             csv.contains("\"fp32\",0,\"cat\",0,\"cat\",2,2,0\n"),
             "{csv}"
         );
+    }
+
+    /// Past GRID_MAX_CLASSES the Markdown lists pairs, not grids; the terminal's table leaves
+    /// the sections out and says where they are.
+    #[test]
+    fn many_classes_are_listed_as_pairs() {
+        let n = 40;
+        let pairs = |extra: &[(usize, usize, usize)]| {
+            let mut v: Vec<(usize, usize)> = (0..n).map(|c| (c, c)).collect();
+            for &(t, p, k) in extra {
+                v.extend(std::iter::repeat_n((t, p), k));
+            }
+            v
+        };
+        let row = |p: Precision, extra: &[(usize, usize, usize)]| Row {
+            precision: Some(p),
+            method: (p == Precision::Int8).then_some(crate::calib::Method::Max),
+            confusion: Some(Confusion::from_pairs(n, pairs(extra))),
+            ..Default::default()
+        };
+        let mut r = Report {
+            rows: vec![
+                row(Precision::Fp32, &[(5, 7, 3)]),
+                row(Precision::Int8, &[(5, 7, 5), (12, 3, 2)]),
+            ],
+            ..Default::default()
+        };
+        r.evaluation.classes = (0..n).map(|c| format!("c{c}")).collect();
+        let md = r.to_markdown();
+        assert!(!md.contains("| true \\ predicted |"), "{md}");
+        assert!(md.contains("## Most confused classes, FP32"), "{md}");
+        assert!(md.contains("| c5 | c7 | 3 |"), "{md}");
+        assert!(
+            md.contains("## Largest moves of int8 max against FP32"),
+            "{md}"
+        );
+        // Largest move first: +2 for both cells, ties by true class.
+        assert!(
+            md.contains("| c5 | c7 | 3 | 5 | +2 |\n| c12 | c3 | 0 | 2 | +2 |"),
+            "{md}"
+        );
+        let terminal = r.to_terminal_markdown();
+        assert!(!terminal.contains("Most confused"), "{terminal}");
+        assert!(terminal.contains("--confusion-csv"), "{terminal}");
     }
 }

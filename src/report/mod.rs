@@ -409,7 +409,18 @@ impl Report {
         serde_json::to_string_pretty(self).unwrap_or_default()
     }
 
+    /// The Markdown report, with a classifier's confusion matrices and flipped images.
     pub fn to_markdown(&self) -> String {
+        self.markdown(true)
+    }
+
+    /// The Markdown report for a terminal: a classifier's matrices and flipped images (dozens
+    /// of lines per engine) are replaced by a line saying where they are.
+    pub fn to_terminal_markdown(&self) -> String {
+        self.markdown(false)
+    }
+
+    fn markdown(&self, with_classes: bool) -> String {
         let seg = self.model.task == Some(Task::Segmentation);
         let metric = if seg { "mIoU %" } else { "top-1 %" };
         let threads = self
@@ -497,7 +508,13 @@ impl Report {
                 ));
             }
         }
-        s.push_str(&self.classes_markdown());
+        match with_classes {
+            true => s.push_str(&self.classes_markdown()),
+            false if self.rows.iter().any(|r| r.confusion.is_some()) => s.push_str(
+                "\nConfusion matrices and the images each engine flips against FP32: in the Markdown and JSON reports (--md, --report), as CSV with --confusion-csv and --gallery-csv, and in the window's Classes tab.\n",
+            ),
+            false => {}
+        }
         if self.incomplete {
             s.push_str("\nIncomplete: the run was stopped; these are the rows that finished.\n");
         }

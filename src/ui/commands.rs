@@ -251,6 +251,24 @@ impl Workbench {
                 self.masks.image = i;
                 self.masks.textures.clear();
             }
+            Command::NextImage | Command::PrevImage if self.tab == Tab::Classes => {
+                let order = self.gallery_order();
+                let Some(last) = order.len().checked_sub(1) else {
+                    return;
+                };
+                // Nothing selected means the first image is shown.
+                let pos = self
+                    .classes
+                    .image
+                    .and_then(|i| order.iter().position(|&o| o == i))
+                    .unwrap_or(0);
+                let next = if c == Command::NextImage {
+                    (pos + 1).min(last)
+                } else {
+                    pos.saturating_sub(1)
+                };
+                self.classes.image = Some(order[next]);
+            }
             Command::NextImage | Command::PrevImage => {
                 let order = self.image_order();
                 if order.is_empty() {
@@ -993,6 +1011,19 @@ impl Workbench {
             .or_else(|| first(&|r| r.precision == Some(Precision::Int8)))
             .or_else(|| first(&|r| r.precision != Some(Precision::Fp32)))
             .or_else(|| first(&|_| true))
+    }
+
+    /// The Classes tab's gallery as shown: the images the chosen engine flips against FP32,
+    /// narrowed to the chosen confusion cell.
+    pub fn gallery_order(&self) -> Vec<usize> {
+        let (Some(report), Some(k)) = (&self.results.report, self.classes_engine()) else {
+            return vec![];
+        };
+        report
+            .flips_in(k, self.classes.cell)
+            .iter()
+            .map(|f| f.0.image)
+            .collect()
     }
 
     /// Asks the I/O thread for a gallery thumbnail, once.

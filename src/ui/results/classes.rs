@@ -532,23 +532,9 @@ fn top_text(v: &View, g: &GalleryImage, k: usize) -> String {
         .unwrap_or_else(|| "–".into())
 }
 
-/// The engine's flips, narrowed to the chosen cell: (true class, the engine's prediction).
+/// The engine's flips, narrowed to the chosen cell.
 fn shown_flips<'a>(v: &View<'a>) -> Vec<(&'a GalleryImage, Flip, f32)> {
-    v.report
-        .flips(v.engine)
-        .into_iter()
-        .filter(|(g, _, _)| match v.state.cell {
-            Some((t, p)) => {
-                g.true_class == t
-                    && g.tops
-                        .get(v.engine)
-                        .and_then(Option::as_ref)
-                        .and_then(|x| x.top1())
-                        == Some(p)
-            }
-            None => true,
-        })
-        .collect()
+    v.report.flips_in(v.engine, v.state.cell)
 }
 
 /// The flipped images, lost first (largest drop of the true class's probability), then
