@@ -46,9 +46,10 @@ pub(super) fn write_outputs(
         .into_iter()
         .map(|e| e.to_string())
         .collect();
-    let classes_csv: [(&Option<PathBuf>, fn(&Report) -> String); 2] = [
-        (&o.confusion_csv, Report::confusion_csv),
-        (&o.gallery_csv, Report::gallery_csv),
+    type Text = fn(&Report) -> String;
+    let classes_csv: [(Option<&Path>, Text); 2] = [
+        (o.confusion_csv.as_deref(), Report::confusion_csv),
+        (o.gallery_csv.as_deref(), Report::gallery_csv),
     ];
     for (path, text) in classes_csv {
         let Some(path) = path else { continue };

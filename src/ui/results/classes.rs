@@ -330,9 +330,11 @@ fn matrices_ui(v: &View, ui: &mut egui::Ui, wants: &mut Wants) {
             ui.strong(&title)
                 .on_hover_text("Rows: true class; columns: predicted class. Colour: share of the true class's images");
             let bg = ui.visuals().extreme_bg_color;
+            // Once per frame, not once per cell.
+            let totals: Vec<u32> = (0..n).map(|t| v.own.row_total(t)).collect();
             let cell = |t: usize, p: usize| {
                 let c = v.own.count(t, p);
-                let total = v.own.row_total(t).max(1);
+                let total = totals[t].max(1);
                 let rate = c as f32 / total as f32;
                 let fill = mix(bg, COUNT_COLOR, rate.sqrt());
                 let hover = format!(
@@ -493,7 +495,7 @@ fn per_class_ui(v: &View, ui: &mut egui::Ui) {
                     }
                     ui.end_row();
                     for (c, x, y) in classes {
-                        ui.label(&v.name(c));
+                        ui.label(v.name(c));
                         ui.label(v.base.row_total(c).to_string());
                         ui.label(crate::report::pct(x));
                         ui.label(crate::report::pct(y));
