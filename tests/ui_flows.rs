@@ -748,3 +748,44 @@ fn classes_tab_lists_pairs_for_many_classes() {
     assert_eq!(h.state().classes.cell, Some((2, 4)));
     h.get_by_label("Flipped images: 1 lost, 0 gained");
 }
+
+/// The bundled classifier run in the window (FP32 and INT8 entropy, the method that flips most
+/// images on it): the Classes tab shows INT8's matrices and its flipped images, whose
+/// thumbnails and selected image load on the I/O thread.
+#[test]
+fn the_bundled_classifier_in_the_classes_tab() {
+    let ron = Path::new(env!("CARGO_MANIFEST_DIR")).join("sample_models/fashion_resnet.ron");
+    let mut e = Experiment::load(&ron).expect("sample experiment");
+    e.precisions = vec![Precision::Fp32, Precision::Int8];
+    e.methods = vec![quantscope::calib::Method::Entropy];
+    e.bench.min_runs = 2;
+    e.bench.warmup_runs = 0;
+    e.bench.min_time_ms = 0.0;
+    e.bench.batch = 1;
+    let mut wb = Workbench::new(None, Settings::default());
+    wb.apply(Command::SetExperiment(Box::new(e)));
+    // The Calibration panel writes the methods from its choice.
+    wb.primary_method = quantscope::calib::Method::Entropy;
+    let mut h = harness(wb);
+    h.state_mut().push(Command::Run);
+    h.step();
+    until(&mut h, "the run", |wb| {
+        !wb.is_running() && wb.results.report.is_some()
+    });
+    h.get_by_label("Classes").click();
+    h.run();
+    assert_eq!(h.state().classes_engine(), Some(1), "the INT8 row");
+    h.get_by_role_and_label(Role::Canvas, "INT8 entropy minus FP32");
+    let order = h.state().gallery_order();
+    assert!(order.len() > 10, "{order:?}");
+    let report = h.state().results.report.clone().expect("report");
+    let name = report.image_name(order[1]);
+    h.get_by_label(&name).click();
+    h.run();
+    assert_eq!(h.state().classes.image, Some(order[1]));
+    let file = report.evaluation.image_files[order[1]].clone();
+    until(&mut h, "the thumbnails and the selected image", |wb| {
+        wb.classes.thumbs.len() >= 5 && wb.masks.images.contains_key(&file)
+    });
+    assert!(h.state().classes.thumb_errors.is_empty());
+}
