@@ -64,6 +64,15 @@ impl Confusion {
             .sum()
     }
 
+    /// Images of each true class, in one pass over the cells.
+    pub fn row_totals(&self) -> Vec<u32> {
+        let mut totals = vec![0u32; self.classes];
+        for &[t, _, c] in &self.cells {
+            totals[t as usize] += c;
+        }
+        totals
+    }
+
     /// The whole matrix, `dense()[true][predicted]` (for drawing; small class counts only).
     pub fn dense(&self) -> Vec<Vec<u32>> {
         let mut m = vec![vec![0u32; self.classes]; self.classes];
@@ -560,6 +569,7 @@ mod tests {
         assert_eq!(fp32.cells, vec![[0, 0, 2], [1, 1, 1], [1, 2, 1], [2, 2, 1]]);
         assert_eq!((fp32.count(1, 2), fp32.count(2, 1)), (1, 0));
         assert_eq!(fp32.row_total(1), 2);
+        assert_eq!(fp32.row_totals(), vec![2, 2, 1]);
         assert_eq!(fp32.dense()[0], vec![2, 0, 0]);
         // INT8 moves one class-0 image into class 2 and fixes the class-1 image.
         let int8 = Confusion::from_pairs(3, [(0, 0), (0, 2), (1, 1), (1, 1), (2, 2)]);

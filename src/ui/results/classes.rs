@@ -331,7 +331,7 @@ fn matrices_ui(v: &View, ui: &mut egui::Ui, wants: &mut Wants) {
                 .on_hover_text("Rows: true class; columns: predicted class. Colour: share of the true class's images");
             let bg = ui.visuals().extreme_bg_color;
             // Once per frame, not once per cell.
-            let totals: Vec<u32> = (0..n).map(|t| v.own.row_total(t)).collect();
+            let totals = v.own.row_totals();
             let cell = |t: usize, p: usize| {
                 let c = v.own.count(t, p);
                 let total = totals[t].max(1);
@@ -481,35 +481,71 @@ fn per_class_ui(v: &View, ui: &mut egui::Ui) {
     });
     ui.strong("Per-class accuracy, largest drop first")
         .on_hover_text("Top-1 accuracy on each class's images, FP32 and the chosen engine");
+    // Fixed column widths and only the rows in view: a 1000-class model stays cheap to draw.
+    let widths = [
+        v.names
+            .iter()
+            .map(|n| n.chars().count())
+            .max()
+            .unwrap_or(8)
+            .clamp(8, 24) as f32
+            * 7.5,
+        52.0,
+        58.0,
+        64.0,
+        48.0,
+    ];
+    let row_h = ui.text_style_height(&egui::TextStyle::Body);
+    let cells = |ui: &mut egui::Ui, texts: [egui::WidgetText; 5]| {
+        ui.horizontal(|ui| {
+            // The class name to the left, numbers to the right of their columns.
+            for (k, (w, t)) in widths.iter().zip(texts).enumerate() {
+                let layout = if k == 0 {
+                    egui::Layout::left_to_right(egui::Align::Center)
+                } else {
+                    egui::Layout::right_to_left(egui::Align::Center)
+                };
+                ui.allocate_ui_with_layout(vec2(*w, row_h), layout, |ui| {
+                    ui.set_min_width(*w);
+                    ui.add(egui::Label::new(t).truncate());
+                });
+            }
+        });
+    };
+    cells(
+        ui,
+        ["class", "images", "FP32 %", "engine %", "Δ pt"]
+            .map(|h| egui::RichText::new(h).strong().into()),
+    );
+    let totals = v.base.row_totals();
     egui::ScrollArea::vertical()
         .id_salt("classes.per_class")
         .auto_shrink([true, true])
         .max_height(ui.available_height().max(120.0))
-        .show(ui, |ui| {
-            egui::Grid::new("classes.per_class.grid")
-                .striped(true)
-                .num_columns(5)
-                .show(ui, |ui| {
-                    for h in ["class", "images", "FP32 %", "engine %", "Δ pt"] {
-                        ui.strong(h);
-                    }
-                    ui.end_row();
-                    for (c, x, y) in classes {
-                        ui.label(v.name(c));
-                        ui.label(v.base.row_total(c).to_string());
-                        ui.label(crate::report::pct(x));
-                        ui.label(crate::report::pct(y));
-                        match delta(&x, &y) {
-                            Some(d) => ui.colored_label(
-                                theme::delta_color(d * 100.0),
-                                format!("{:+.1}", d * 100.0),
-                            ),
-                            None => ui.label("–"),
-                        };
-                        ui.end_row();
-                    }
-                });
-        });
+        .show_rows(
+            ui,
+            row_h + ui.spacing().item_spacing.y,
+            classes.len(),
+            |ui, range| {
+                for &(c, x, y) in &classes[range] {
+                    let d = match delta(&x, &y) {
+                        Some(d) => egui::RichText::new(format!("{:+.1}", d * 100.0))
+                            .color(theme::delta_color(d * 100.0)),
+                        None => egui::RichText::new("–"),
+                    };
+                    cells(
+                        ui,
+                        [
+                            v.name(c).into(),
+                            totals.get(c).copied().unwrap_or(0).to_string().into(),
+                            crate::report::pct(x).into(),
+                            crate::report::pct(y).into(),
+                            d.into(),
+                        ],
+                    );
+                }
+            },
+        );
 }
 
 /// A gallery entry's top-k as "shirt 0.52 · coat 0.35 · pullover 0.05".
