@@ -288,6 +288,29 @@ impl Report {
         out
     }
 
+    /// How many evaluation images row `k` flips against FP32, (lost, gained), from each row's
+    /// per-image correctness: every image, where the gallery keeps at most
+    /// [`GALLERY_MAX_IMAGES`].
+    pub fn flip_counts(&self, k: usize) -> Option<(usize, usize)> {
+        let f = self.fp32_index().filter(|&f| f != k)?;
+        let (a, b) = (&self.rows[f].per_image, &self.rows.get(k)?.per_image);
+        if a.is_empty() || a.len() != b.len() || self.rows[k].failed() {
+            return None;
+        }
+        let right = |v: f64| v >= 0.5;
+        let lost = a
+            .iter()
+            .zip(b)
+            .filter(|(x, y)| right(**x) && !right(**y))
+            .count();
+        let gained = a
+            .iter()
+            .zip(b)
+            .filter(|(x, y)| !right(**x) && right(**y))
+            .count();
+        Some((lost, gained))
+    }
+
     /// [`Report::flips`] of row `k`, narrowed to one confusion cell when given: the images of
     /// true class `t` that `k` predicts as `p`.
     pub fn flips_in(
@@ -392,11 +415,11 @@ impl Report {
             if flips.is_empty() {
                 continue;
             }
-            let lost = flips.iter().filter(|x| x.1 == Flip::Lost).count();
+            let kept = flips.iter().filter(|x| x.1 == Flip::Lost).count();
+            let (lost, gained) = self.flip_counts(*k).unwrap_or((kept, flips.len() - kept));
             gallery.push_str(&format!(
-                "\n### {}: {lost} lost, {} gained\n\n| image | true class | FP32 top-1 (p) | engine top-1 (p) | p(true) FP32 → engine | drop |\n|---|---|---|---|---|---|\n",
+                "\n### {}: {lost} lost, {gained} gained\n\n| image | true class | FP32 top-1 (p) | engine top-1 (p) | p(true) FP32 → engine | drop |\n|---|---|---|---|---|---|\n",
                 r.label(),
-                flips.len() - lost
             ));
             let shown = flips
                 .iter()
@@ -433,10 +456,10 @@ impl Report {
                     tp(*k)
                 ));
             }
-            if lost > listed {
+            if kept > listed {
                 gallery.push_str(&format!(
                     "\n{} more lost images in the JSON report's `gallery`.\n",
-                    lost - listed
+                    kept - listed
                 ));
             }
         }
@@ -646,6 +669,11 @@ mod tests {
         let flips: Vec<(usize, Flip)> = r.flips(1).iter().map(|x| (x.0.image, x.1)).collect();
         assert_eq!(flips, [(2, Flip::Lost), (1, Flip::Lost), (3, Flip::Gained)]);
         assert!((r.flips(1)[0].2 - 0.7).abs() < 1e-6);
+        // Counted over every image from the rows' per-image correctness, not the gallery.
+        r.rows[0].per_image = vec![1.0, 1.0, 1.0, 0.0, 1.0];
+        r.rows[1].per_image = vec![1.0, 0.0, 0.0, 1.0, 0.0];
+        assert_eq!(r.flip_counts(1), Some((3, 1)));
+        assert_eq!(r.flip_counts(0), None);
         assert!(r.flips(0).is_empty(), "FP32 against itself");
         // Narrowed to a cell: dogs the engine calls birds.
         let cell: Vec<usize> = r

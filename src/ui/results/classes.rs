@@ -582,11 +582,19 @@ fn gallery_ui(v: &View, ui: &mut egui::Ui, wants: &mut Wants) {
     ui.set_min_width(ui.available_width());
     let engine = engine_name(&v.report.rows[v.engine]);
     let flips = shown_flips(v);
-    let lost = flips.iter().filter(|f| f.1 == Flip::Lost).count();
-    ui.label(format!(
-        "Flipped images: {lost} lost, {} gained",
-        flips.len() - lost
-    ))
+    let kept = flips.iter().filter(|f| f.1 == Flip::Lost).count();
+    // Over every image (the gallery keeps the largest changes only), unless narrowed to a cell.
+    let (lost, gained) = match v.state.cell {
+        None => v.report.flip_counts(v.engine),
+        Some(_) => None,
+    }
+    .unwrap_or((kept, flips.len() - kept));
+    let more = if lost + gained > flips.len() {
+        format!(" (the {} with the largest changes shown)", flips.len())
+    } else {
+        String::new()
+    };
+    ui.label(format!("Flipped images: {lost} lost, {gained} gained{more}"))
     .on_hover_text(format!(
         "Lost: FP32 right, {engine} wrong; gained: the reverse. Sorted by the drop in the true class's probability (FP32 minus {engine})"
     ));
