@@ -104,6 +104,14 @@ pub struct OutputArgs {
     /// Write a CSV table here (`-`: stdout).
     #[arg(long, value_name = "OUT.csv")]
     pub csv: Option<PathBuf>,
+    /// Classifiers: write every engine's confusion matrix here as CSV, one line per cell
+    /// (engine, true class, predicted class, images, FP32's images, difference).
+    #[arg(long, value_name = "OUT.csv")]
+    pub confusion_csv: Option<PathBuf>,
+    /// Classifiers: write the images each engine flips against FP32 (right to wrong and the
+    /// reverse) here as CSV, with the true class's probability and each top-3.
+    #[arg(long, value_name = "OUT.csv")]
+    pub gallery_csv: Option<PathBuf>,
     /// Write each method's Q/DQ ONNX model and TensorRT calibration cache to this folder.
     #[arg(long, value_name = "DIR")]
     pub export_qdq: Option<PathBuf>,
@@ -586,6 +594,8 @@ impl OutputArgs {
             (&self.report, &mut o.report_json),
             (&self.md, &mut o.markdown),
             (&self.csv, &mut o.csv),
+            (&self.confusion_csv, &mut o.confusion_csv),
+            (&self.gallery_csv, &mut o.gallery_csv),
             (&self.export_qdq, &mut o.qdq_dir),
             (&self.save_masks, &mut o.masks_dir),
         ] {
@@ -769,8 +779,16 @@ fn run_experiment(
     sink.bar.finish_and_clear();
     let o = &exp.output;
     print_table(
-        &out.report.to_markdown(),
-        [&o.report_json, &o.markdown, &o.csv].into_iter().flatten(),
+        &out.report.to_terminal_markdown(),
+        [
+            &o.report_json,
+            &o.markdown,
+            &o.csv,
+            &o.confusion_csv,
+            &o.gallery_csv,
+        ]
+        .into_iter()
+        .flatten(),
     );
     let mut code = run_exit_code(&out.report, &out.output_errors);
     for e in &out.output_errors {

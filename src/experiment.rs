@@ -80,6 +80,10 @@ pub struct OutputSpec {
     pub report_json: Option<PathBuf>,
     pub markdown: Option<PathBuf>,
     pub csv: Option<PathBuf>,
+    /// Classifiers: every engine's confusion matrix against FP32's, as CSV (long form).
+    pub confusion_csv: Option<PathBuf>,
+    /// Classifiers: the images each engine flips against FP32, with top-3s, as CSV.
+    pub gallery_csv: Option<PathBuf>,
     /// Writes `<model>_int8_<method>.onnx` and `.cache` (TensorRT calibration cache) here.
     pub qdq_dir: Option<PathBuf>,
     /// Which models go into `qdq_dir`: INT8 Q/DQ + cache, strongly typed FP16, mixed INT8/FP16.
@@ -95,6 +99,8 @@ impl Default for OutputSpec {
             report_json: None,
             markdown: None,
             csv: None,
+            confusion_csv: None,
+            gallery_csv: None,
             qdq_dir: None,
             export_precisions: vec![crate::export::ExportPrecision::Int8],
             masks_dir: None,

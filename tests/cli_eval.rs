@@ -535,3 +535,95 @@ fn cpu_engine_choice_and_a_missing_or_wrong_library() {
         }
     }
 }
+
+/// The bundled classifier's report carries the classifier inspection: each engine's confusion
+/// matrix in the JSON, FP32's matrix and what INT8 moves in the Markdown, the gallery of flipped
+/// images in both, and the two CSV files.
+#[test]
+fn the_bundled_classifier_report_has_its_confusion_matrices_and_gallery() {
+    let dir = common::temp_dir("classes");
+    let samples = Path::new(env!("CARGO_MANIFEST_DIR")).join("sample_models");
+    let abs = |s: &str| format!("{:?}", samples.join(s).to_string_lossy());
+    // The sample experiment, narrowed to FP32 and the entropy engine (the one that flips most
+    // images on this model) and a short timing, with its paths made absolute.
+    let ron = std::fs::read_to_string(samples.join("fashion_resnet.ron"))
+        .expect("sample experiment")
+        .replace("\"fashion_resnet.onnx\"", &abs("fashion_resnet.onnx"))
+        .replace("\"data/fashion_calib\"", &abs("data/fashion_calib"))
+        .replace("\"data/fashion_eval\"", &abs("data/fashion_eval"))
+        .replace(
+            "\"fashion_resnet.labels.txt\"",
+            &abs("fashion_resnet.labels.txt"),
+        )
+        .replace("[max, percentile, mse, entropy]", "[entropy]")
+        .replace("[fp32, fp16, int8]", "[fp32, int8]")
+        .replace(
+            "(warmup_runs: 5, min_runs: 20, min_time_ms: 500.0, batch: 8)",
+            "(warmup_runs: 1, min_runs: 2, min_time_ms: 1.0, batch: 1)",
+        );
+    let exp = dir.join("fashion.ron");
+    std::fs::write(&exp, ron).expect("experiment");
+    let p = |s: &str| dir.join(s).to_string_lossy().into_owned();
+    eval_ok(
+        &dir,
+        &[
+            "run".into(),
+            p("fashion.ron"),
+            "--report".into(),
+            p("r.json"),
+            "--md".into(),
+            p("r.md"),
+            "--confusion-csv".into(),
+            p("confusion.csv"),
+            "--gallery-csv".into(),
+            p("gallery.csv"),
+        ],
+    );
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("r.json")).expect("json")).expect("json");
+    let rows = report["rows"].as_array().expect("rows");
+    assert_eq!(rows.len(), 2);
+    for r in rows {
+        let c = &r["confusion"];
+        assert_eq!(c["classes"], 10, "{c}");
+        let images: u64 = c["cells"]
+            .as_array()
+            .expect("cells")
+            .iter()
+            .map(|cell| cell[2].as_u64().expect("count"))
+            .sum();
+        assert_eq!(images, 1000, "every evaluation image counted once");
+    }
+    let gallery = report["gallery"].as_array().expect("gallery");
+    assert!(
+        !gallery.is_empty(),
+        "INT8 entropy flips images on this model"
+    );
+    let g = &gallery[0];
+    assert_eq!(g["tops"].as_array().map(Vec::len), Some(2), "{g}");
+    assert_eq!(g["tops"][0]["top"].as_array().map(Vec::len), Some(3), "{g}");
+    let md = std::fs::read_to_string(dir.join("r.md")).expect("markdown");
+    for needle in [
+        "## Confusion matrix, FP32",
+        "| true \\ predicted | tshirt_top | trouser |",
+        "## int8 entropy minus FP32",
+        "## Images that flipped against FP32",
+        "### int8 entropy: ",
+    ] {
+        assert!(md.contains(needle), "{needle} missing from\n{md}");
+    }
+    let csv = std::fs::read_to_string(dir.join("confusion.csv")).expect("csv");
+    assert!(
+        csv.starts_with("engine,true_class,true_name,predicted_class"),
+        "{csv}"
+    );
+    assert!(csv.contains("\"int8 entropy\",4,\"coat\","), "{csv}");
+    let lines = std::fs::read_to_string(dir.join("gallery.csv")).expect("csv");
+    assert!(
+        lines
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.contains("\"int8 entropy\",lost,")),
+        "{lines}"
+    );
+}

@@ -13,8 +13,8 @@ use egui_kittest::kittest::{NodeT, Queryable};
 use quantscope::backend::Precision;
 use quantscope::experiment::Experiment;
 use quantscope::model::testing::residual_classifier;
-use quantscope::ui::testing::sample_workbench;
-use quantscope::ui::{Command, Settings, Workbench};
+use quantscope::ui::testing::{fashion_images, sample_classifier_workbench, sample_workbench};
+use quantscope::ui::{Command, ExportKind, Settings, Tab, Workbench};
 
 fn harness(wb: Workbench) -> Harness<'static, Workbench> {
     Harness::builder()
@@ -765,4 +765,214 @@ fn graph_of_a_real_run(engine: quantscope::backend::cpu::CpuEngineChoice) {
         .map(|l| l.text.clone())
         .collect();
     assert!(errors.is_empty(), "{errors:?}");
+}
+
+/// A press and release of the primary button at `pos`, as a mouse click.
+fn click_at(h: &mut Harness<'static, Workbench>, pos: egui::Pos2) {
+    h.hover_at(pos);
+    h.run();
+    h.drag_at(pos);
+    h.drop_at(pos);
+    h.run();
+}
+
+/// The Classes tab on a classifier's results: the first INT8 engine is compared with FP32 at
+/// first; another is picked in the combo; a gallery image is selected and shown large with
+/// every engine's top-3; a confusion cell narrows the gallery; both CSV exports are written
+/// with what the views show.
+#[test]
+fn classes_tab_picks_an_engine_selects_an_image_and_exports_csv() {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let mut h = harness(sample_classifier_workbench());
+    h.run();
+    h.get_by_label("Classes").click();
+    h.run();
+    assert_eq!(h.state().tab, Tab::Classes);
+    assert_eq!(
+        h.state().classes_engine(),
+        Some(2),
+        "INT8 max, the first INT8 row"
+    );
+    h.get_by_label("Flipped images: 1 lost, 1 gained");
+    h.get_by_role_and_label(Role::Canvas, "INT8 max: confusion matrix");
+    // The engine combo shows its choice as its value; INT8 entropy flips more.
+    h.get_all_by_value("INT8 max")
+        .find(|n| n.accesskit_node().role() == Role::ComboBox)
+        .expect("the engine combo")
+        .click();
+    h.run();
+    h.get_all_by_label("INT8 entropy")
+        .find(|n| n.accesskit_node().role() != Role::Label)
+        .expect("INT8 entropy in the combo")
+        .click();
+    h.run();
+    assert_eq!(h.state().classes.engine, Some(3));
+    h.get_by_label("Flipped images: 3 lost, 1 gained");
+    h.get_by_role_and_label(Role::Canvas, "INT8 entropy minus FP32");
+    // Per-class accuracy, the largest drop (coat: two of three images to pullover) first.
+    h.get_by_label("-66.7");
+    // A click on a flipped image selects it: shown large with its true class.
+    let images = fashion_images();
+    let coat = images[13]
+        .0
+        .file_name()
+        .expect("name")
+        .to_string_lossy()
+        .into_owned();
+    h.get_by_label(&coat).click();
+    h.run();
+    assert_eq!(h.state().classes.image, Some(13));
+    assert!(h.state().history.contains(&Command::SelectGalleryImage(13)));
+    h.get_by_label("true class: coat");
+    // Arrow keys step through the gallery as shown (lost by largest drop, then gained).
+    let order = h.state().gallery_order();
+    assert_eq!(order.len(), 4, "{order:?}");
+    let at = order.iter().position(|&i| i == 13).expect("shown");
+    h.key_press(egui::Key::ArrowDown);
+    h.run();
+    assert_eq!(h.state().classes.image, Some(order[(at + 1).min(3)]));
+    h.key_press(egui::Key::ArrowUp);
+    h.run();
+    assert_eq!(h.state().classes.image, Some(13));
+    // Hovering the difference matrix's last cell (ankle boots kept as ankle boots) says what
+    // it counts; a click on it narrows the gallery to it, another widens it again.
+    let grid = h
+        .get_by_role_and_label(Role::Canvas, "INT8 entropy minus FP32")
+        .rect();
+    let corner = egui::pos2(grid.max.x as f32 - 3.0, grid.max.y as f32 - 3.0);
+    h.hover_at(corner);
+    h.run();
+    h.get_by_label_contains("true ankle_boot, predicted ankle_boot: FP32 3, INT8 entropy 3 (+0)");
+    click_at(&mut h, corner);
+    assert_eq!(h.state().classes.cell, Some((9, 9)));
+    h.get_by_label("No flipped image in this cell.");
+    click_at(&mut h, corner);
+    assert_eq!(h.state().classes.cell, None);
+    // The coat-as-pullover cell narrows the gallery to the two coats; Show all undoes it.
+    h.state_mut().push(Command::SetConfusionCell(Some((4, 2))));
+    h.run();
+    h.get_by_label("Flipped images: 2 lost, 0 gained");
+    h.get_by_label("Show all").click();
+    h.run();
+    assert_eq!(h.state().classes.cell, None);
+    // The buttons ask for a file (no dialog here); the dialog's answer writes it.
+    h.get_by_label("Matrices CSV…").click();
+    h.run();
+    assert!(
+        h.state()
+            .history
+            .contains(&Command::Export(ExportKind::ConfusionCsv))
+    );
+    let (matrices, gallery) = (dir.path().join("m.csv"), dir.path().join("g.csv"));
+    h.state_mut().push(Command::ExportTo(
+        ExportKind::ConfusionCsv,
+        matrices.clone(),
+    ));
+    h.state_mut()
+        .push(Command::ExportTo(ExportKind::GalleryCsv, gallery.clone()));
+    h.run();
+    let csv = std::fs::read_to_string(&matrices).expect("matrices written");
+    assert!(
+        csv.starts_with("engine,true_class,true_name,predicted_class"),
+        "{csv}"
+    );
+    assert!(
+        csv.contains("\"int8 entropy\",4,\"coat\",2,\"pullover\",2,0,2\n"),
+        "{csv}"
+    );
+    assert!(
+        csv.contains("\"fp32\",4,\"coat\",4,\"coat\",3,3,0\n"),
+        "{csv}"
+    );
+    let csv = std::fs::read_to_string(&gallery).expect("gallery written");
+    assert_eq!(
+        csv.lines()
+            .filter(|l| l.contains("\"int8 entropy\",lost,"))
+            .count(),
+        3,
+        "{csv}"
+    );
+    assert!(csv.contains(&coat), "{csv}");
+}
+
+/// Each per-image tab says where the other task's view is.
+#[test]
+fn masks_and_classes_tabs_point_to_each_other() {
+    let mut h = harness(sample_workbench());
+    h.run();
+    h.get_by_label("Classes").click();
+    h.run();
+    h.get_by_label_contains("the Masks tab shows its images");
+    let mut h = harness(sample_classifier_workbench());
+    h.run();
+    h.get_by_label("Masks").click();
+    h.run();
+    h.get_by_label_contains("in the Classes tab");
+}
+
+/// Past 30 classes the Classes tab lists the most confused pairs and the largest moves rather
+/// than drawing grids; a click on a pair narrows the gallery to it.
+#[test]
+fn classes_tab_lists_pairs_for_many_classes() {
+    let mut wb = sample_classifier_workbench();
+    let mut report = wb.results.report.clone().expect("report");
+    report.evaluation.classes = (0..40).map(|c| format!("class_{c}")).collect();
+    for r in &mut report.rows {
+        r.confusion.as_mut().expect("confusion").classes = 40;
+    }
+    wb.set_results(report, None);
+    wb.tab = Tab::Classes;
+    let mut h = harness(wb);
+    h.run();
+    h.get_by_label("Most confused, INT8 max");
+    h.get_by_label("Largest moves, INT8 max minus FP32");
+    // INT8 max's one confusion: a pullover (class 2) taken for a coat (class 4).
+    h.get_all_by_label("class_2")
+        .next()
+        .expect("the pair")
+        .click();
+    h.run();
+    assert_eq!(h.state().classes.cell, Some((2, 4)));
+    h.get_by_label("Flipped images: 1 lost, 0 gained");
+}
+
+/// The bundled classifier run in the window (FP32 and INT8 entropy, the method that flips most
+/// images on it): the Classes tab shows INT8's matrices and its flipped images, whose
+/// thumbnails and selected image load on the I/O thread.
+#[test]
+fn the_bundled_classifier_in_the_classes_tab() {
+    let ron = Path::new(env!("CARGO_MANIFEST_DIR")).join("sample_models/fashion_resnet.ron");
+    let mut e = Experiment::load(&ron).expect("sample experiment");
+    e.precisions = vec![Precision::Fp32, Precision::Int8];
+    e.methods = vec![quantscope::calib::Method::Entropy];
+    e.bench.min_runs = 2;
+    e.bench.warmup_runs = 0;
+    e.bench.min_time_ms = 0.0;
+    e.bench.batch = 1;
+    let mut wb = Workbench::new(None, Settings::default());
+    wb.apply(Command::SetExperiment(Box::new(e)));
+    // The Calibration panel writes the methods from its choice.
+    wb.primary_method = quantscope::calib::Method::Entropy;
+    let mut h = harness(wb);
+    h.state_mut().push(Command::Run);
+    h.step();
+    until(&mut h, "the run", |wb| {
+        !wb.is_running() && wb.results.report.is_some()
+    });
+    h.get_by_label("Classes").click();
+    h.run();
+    assert_eq!(h.state().classes_engine(), Some(1), "the INT8 row");
+    h.get_by_role_and_label(Role::Canvas, "INT8 entropy minus FP32");
+    let order = h.state().gallery_order();
+    assert!(order.len() > 10, "{order:?}");
+    let report = h.state().results.report.clone().expect("report");
+    let name = report.image_name(order[1]);
+    h.get_by_label(&name).click();
+    h.run();
+    assert_eq!(h.state().classes.image, Some(order[1]));
+    let file = report.evaluation.image_files[order[1]].clone();
+    until(&mut h, "the thumbnails and the selected image", |wb| {
+        wb.classes.thumbs.len() >= 5 && wb.masks.images.contains_key(&file)
+    });
+    assert!(h.state().classes.thumb_errors.is_empty());
 }

@@ -355,3 +355,98 @@ fn a_thousand_node_graph_stays_under_the_frame_budget() {
     );
     assert!(h.state().graph.zoom > 0.0);
 }
+
+/// A classifier report of `classes` classes over `images` images: FP32, FP16 and four INT8
+/// engines, each with its confusion matrix and per-class accuracy, and the gallery.
+fn large_classifier_report(classes: usize, images: usize) -> quantscope::report::Report {
+    use quantscope::report::{Confusion, ImageTop, Report, Row};
+    let labels: Vec<usize> = (0..images).map(|i| i % classes).collect();
+    let mut tops = vec![];
+    let mut rows = vec![];
+    for k in 0..6usize {
+        let t: Vec<ImageTop> = labels
+            .iter()
+            .enumerate()
+            .map(|(i, &y)| {
+                let pred = match k {
+                    0 | 1 if i % 7 == 0 => (y + 1) % classes,
+                    2.. if i % (3 + k) == 0 => (y + k) % classes,
+                    _ => y,
+                };
+                ImageTop {
+                    top: vec![
+                        (pred as u32, 0.8),
+                        (((pred + 1) % classes) as u32, 0.1),
+                        (((pred + 2) % classes) as u32, 0.05),
+                    ],
+                    true_p: if pred == y { 0.8 } else { 0.02 },
+                }
+            })
+            .collect();
+        let mut tally = quantscope::eval::ClassTally::default();
+        for (x, &y) in t.iter().zip(&labels) {
+            let mut scores = vec![0.0f32; classes];
+            scores[x.top1().unwrap_or(0)] = 1.0;
+            tally.add(&scores, y);
+        }
+        rows.push(Row {
+            precision: Some(
+                [Precision::Fp32, Precision::Fp16][..]
+                    .get(k)
+                    .copied()
+                    .unwrap_or(Precision::Int8),
+            ),
+            method: (k >= 2).then(|| quantscope::calib::Method::ALL[k - 2]),
+            top1: Some(tally.top1()),
+            per_class_accuracy: Some(tally.per_class_accuracy()),
+            confusion: Some(Confusion::from_pairs(
+                classes,
+                labels
+                    .iter()
+                    .copied()
+                    .zip(t.iter().map(|x| x.top1().unwrap_or(0))),
+            )),
+            ..Default::default()
+        });
+        tops.push(t);
+    }
+    let mut r = Report {
+        gallery: quantscope::report::gallery(0, &tops, &labels),
+        rows,
+        ..Default::default()
+    };
+    r.model.task = Some(quantscope::model::Task::Classification);
+    r.evaluation.classes = (0..classes).map(|c| format!("class_{c}")).collect();
+    r.evaluation.image_files = (0..images)
+        .map(|i| format!("missing/{i}.png").into())
+        .collect();
+    r
+}
+
+/// The Classes tab draws a 30-class model (two 30 × 30 heatmaps) and a 1000-class one (pairs,
+/// 1000 per-class rows, a full gallery) within the frame budget.
+#[test]
+fn classes_tab_draws_large_models_within_the_budget() {
+    for (classes, images) in [(30, 3000), (1000, 20_000)] {
+        let mut wb = Workbench::without_worker(Settings::default());
+        wb.set_results(large_classifier_report(classes, images), None);
+        wb.tab = quantscope::ui::Tab::Classes;
+        let mut h = harness(wb);
+        h.run();
+        assert_eq!(
+            h.state().results.report.as_ref().map(|r| r.gallery.len()),
+            Some(256)
+        );
+        let mut worst_ms: f64 = 0.0;
+        for _ in 0..5 {
+            let t = Instant::now();
+            h.step();
+            worst_ms = worst_ms.max(t.elapsed().as_secs_f64() * 1e3);
+        }
+        assert!(
+            worst_ms < FRAME_BUDGET_MS,
+            "{classes} classes: worst frame {worst_ms:.1} ms"
+        );
+        eprintln!("{classes} classes: worst frame {worst_ms:.1} ms");
+    }
+}

@@ -48,3 +48,36 @@ fn graph_view() {
         wb.selected_node = Some("block1/add".into());
     });
 }
+
+/// The Classes tab on the bundled classifier's images: INT8 entropy's confusion matrix and its
+/// difference against FP32, per-class accuracy, and the flipped images with their thumbnails
+/// (loaded by the worker's I/O thread, as in the window).
+#[test]
+fn classes_view() {
+    let mut wb = quantscope::ui::testing::sample_classifier_workbench();
+    wb.worker = Some(quantscope::worker::Worker::spawn().expect("worker"));
+    wb.tab = Tab::Classes;
+    wb.classes.engine = Some(3);
+    let mut h = Harness::builder()
+        .with_size(egui::vec2(1400.0, 860.0))
+        .wgpu()
+        .build_ui_state(|ui, wb: &mut Workbench| wb.frame_ui(ui), wb);
+    h.run();
+    let start = std::time::Instant::now();
+    let loaded = |wb: &Workbench| {
+        wb.classes.thumb_loading.is_empty()
+            && wb.masks.image_loading.is_empty()
+            && !wb.classes.thumbs.is_empty()
+            && !wb.masks.images.is_empty()
+    };
+    while !loaded(h.state()) {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "the gallery's images never loaded"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        h.step();
+    }
+    h.run();
+    h.snapshot("classes");
+}

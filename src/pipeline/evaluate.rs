@@ -11,6 +11,9 @@ pub struct Evaluated {
     /// Classification: the predicted class index of each image, in full (1000-class models
     /// too), for agreement with FP32.
     pub classes: Vec<usize>,
+    /// Classification: each image's top-3 with probabilities and the true class's probability
+    /// (never the whole score vector), for the gallery of flipped images.
+    pub tops: Vec<ImageTop>,
 }
 
 impl Evaluated {
@@ -20,6 +23,7 @@ impl Evaluated {
             row,
             predictions: vec![],
             classes: vec![],
+            tops: vec![],
         }
     }
 }
@@ -54,6 +58,8 @@ pub fn evaluate(
     let mut agree = (0u64, 0u64);
     let mut predictions = vec![];
     let mut classes_pred = vec![];
+    let mut labels = vec![];
+    let mut tops = vec![];
     let mut kept_bytes = 0usize;
     let mut non_finite = crate::report::NonFinite {
         of_images: samples.len(),
@@ -80,6 +86,8 @@ pub fn evaluate(
                     agree.1 += 1;
                 }
                 classes_pred.push(p);
+                labels.push(label);
+                tops.push(ImageTop::from_scores(&out.data, label));
                 vec![]
             }
             Task::Segmentation => {
@@ -136,6 +144,10 @@ pub fn evaluate(
             row.top1 = Some(class.top1());
             row.top5 = Some(class.top5());
             row.per_class_accuracy = Some(class.per_class_accuracy());
+            row.confusion = Some(Confusion::from_pairs(
+                classes,
+                labels.iter().copied().zip(classes_pred.iter().copied()),
+            ));
         }
         Task::Segmentation => {
             row.miou = Some(seg.miou());
@@ -158,11 +170,13 @@ pub fn evaluate(
         // and is not one: every metric of the row is left empty and the row says why.
         void_metrics(&mut row);
         row.non_finite = Some(non_finite);
+        tops.clear();
     }
     Ok(Evaluated {
         row,
         predictions,
         classes: classes_pred,
+        tops,
     })
 }
 
@@ -171,6 +185,7 @@ pub(super) fn void_metrics(row: &mut Row) {
     row.top1 = None;
     row.top5 = None;
     row.per_class_accuracy = None;
+    row.confusion = None;
     row.miou = None;
     row.per_class_iou = None;
     row.pixel_acc = None;

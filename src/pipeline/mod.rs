@@ -17,7 +17,8 @@ use crate::experiment::Experiment;
 use crate::model::{Model, Task};
 use crate::quant::{self, QdqModel, QuantPlan};
 use crate::report::{
-    CalibSummary, EvalSummary, MemoryBytes, ModelSummary, Report, Row, TensorRanges,
+    CalibSummary, Confusion, EvalSummary, ImageTop, MemoryBytes, ModelSummary, Report, Row,
+    TensorRanges,
 };
 
 mod evaluate;
@@ -84,6 +85,11 @@ pub struct Artifacts {
     pub predictions: Vec<Vec<Vec<u8>>>,
     pub mask_hw: Vec<[usize; 2]>,
     pub ground_truth: Vec<Vec<u8>>,
+    /// Classification: per row, each evaluation image's top-3 with probabilities (empty for
+    /// a row with no result); the report's gallery is made from them.
+    pub tops: Vec<Vec<ImageTop>>,
+    /// Classification: the true class of each evaluation image.
+    pub labels: Vec<usize>,
     /// The Q/DQ models the run built, to export from the window.
     pub qdq: Vec<QdqArtifact>,
 }
@@ -311,7 +317,7 @@ impl RowCtx<'_> {
         };
         row.build_ms = Some(t.elapsed().as_secs_f64() * 1e3);
         let built_growth = bench::rss_bytes().0.saturating_sub(rss_before);
-        let (mut predictions, mut classes) = (vec![], vec![]);
+        let (mut predictions, mut classes, mut tops) = (vec![], vec![], vec![]);
         if let Some(task) = self.p.task.filter(|_| !self.samples.is_empty()) {
             let evaluated = crate::guard::catch(&format!("evaluating {label}"), || {
                 evaluate(
@@ -336,6 +342,7 @@ impl RowCtx<'_> {
                     row.backend = backend_name;
                     predictions = ev.predictions;
                     classes = ev.classes;
+                    tops = ev.tops;
                 }
                 Err(e) => {
                     row.error = Some(e);
@@ -425,6 +432,7 @@ impl RowCtx<'_> {
             row,
             predictions,
             classes,
+            tops,
         }
     }
 
@@ -568,6 +576,7 @@ impl<'a> Rows<'a> {
             centering: None,
             exports: vec![],
             cpu_engine: Some(backend::cpu::engine().1),
+            gallery: vec![],
         };
         let artifacts = Artifacts {
             mask_hw: samples
@@ -577,6 +586,13 @@ impl<'a> Rows<'a> {
             ground_truth: samples
                 .iter()
                 .filter_map(|s| s.gt.as_ref().map(|g| g.0.clone()))
+                .collect(),
+            labels: samples
+                .iter()
+                .filter_map(|s| match &s.label {
+                    Label::Class(c) => Some(*c),
+                    _ => None,
+                })
                 .collect(),
             ..Default::default()
         };
@@ -605,6 +621,7 @@ impl<'a> Rows<'a> {
         }
         self.report.rows.push(ev.row);
         self.artifacts.predictions.push(ev.predictions);
+        self.artifacts.tops.push(ev.tops);
     }
 
     /// A row for an engine that could not be made at all (calibration or placement failed).
@@ -983,6 +1000,10 @@ impl<'a> Rows<'a> {
             .filter_map(|r| r.timing_load.and_then(|l| l.warning(&r.label())))
             .collect();
         self.report.notes.extend(busy);
+        if let Some(f) = self.report.fp32_index() {
+            self.report.gallery =
+                crate::report::gallery(f, &self.artifacts.tops, &self.artifacts.labels);
+        }
         let chance = crate::report::near_chance_note(&self.report.rows);
         for note in chance
             .into_iter()

@@ -46,6 +46,21 @@ pub(super) fn write_outputs(
         .into_iter()
         .map(|e| e.to_string())
         .collect();
+    type Text = fn(&Report) -> String;
+    let classes_csv: [(Option<&Path>, Text); 2] = [
+        (o.confusion_csv.as_deref(), Report::confusion_csv),
+        (o.gallery_csv.as_deref(), Report::gallery_csv),
+    ];
+    for (path, text) in classes_csv {
+        let Some(path) = path else { continue };
+        if report.model.task != Some(Task::Classification) {
+            sink.log("--confusion-csv and --gallery-csv apply to classifiers only");
+            continue;
+        }
+        if let Err(e) = crate::files::write(path, text(report)) {
+            failed.push(e.to_string());
+        }
+    }
     if let Some(dir) = &o.masks_dir {
         if report.model.task != Some(Task::Segmentation) {
             sink.log("--save-masks applies to segmentation models only");

@@ -354,12 +354,18 @@ pub fn check_outputs(
     more_outputs: &[&Path],
 ) -> Result<(), PipelineError> {
     let o = &exp.output;
-    let files: Vec<&Path> = [&o.report_json, &o.markdown, &o.csv]
-        .into_iter()
-        .flatten()
-        .map(PathBuf::as_path)
-        .chain(more_outputs.iter().copied())
-        .collect();
+    let files: Vec<&Path> = [
+        &o.report_json,
+        &o.markdown,
+        &o.csv,
+        &o.confusion_csv,
+        &o.gallery_csv,
+    ]
+    .into_iter()
+    .flatten()
+    .map(PathBuf::as_path)
+    .chain(more_outputs.iter().copied())
+    .collect();
     let err = |e: crate::files::OutputError| PipelineError::Config(e.to_string());
     crate::files::check_outputs(files.iter().copied()).map_err(err)?;
     let mut inputs: Vec<(&Path, &str)> = vec![(exp.model.as_path(), "the model")];

@@ -89,3 +89,46 @@ fn classifier_agreement_counts_every_class_index() {
     let same = run(&[700, 300, 999, 12], Some(&reference));
     assert_eq!(same.row.agreement, Some(1.0));
 }
+
+/// A 1000-class evaluation keeps each image's top-3 and the true class's probability (never
+/// the whole score vector) and a sparse confusion matrix: one cell per (true, predicted) pair.
+#[test]
+fn classifier_keeps_top3_and_a_sparse_confusion_matrix() {
+    // The engine answers 700, 301, 998, 12 for images labelled 700, 300, 999, 12.
+    let mut e = OneHot {
+        info: EngineInfo::default(),
+        classes: vec![700, 301, 998, 12],
+        width: 1000,
+        next: 0,
+    };
+    let samples: Vec<Sample> = [700, 300, 999, 12].into_iter().map(sample).collect();
+    let ev = evaluate(
+        &mut e,
+        &samples,
+        Task::Classification,
+        1000,
+        None,
+        &Quiet,
+        "test",
+        &CancelToken::default(),
+        &mut None,
+    )
+    .expect("evaluate");
+    assert_eq!(ev.tops.len(), 4);
+    for (t, (pred, label)) in ev
+        .tops
+        .iter()
+        .zip([(700u32, 700), (301, 300), (998, 999), (12, 12)])
+    {
+        assert_eq!(t.top.len(), 3, "{t:?}");
+        // A one-hot output already is a distribution: its probabilities are its values.
+        assert_eq!(t.top[0], (pred, 1.0), "{t:?}");
+        assert_eq!(t.true_p, if pred == label { 1.0 } else { 0.0 }, "{t:?}");
+    }
+    let confusion = ev.row.confusion.expect("confusion");
+    assert_eq!(confusion.classes, 1000);
+    assert_eq!(
+        confusion.cells,
+        vec![[12, 12, 1], [300, 301, 1], [700, 700, 1], [999, 998, 1]]
+    );
+}

@@ -1,6 +1,7 @@
 //! The report: one row per (precision, method) with accuracy, agreement, SQNR, latency and
 //! memory; written as JSON, Markdown and CSV; and mask overlays as PNG.
 
+mod classes;
 mod masks;
 
 use std::collections::BTreeMap;
@@ -14,6 +15,10 @@ use crate::calib::Method;
 use crate::data::Preprocess;
 use crate::model::{Task, TensorInfo};
 
+pub use classes::{
+    Confusion, Flip, GALLERY_MAX_IMAGES, GRID_MAX_CLASSES, GalleryImage, ImageTop, TOP_K, gallery,
+    probabilities,
+};
 pub use masks::{class_color, overlay_png, write_mask_overlays};
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
@@ -44,6 +49,9 @@ pub struct Row {
     pub top1: Option<f64>,
     pub top5: Option<f64>,
     pub per_class_accuracy: Option<Vec<Option<f64>>>,
+    /// Classifiers: the confusion matrix over the evaluation images (true × predicted).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confusion: Option<Confusion>,
     pub miou: Option<f64>,
     pub per_class_iou: Option<Vec<Option<f64>>>,
     pub pixel_acc: Option<f64>,
@@ -304,6 +312,10 @@ pub struct Report {
     /// path, the CPU's instruction set, and why where there was a choice.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpu_engine: Option<crate::backend::cpu::CpuEngineInfo>,
+    /// Classifiers: the evaluation images some engine flips against FP32 (right to wrong or
+    /// the reverse), with every engine's top-3 and probabilities (see `classes.rs`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gallery: Vec<GalleryImage>,
 }
 
 /// A fraction as a percentage with two decimals, "–" when absent (tables in reports and UI).
@@ -397,7 +409,18 @@ impl Report {
         serde_json::to_string_pretty(self).unwrap_or_default()
     }
 
+    /// The Markdown report, with a classifier's confusion matrices and flipped images.
     pub fn to_markdown(&self) -> String {
+        self.markdown(true)
+    }
+
+    /// The Markdown report for a terminal: a classifier's matrices and flipped images (dozens
+    /// of lines per engine) are replaced by a line saying where they are.
+    pub fn to_terminal_markdown(&self) -> String {
+        self.markdown(false)
+    }
+
+    fn markdown(&self, with_classes: bool) -> String {
         let seg = self.model.task == Some(Task::Segmentation);
         let metric = if seg { "mIoU %" } else { "top-1 %" };
         let threads = self
@@ -484,6 +507,13 @@ impl Report {
                     (b - a) * 100.0
                 ));
             }
+        }
+        match with_classes {
+            true => s.push_str(&self.classes_markdown()),
+            false if self.rows.iter().any(|r| r.confusion.is_some()) => s.push_str(
+                "\nConfusion matrices and the images each engine flips against FP32: in the Markdown and JSON reports (--md, --report), as CSV with --confusion-csv and --gallery-csv, and in the window's Classes tab.\n",
+            ),
+            false => {}
         }
         if self.incomplete {
             s.push_str("\nIncomplete: the run was stopped; these are the rows that finished.\n");

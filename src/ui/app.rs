@@ -147,7 +147,7 @@ impl Workbench {
         if cancel && self.is_running() {
             self.push(Command::Cancel);
         }
-        if self.tab == Tab::Masks && !typing {
+        if matches!(self.tab, Tab::Masks | Tab::Classes) && !typing {
             let (next, prev) = ctx.input(|i| {
                 (
                     i.key_pressed(Key::ArrowRight) || i.key_pressed(Key::ArrowDown),

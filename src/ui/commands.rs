@@ -10,8 +10,8 @@ use std::time::Instant;
 use egui::{Key, KeyboardShortcut, Modifiers};
 
 use super::{
-    DialogPurpose, LayerSort, MAX_RECENT, MaskViewState, PAST_RUNS_KEPT, Results, RunState, Scan,
-    Tab, Workbench, theme,
+    ClassViewState, DialogPurpose, LayerSort, MAX_RECENT, MaskViewState, PAST_RUNS_KEPT, Results,
+    RunState, Scan, Tab, Workbench, theme,
 };
 use crate::backend::Precision;
 use crate::calib::Method;
@@ -40,6 +40,10 @@ pub enum ExportKind {
     MaskPng,
     /// Each method's Q/DQ ONNX model and TensorRT calibration cache, into a folder.
     Qdq,
+    /// Every engine's confusion matrix with FP32's and the difference, one line per cell.
+    ConfusionCsv,
+    /// The images each engine flips against FP32, with the top-3s.
+    GalleryCsv,
 }
 
 impl ExportKind {
@@ -47,7 +51,7 @@ impl ExportKind {
         match self {
             ExportKind::Json => "json",
             ExportKind::Markdown => "md",
-            ExportKind::Csv => "csv",
+            ExportKind::Csv | ExportKind::ConfusionCsv | ExportKind::GalleryCsv => "csv",
             ExportKind::ViewPng | ExportKind::MaskPng => "png",
             ExportKind::Qdq => "onnx",
         }
@@ -99,6 +103,12 @@ pub enum Command {
         slot: usize,
         row: Option<usize>,
     },
+    /// The Classes tab: the engine whose confusion matrix is compared with FP32's.
+    SetClassesEngine(usize),
+    /// The Classes tab: narrow the gallery to one confusion cell (true, predicted), or not.
+    SetConfusionCell(Option<(usize, usize)>),
+    /// The Classes tab: show this evaluation image large.
+    SelectGalleryImage(usize),
     Export(ExportKind),
     ExportTo(ExportKind, PathBuf),
     SetLightTheme(bool),
@@ -252,6 +262,24 @@ impl Workbench {
                 self.masks.image = i;
                 self.masks.textures.clear();
             }
+            Command::NextImage | Command::PrevImage if self.tab == Tab::Classes => {
+                let order = self.gallery_order();
+                let Some(last) = order.len().checked_sub(1) else {
+                    return;
+                };
+                // Nothing selected means the first image is shown.
+                let pos = self
+                    .classes
+                    .image
+                    .and_then(|i| order.iter().position(|&o| o == i))
+                    .unwrap_or(0);
+                let next = if c == Command::NextImage {
+                    (pos + 1).min(last)
+                } else {
+                    pos.saturating_sub(1)
+                };
+                self.classes.image = Some(order[next]);
+            }
             Command::NextImage | Command::PrevImage => {
                 let order = self.image_order();
                 if order.is_empty() {
@@ -275,6 +303,15 @@ impl Workbench {
                     self.masks.textures.clear();
                 }
             }
+            Command::SetClassesEngine(row) => {
+                self.classes.engine = Some(row);
+                self.classes.image = None;
+            }
+            Command::SetConfusionCell(cell) => {
+                self.classes.cell = cell;
+                self.classes.image = None;
+            }
+            Command::SelectGalleryImage(i) => self.classes.image = Some(i),
             Command::Export(ExportKind::Qdq) => self.dialog(
                 DialogPurpose::Export(ExportKind::Qdq),
                 DialogKind::PickFolder,
@@ -472,6 +509,7 @@ impl Workbench {
             let previous = std::mem::take(&mut self.results);
             self.keep_in_history(previous);
             self.masks = MaskViewState::default();
+            self.classes = ClassViewState::default();
             self.layers.report = None;
             self.inspect_model();
         }
@@ -793,6 +831,7 @@ impl Workbench {
         );
         self.results.job = Some(job);
         self.masks = MaskViewState::default();
+        self.classes = ClassViewState::default();
         self.run = Some(RunState::new(job, "starting", rows_expected));
         self.log_info(format!(
             "run #{job}: {} on {}, precisions {:?}, methods {:?}",
@@ -856,6 +895,7 @@ impl Workbench {
         std::mem::swap(&mut self.results, &mut self.past_runs[k]);
         self.compare_with = None;
         self.masks = MaskViewState::default();
+        self.classes = ClassViewState::default();
         self.pick_default_engines();
     }
 
@@ -989,6 +1029,57 @@ impl Workbench {
                 self.apply(Command::SetExperiment(Box::new(e)));
             }
             DialogPurpose::Export(kind) => self.apply(Command::ExportTo(kind, path)),
+        }
+    }
+
+    /// The row the Classes tab compares with FP32: the one chosen, else the first INT8 row,
+    /// else the first other engine, else FP32 itself (rows with a confusion matrix only).
+    pub fn classes_engine(&self) -> Option<usize> {
+        let rows = self.results.rows();
+        let usable = |k: usize| {
+            rows.get(k)
+                .is_some_and(|r| !r.failed() && r.confusion.is_some())
+        };
+        let first = |want: &dyn Fn(&crate::report::Row) -> bool| {
+            (0..rows.len()).find(|&k| usable(k) && want(&rows[k]))
+        };
+        self.classes
+            .engine
+            .filter(|&k| usable(k))
+            .or_else(|| first(&|r| r.precision == Some(Precision::Int8)))
+            .or_else(|| first(&|r| r.precision != Some(Precision::Fp32)))
+            .or_else(|| first(&|_| true))
+    }
+
+    /// The Classes tab's gallery as shown: the images the chosen engine flips against FP32,
+    /// narrowed to the chosen confusion cell.
+    pub fn gallery_order(&self) -> Vec<usize> {
+        let (Some(report), Some(k)) = (&self.results.report, self.classes_engine()) else {
+            return vec![];
+        };
+        report
+            .flips_in(k, self.classes.cell)
+            .iter()
+            .map(|f| f.0.image)
+            .collect()
+    }
+
+    /// Asks the I/O thread for a gallery thumbnail, once.
+    pub fn want_thumb(&mut self, path: &Path) {
+        let c = &self.classes;
+        if c.thumbs.contains_key(path)
+            || c.thumb_errors.contains_key(path)
+            || c.thumb_loading.values().any(|p| p == path)
+        {
+            return;
+        }
+        let Some(w) = &mut self.worker else { return };
+        // A full queue answers Busy: the next frame asks again.
+        if let Ok(job) = w.request(IoRequest::Image {
+            path: path.to_path_buf(),
+            max_side: 96,
+        }) {
+            self.classes.thumb_loading.insert(job, path.to_path_buf());
         }
     }
 

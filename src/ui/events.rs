@@ -146,6 +146,8 @@ impl Workbench {
                     return; // the user is browsing an earlier run; this one waits in the picker
                 }
                 self.masks = MaskViewState::default();
+                // Thumbnails are of files, still good for the new results; the choices are not.
+                (self.classes.engine, self.classes.cell, self.classes.image) = (None, None, None);
                 self.pick_default_engines();
                 // An earlier run's failure no longer describes what is on screen.
                 if self.banner.as_ref().is_some_and(|(_, error)| *error) {
@@ -302,6 +304,23 @@ impl Workbench {
                         self.data.preview = Scan::Done(p);
                     }
                     Err(e) => self.data.preview = Scan::Failed(e),
+                }
+            }
+            Event::Image { path, result, .. }
+                if self.classes.thumb_loading.remove(&job).is_some() =>
+            {
+                match result {
+                    Ok(img) => {
+                        // Thumbnails are small (96 px): a few hundred cost a few MiB.
+                        if self.classes.thumbs.len() > 512 {
+                            self.classes.thumbs.clear();
+                        }
+                        let t = texture(ctx, &format!("thumb {}", path.display()), &img);
+                        self.classes.thumbs.insert(path, t);
+                    }
+                    Err(e) => {
+                        self.classes.thumb_errors.insert(path, e);
+                    }
                 }
             }
             Event::Image { path, result, .. } => {

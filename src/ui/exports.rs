@@ -16,6 +16,8 @@ impl Workbench {
             ExportKind::ViewPng => format!("{stem}_{}.png", self.tab.name()),
             ExportKind::MaskPng => format!("{stem}_masks_{}.png", self.masks.image),
             ExportKind::Qdq => format!("{stem}_exports"),
+            ExportKind::ConfusionCsv => format!("{stem}_confusion.csv"),
+            ExportKind::GalleryCsv => format!("{stem}_gallery.csv"),
             k => format!("{stem}_report.{}", k.extension()),
         }
     }
@@ -48,6 +50,7 @@ impl Workbench {
             ExportKind::ViewPng => self.screenshot(path),
             ExportKind::MaskPng => super::results::masks::export_png(self, path),
             ExportKind::Qdq => self.export_qdq(path),
+            ExportKind::ConfusionCsv | ExportKind::GalleryCsv => self.export_classes(kind, path),
         };
         match result {
             Ok(()) if matches!(kind, ExportKind::ViewPng | ExportKind::Qdq) => {
@@ -60,6 +63,22 @@ impl Workbench {
                 self.banner = Some((msg, true));
             }
         }
+    }
+
+    /// Writes the Classes tab's confusion matrices or gallery as CSV.
+    fn export_classes(&self, kind: ExportKind, path: &Path) -> Result<(), String> {
+        let report = self
+            .results
+            .report
+            .as_ref()
+            .filter(|r| r.rows.iter().any(|row| row.confusion.is_some()))
+            .ok_or("no confusion matrix in the results: run a classification experiment first")?;
+        let text = if kind == ExportKind::ConfusionCsv {
+            report.confusion_csv()
+        } else {
+            report.gallery_csv()
+        };
+        crate::files::write(path, text).map_err(|e| e.to_string())
     }
 
     /// Says where files went: in the log and in the banner above the results.

@@ -266,6 +266,22 @@ impl Default for MaskViewState {
     }
 }
 
+/// The Classes tab: the engine compared with FP32, the confusion cell the gallery is narrowed
+/// to, the gallery image shown large, and the gallery's thumbnails (loaded on the I/O thread).
+#[derive(Default)]
+pub struct ClassViewState {
+    /// The row whose confusion matrix is shown, its difference against FP32 beside it; the
+    /// first INT8 row (else the first other engine) when unset.
+    pub engine: Option<usize>,
+    /// A confusion cell, (true class, predicted class), the gallery is narrowed to.
+    pub cell: Option<(usize, usize)>,
+    /// The gallery image shown large (an index into the evaluation images).
+    pub image: Option<usize>,
+    pub thumbs: HashMap<PathBuf, egui::TextureHandle>,
+    pub thumb_errors: HashMap<PathBuf, String>,
+    pub thumb_loading: HashMap<JobId, PathBuf>,
+}
+
 /// One line of the log tab.
 #[derive(Clone, Debug)]
 pub struct LogLine {
@@ -306,6 +322,7 @@ pub struct Workbench {
     pub autosave: Option<Autosave>,
     pub tab: Tab,
     pub masks: MaskViewState,
+    pub classes: ClassViewState,
     pub layers: LayersState,
     /// The node selected in the Graph tab and the Layers table alike (an ONNX node name).
     pub selected_node: Option<String>,
@@ -388,6 +405,7 @@ impl Workbench {
             autosave: None,
             tab: Tab::Compare,
             masks: MaskViewState::default(),
+            classes: ClassViewState::default(),
             layers: LayersState::default(),
             selected_node: None,
             graph: GraphViewState::default(),
@@ -428,6 +446,7 @@ impl Workbench {
             job: None,
         };
         self.masks = MaskViewState::default();
+        self.classes = ClassViewState::default();
         self.pick_default_engines();
     }
 

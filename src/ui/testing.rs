@@ -185,6 +185,7 @@ pub fn sample_artifacts() -> Artifacts {
             .into_iter()
             .map(|m| sample_qdq(m, if m == Method::Max { 1.0 } else { 0.8 }))
             .collect(),
+        ..Default::default()
     }
 }
 
@@ -385,4 +386,206 @@ pub fn sample_sensitivity() -> crate::sensitivity::SensitivityReport {
         elapsed_ms: 4200.0,
         ..Default::default()
     }
+}
+
+/// The bundled classifier's class names, in its output order.
+pub const FASHION_CLASSES: [&str; 10] = [
+    "tshirt_top",
+    "trouser",
+    "pullover",
+    "dress",
+    "coat",
+    "sandal",
+    "shirt",
+    "sneaker",
+    "bag",
+    "ankle_boot",
+];
+
+/// Images per class the classifier sample takes from the bundled evaluation set.
+pub const FASHION_PER_CLASS: usize = 3;
+
+/// The first [`FASHION_PER_CLASS`] images of each class of the bundled classifier's
+/// evaluation set (sorted by name), with their classes.
+pub fn fashion_images() -> Vec<(PathBuf, usize)> {
+    let root =
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("sample_models/data/fashion_eval");
+    let mut out = vec![];
+    for (c, name) in FASHION_CLASSES.iter().enumerate() {
+        let dir = root.join(format!("{c}_{name}"));
+        let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default();
+        files.sort();
+        out.extend(files.into_iter().take(FASHION_PER_CLASS).map(|f| (f, c)));
+    }
+    out
+}
+
+/// A top-3 that predicts `pred` with probability `p`, the true class (or the next class)
+/// second.
+fn top3(pred: usize, label: usize, p: f32) -> crate::report::ImageTop {
+    let n = FASHION_CLASSES.len();
+    let second = if pred == label {
+        (label + 1) % n
+    } else {
+        label
+    };
+    let third = (0..n).find(|c| *c != pred && *c != second).unwrap_or(0);
+    let (p2, p3) = ((1.0 - p) * 0.7, (1.0 - p) * 0.2);
+    let true_p = if pred == label {
+        p
+    } else if second == label {
+        p2
+    } else {
+        0.01
+    };
+    crate::report::ImageTop {
+        top: vec![(pred as u32, p), (second as u32, p2), (third as u32, p3)],
+        true_p,
+    }
+}
+
+/// A classifier report on [`fashion_images`]: FP32, FP16 (simulated), INT8 max (a few flips)
+/// and INT8 entropy (moves coats to pullovers and shirts to T-shirts), each with its
+/// confusion matrix, per-class accuracy and the gallery, made by the pipeline's own functions.
+pub fn sample_classifier_report() -> Report {
+    let images = fashion_images();
+    let labels: Vec<usize> = images.iter().map(|i| i.1).collect();
+    // (precision, method, prediction and confidence for image i of class y)
+    type Predict = fn(usize, usize) -> (usize, f32);
+    let engines: [(Precision, Option<Method>, Predict, f64); 4] = [
+        (
+            Precision::Fp32,
+            None,
+            |i, y| {
+                if i == 20 {
+                    (4, 0.55)
+                } else {
+                    (y, 0.9 - 0.02 * (i % 5) as f32)
+                }
+            },
+            30.0,
+        ),
+        (
+            Precision::Fp16,
+            None,
+            |i, y| {
+                if i == 20 {
+                    (4, 0.55)
+                } else {
+                    (y, 0.9 - 0.02 * (i % 5) as f32)
+                }
+            },
+            45.0,
+        ),
+        (
+            Precision::Int8,
+            Some(Method::Max),
+            |i, y| match i {
+                20 => (6, 0.5),
+                7 => (4, 0.48),
+                _ => (y, 0.86 - 0.02 * (i % 5) as f32),
+            },
+            14.0,
+        ),
+        (
+            Precision::Int8,
+            Some(Method::Entropy),
+            |i, y| match y {
+                4 if i % 3 != 2 => (2, 0.6 + 0.05 * (i % 3) as f32),
+                6 if i % 3 == 0 => (0, 0.7),
+                _ if i == 20 => (6, 0.75),
+                _ => (y, 0.8 - 0.03 * (i % 4) as f32),
+            },
+            13.0,
+        ),
+    ];
+    let mut tops = vec![];
+    let mut rows = vec![];
+    for (precision, method, predict, median_ms) in engines {
+        let t: Vec<crate::report::ImageTop> = labels
+            .iter()
+            .enumerate()
+            .map(|(i, &y)| {
+                let (pred, p) = predict(i, y);
+                top3(pred, y, p)
+            })
+            .collect();
+        let preds: Vec<usize> = t.iter().map(|x| x.top1().unwrap_or(0)).collect();
+        let mut tally = crate::eval::ClassTally::default();
+        let per_image: Vec<f64> = preds
+            .iter()
+            .zip(&labels)
+            .map(|(&p, &y)| {
+                let mut scores = vec![0.0f32; FASHION_CLASSES.len()];
+                scores[p] = 1.0;
+                tally.add(&scores, y);
+                (p == y) as u8 as f64
+            })
+            .collect();
+        let int8 = precision == Precision::Int8;
+        rows.push(Row {
+            precision: Some(precision),
+            method,
+            backend: "cpu".into(),
+            simulated: precision == Precision::Fp16,
+            top1: Some(tally.top1()),
+            top5: Some(1.0),
+            per_class_accuracy: Some(tally.per_class_accuracy()),
+            confusion: Some(crate::report::Confusion::from_pairs(
+                FASHION_CLASSES.len(),
+                labels.iter().copied().zip(preds.iter().copied()),
+            )),
+            agreement: (precision != Precision::Fp32).then_some(0.9),
+            sqnr_db: (precision != Precision::Fp32).then_some(if int8 { 24.0 } else { 70.0 }),
+            latency_ms: Some(Latency {
+                median: median_ms,
+                p90: median_ms * 1.1,
+                p99: median_ms * 1.3,
+                runs: 20,
+                ..Default::default()
+            }),
+            throughput_ips: Some(1e3 / median_ms),
+            int8_nodes: int8.then_some(21),
+            per_image,
+            ..Default::default()
+        });
+        tops.push(t);
+    }
+    Report {
+        quantscope_version: "test".into(),
+        experiment: "fashion".into(),
+        model: ModelSummary {
+            file: "fashion_resnet.onnx".into(),
+            task: Some(Task::Classification),
+            params: 175_000,
+            param_bytes: 700_000,
+            ..Default::default()
+        },
+        input_hw: [32, 32],
+        evaluation: EvalSummary {
+            dir: None,
+            task: Some(Task::Classification),
+            images: images.len(),
+            classes: FASHION_CLASSES.iter().map(|s| s.to_string()).collect(),
+            image_files: images.iter().map(|i| i.0.clone()).collect(),
+        },
+        gallery: crate::report::gallery(0, &tops, &labels),
+        rows,
+        ..Default::default()
+    }
+}
+
+/// A workbench (no worker thread) showing [`sample_classifier_report`].
+pub fn sample_classifier_workbench() -> Workbench {
+    let mut wb = Workbench::without_worker(Settings::default());
+    wb.exp.name = "fashion".into();
+    wb.exp.model = "fashion_resnet.onnx".into();
+    wb.exp.precisions = vec![Precision::Fp32, Precision::Fp16, Precision::Int8];
+    wb.exp.threads = 4;
+    wb.saved = wb.exp.clone();
+    wb.backends = vec![(BackendKind::Cpu, Ok("test CPU".into()))];
+    wb.set_results(sample_classifier_report(), Some(Artifacts::default()));
+    wb
 }

@@ -68,9 +68,14 @@ pub fn masks_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
         return;
     };
     if arts.ground_truth.is_empty() {
+        let classifier = wb.results.rows().iter().any(|r| r.confusion.is_some());
         empty_ui(
             ui,
-            "This run has no ground-truth masks (not a segmentation set).",
+            if classifier {
+                "This run is a classifier's: its confusion matrices and flipped images are in the Classes tab."
+            } else {
+                "This run has no ground-truth masks (not a segmentation set)."
+            },
         );
         return;
     }

@@ -1,8 +1,9 @@
-//! The central area: a banner for messages, then the Compare, Masks, Calibration, Layers,
-//! Graph and Log tabs.
+//! The central area: a banner for messages, then the Compare, Masks, Classes, Calibration,
+//! Layers, Graph and Log tabs.
 
 use eframe::egui;
 mod calib;
+mod classes;
 mod compare;
 pub(crate) mod graph;
 mod layers;
@@ -36,6 +37,7 @@ fn class_names(wb: &Workbench) -> Vec<String> {
 pub enum Tab {
     Compare,
     Masks,
+    Classes,
     Calibration,
     Layers,
     Graph,
@@ -43,9 +45,10 @@ pub enum Tab {
 }
 
 impl Tab {
-    pub const ALL: [Tab; 6] = [
+    pub const ALL: [Tab; 7] = [
         Tab::Compare,
         Tab::Masks,
+        Tab::Classes,
         Tab::Calibration,
         Tab::Layers,
         Tab::Graph,
@@ -56,6 +59,7 @@ impl Tab {
         match self {
             Tab::Compare => "Compare",
             Tab::Masks => "Masks",
+            Tab::Classes => "Classes",
             Tab::Calibration => "Calibration",
             Tab::Layers => "Layers",
             Tab::Graph => "Graph",
@@ -67,6 +71,7 @@ impl Tab {
         match self {
             Tab::Compare => "compare",
             Tab::Masks => "masks",
+            Tab::Classes => "classes",
             Tab::Calibration => "calibration",
             Tab::Layers => "layers",
             Tab::Graph => "graph",
@@ -86,6 +91,9 @@ impl Tab {
                 "One row per engine: accuracy, agreement, SQNR, latency, memory; charts"
             }
             Tab::Masks => "Predicted masks side by side, worst images first (segmentation)",
+            Tab::Classes => {
+                "Confusion matrices, what INT8 moves against FP32, per-class accuracy and the images it flips (classification)"
+            }
             Tab::Calibration => "Per-tensor histograms with the range each method chose",
             Tab::Layers => "Per-layer sensitivity: which layers to keep in float (mixed precision)",
             Tab::Graph => {
@@ -139,6 +147,7 @@ pub fn results_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
     match wb.tab {
         Tab::Compare => compare::compare_ui(wb, ui),
         Tab::Masks => masks::masks_ui(wb, ui),
+        Tab::Classes => classes::classes_ui(wb, ui),
         Tab::Calibration => calib::calib_ui(wb, ui),
         Tab::Layers => layers::layers_ui(wb, ui),
         Tab::Graph => graph::graph_ui(wb, ui),
