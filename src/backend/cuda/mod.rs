@@ -189,6 +189,9 @@ impl CudaBackend {
             .with_fixed_input(spec.batch, spec.hw),
         };
         let shape = model.input_shape(spec.batch, spec.hw);
+        // The whole build, device set-up to graph capture, one at a time in the process (see
+        // `engine::build_lock`).
+        let _one_at_a_time = engine::build_lock();
         let device_start = std::time::Instant::now();
         let dev = engine::Device::new()?;
         engine::log_msg(&format!(

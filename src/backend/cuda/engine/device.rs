@@ -4,7 +4,7 @@
 //! narrow context a launch gets instead of the whole engine.
 
 use std::cell::Cell;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::cublaslt::sys as lt;
 use cudarc::cudnn::sys as dnn;
@@ -43,8 +43,45 @@ impl Drop for Device {
     }
 }
 
+/// Held while a device is set up and while an engine is built, in any thread: one at a time in
+/// a process. The CUDA context is shared by every engine of the process; while a build captures
+/// a CUDA graph, cudarc's context-wide synchronize (run when the context's first stream is
+/// made) fails in every other thread with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and builds
+/// running side by side crashed the parallel tests (H200, 2026-11-28). The app and the CLI build
+/// on one thread, so they never wait on it; runs of built engines are not serialised.
+static BUILDING: Mutex<()> = Mutex::new(());
+
+thread_local! {
+    /// This thread holds [`BUILDING`]: a build that sets up its own device takes it once.
+    static HOLDS_BUILDING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// [`BUILDING`] while it is held, re-entrant within a thread (the backend's build holds it
+/// around `Device::new` and `CudaEngine::build`, which also take it for direct callers).
+pub struct BuildGuard(Option<MutexGuard<'static, ()>>);
+
+impl Drop for BuildGuard {
+    fn drop(&mut self) {
+        if self.0.is_some() {
+            HOLDS_BUILDING.with(|h| h.set(false));
+        }
+    }
+}
+
+/// Takes [`BUILDING`] unless this thread holds it already; taken even after a panic elsewhere
+/// (it guards no data).
+pub fn build_lock() -> BuildGuard {
+    if HOLDS_BUILDING.with(|h| h.get()) {
+        return BuildGuard(None);
+    }
+    let g = BUILDING.lock().unwrap_or_else(|e| e.into_inner());
+    HOLDS_BUILDING.with(|h| h.set(true));
+    BuildGuard(Some(g))
+}
+
 impl Device {
     pub fn new() -> CudaResult<Device> {
+        let _one_at_a_time = build_lock();
         let ctx = drv(CudaContext::new(0), "creating the CUDA context")?;
         let (maj, min) = drv(ctx.compute_capability(), "compute capability")?;
         let name = drv(ctx.name(), "device name")?;

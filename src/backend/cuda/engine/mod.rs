@@ -32,7 +32,7 @@ use cudarc::driver::{CudaGraph, result, sys};
 
 pub use conv::ConvImpl;
 use conv::{ConvLayer, ConvRt, graph_cin};
-pub use device::Device;
+pub use device::{BuildGuard, Device, build_lock};
 use device::{Lanes, Launch, Memory, ScratchSizes};
 pub(crate) use kernels::MMA_COMPUTE;
 use kernels::round_up;
@@ -84,6 +84,8 @@ impl CudaEngine {
         batch: usize,
         cached: &Choices,
     ) -> CudaResult<(CudaEngine, Choices)> {
+        // One build at a time in the process (see `device::build_lock`).
+        let _one_at_a_time = device::build_lock();
         drv(dev.ctx.bind_to_thread(), "binding the context")?;
         // Every step's sizes against its tensors, before anything is allocated: a planner bug
         // becomes an error naming the step, not an out-of-bounds access on the device.
