@@ -189,6 +189,23 @@ fn asymmetric_zero_points_are_kept_named_and_refused_by_cuda_with_a_reason() {
 fn modelopt_int8_and_fp8_forms_lower_in_their_own_precision() {
     let int8 = load(Form::ModeloptInt8);
     assert_eq!(carried::carried_format(&int8), Some(QFormat::Int8));
+    // Its float weights behind a QuantizeLinear become int8 constants, as TensorRT wants them.
+    assert!(
+        int8.info
+            .qdq_rewrites
+            .iter()
+            .any(|r| r.contains("folded into int8 weights")),
+        "{:?}",
+        int8.info.qdq_rewrites
+    );
+    assert_eq!(
+        ops(&int8)
+            .iter()
+            .filter(|o| **o == "QuantizeLinear")
+            .count(),
+        3,
+        "the three activations only"
+    );
     cuda_takes(&int8, Precision::Int8).unwrap();
     let fp8 = load(Form::ModeloptFp8);
     assert_eq!(carried::carried_format(&fp8), Some(QFormat::Fp8E4M3));

@@ -9,8 +9,9 @@
 //! 2. uint8 with zero point 128 becomes int8 with zero point 0 and the same scale
 //!    (`q_u8 - 128 = q_i8` on every value, saturation included); other zero points are kept
 //!    and named, since they have no symmetric int8 equivalent;
-//! 3. an int32 bias behind a `DequantizeLinear` becomes the float bias it stands for
-//!    (TensorRT takes float biases and requantizes them itself);
+//! 3. a float weight behind a `QuantizeLinear` (modelopt's form) becomes the int8 constant
+//!    that node computes, and an int32 bias behind a `DequantizeLinear` becomes the float bias
+//!    it stands for (TensorRT takes float biases and requantizes them itself);
 //! 4. an activation `DequantizeLinear` read by several nodes is copied, one per reader, so each
 //!    reader has its own to fuse (TensorRT's Q/DQ placement rule).
 
@@ -65,6 +66,13 @@ pub fn normalize(graph: &mut pb::GraphProto) -> Normalized {
         ));
     }
     out.kept = kept_line(&kept).into_iter().collect();
+    let weights = fold_weight_quantize(graph);
+    if !weights.is_empty() {
+        out.rewrites.push(summary(
+            &weights,
+            "QuantizeLinear nodes of float weights folded into int8 weights (exact: the same rounding), so each weight is an int8 constant behind its DequantizeLinear",
+        ));
+    }
     let biases = fold_bias_dequantize(graph);
     if !biases.is_empty() {
         out.rewrites.push(summary(
@@ -79,7 +87,7 @@ pub fn normalize(graph: &mut pb::GraphProto) -> Normalized {
             "activation DequantizeLinear nodes read by several nodes copied, one per reader, so each reader fuses its own",
         ));
     }
-    if !folded.is_empty() || !biases.is_empty() || !signed.is_empty() {
+    if !folded.is_empty() || !biases.is_empty() || !signed.is_empty() || !weights.is_empty() {
         super::drop_unused_initializers(graph);
     }
     out
@@ -405,6 +413,69 @@ fn kept_line(asymmetric: &[String]) -> Option<String> {
             shown.join(", ")
         )
     })
+}
+
+/// Folds `QuantizeLinear(float constant, scale, int8 zero point)` (a weight quantized in the
+/// graph, as modelopt writes it) into the int8 constant it computes: x / scale rounded half to
+/// even, plus the zero point, saturated, per tensor or along `axis`. Returns the folded nodes.
+fn fold_weight_quantize(graph: &mut pb::GraphProto) -> Vec<String> {
+    let inits: HashMap<&str, &pb::TensorProto> = graph
+        .initializer
+        .iter()
+        .map(|t| (t.name.as_str(), t))
+        .collect();
+    let outputs: HashSet<&str> = graph.output.iter().map(|o| o.name.as_str()).collect();
+    let mut made: Vec<(usize, pb::TensorProto)> = vec![];
+    for (i, n) in graph.node.iter().enumerate() {
+        if n.op_type != "QuantizeLinear" || outputs.contains(n.output[0].as_str()) {
+            continue;
+        }
+        let get = |k: usize| n.input.get(k).and_then(|x| inits.get(x.as_str()));
+        let (Some(x), Some(scale), Some(zp)) = (
+            get(0).and_then(|t| proto::tensor_f32(t)),
+            get(1).and_then(|t| proto::tensor_f32(t)),
+            get(2).filter(|t| t.data_type == DataType::Int8 as i32),
+        ) else {
+            continue;
+        };
+        let Some(zero) = proto::tensor_i64(zp) else {
+            continue;
+        };
+        let axis = proto::attr_i(n, "axis").unwrap_or(1);
+        let axis = if axis < 0 {
+            axis + x.dims.len() as i64
+        } else {
+            axis
+        }
+        .max(0) as usize;
+        let channels = x.dims.get(axis).copied().unwrap_or(1).max(1);
+        let inner: usize = x
+            .dims
+            .get(axis + 1..)
+            .map_or(1, |d| d.iter().product::<usize>().max(1));
+        let per = |len: usize| len == 1 || len == channels;
+        if !per(scale.len()) || !per(zero.len()) {
+            continue;
+        }
+        let at = |len: usize, k: usize| if len == 1 { 0 } else { (k / inner) % channels };
+        let q: Vec<i8> = x
+            .data
+            .iter()
+            .enumerate()
+            .map(|(k, &v)| {
+                let r = (v / scale.data[at(scale.len(), k)]).round_ties_even();
+                (r + zero[at(zero.len(), k)] as f32).clamp(-128.0, 127.0) as i8
+            })
+            .collect();
+        made.push((i, proto::i8_tensor(&n.output[0], &x.dims, &q)));
+    }
+    let mut names = vec![];
+    for (i, t) in made.into_iter().rev() {
+        names.push(graph.node.remove(i).name);
+        graph.initializer.push(t);
+    }
+    names.reverse();
+    names
 }
 
 /// Folds `DequantizeLinear(int32 constant, scale, zero point)` (a bias, as PyTorch and ONNX

@@ -32,8 +32,7 @@ pub fn carried_format(model: &Model) -> Option<QFormat> {
 }
 
 /// The layers of a Q/DQ graph that compute on quantized values: Conv, ConvTranspose, Gemm and
-/// MatMul whose data and weight inputs both come through a DequantizeLinear (any integer or
-/// FP8 zero point: ONNX Runtime runs those as quantized kernels).
+/// MatMul whose data and weight inputs both come through a DequantizeLinear.
 pub fn quantized_layers(g: &pb::GraphProto) -> Vec<String> {
     let dequantized: HashSet<&str> = g
         .node
@@ -50,6 +49,39 @@ pub fn quantized_layers(g: &pb::GraphProto) -> Vec<String> {
         .iter()
         .filter(|n| super::QUANTIZABLE.contains(&n.op_type.as_str()))
         .filter(|n| reads(n, 0) && reads(n, 1))
+        .map(|n| n.name.clone())
+        .collect()
+}
+
+/// The layers of a Q/DQ graph whose data and weight inputs both come through a
+/// DequantizeLinear, where the data's has an asymmetric zero point (uint8, or int8 other than
+/// 0): ONNX Runtime runs those as quantized kernels; tract's census (symmetric int8 only) does
+/// not count them.
+pub fn asymmetric_layers(g: &pb::GraphProto) -> Vec<String> {
+    let inits: HashMap<&str, &pb::TensorProto> =
+        g.initializer.iter().map(|t| (t.name.as_str(), t)).collect();
+    let symmetric = |zp: Option<&String>| {
+        zp.and_then(|z| inits.get(z.as_str())).is_some_and(|t| {
+            // FP8 has no zero point to shift: tract's census counts it like int8.
+            t.data_type == fp8::ONNX_FLOAT8E4M3FN
+                || t.data_type == pb::tensor_proto::DataType::Int8 as i32
+                    && proto::tensor_i64(t).is_some_and(|v| v.iter().all(|&z| z == 0))
+        })
+    };
+    // DequantizeLinear outputs, and whether their zero point is asymmetric.
+    let dequantized: HashMap<&str, bool> = g
+        .node
+        .iter()
+        .filter(|n| n.op_type == "DequantizeLinear")
+        .filter_map(|n| Some((n.output.first()?.as_str(), !symmetric(n.input.get(2)))))
+        .collect();
+    g.node
+        .iter()
+        .filter(|n| super::QUANTIZABLE.contains(&n.op_type.as_str()))
+        .filter(|n| {
+            let input = |k: usize| n.input.get(k).and_then(|x| dequantized.get(x.as_str()));
+            input(0) == Some(&true) && input(1).is_some()
+        })
         .map(|n| n.name.clone())
         .collect()
 }

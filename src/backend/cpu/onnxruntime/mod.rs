@@ -274,17 +274,17 @@ pub fn build(
             // The same census the tract engine reports: which nodes read quantized inputs.
             let census = super::lower_qdq(&q).map_err(build_err)?;
             // ONNX Runtime also runs the asymmetric (uint8, zero point ≠ 0) layers of another
-            // tool's Q/DQ model quantized, which tract's census leaves out.
-            let quantized = crate::quant::carried::quantized_layers(
+            // tool's Q/DQ model quantized, which tract's census (symmetric int8) leaves out.
+            let asymmetric = crate::quant::carried::asymmetric_layers(
                 q.graph
                     .as_ref()
                     .ok_or_else(|| build_err("no graph".into()))?,
             );
-            info.int8_nodes = census.quantized_nodes.len().max(quantized.len());
+            info.int8_nodes = census.quantized_nodes.len() + asymmetric.len();
             info.float_nodes = census
                 .float_nodes
                 .into_iter()
-                .filter(|f| !quantized.contains(&f.node))
+                .filter(|f| !asymmetric.contains(&f.node))
                 .collect();
             if CpuIsa::get().fused_int8_exact() {
                 let mut cpu = q.clone();
