@@ -44,62 +44,46 @@ pub fn normalize(graph: &mut pb::GraphProto) -> Normalized {
     {
         return out;
     }
-    let folded = fold_constants(graph);
-    if !folded.is_empty() {
-        out.rewrites.push(summary(
-            &folded,
+    // Each pass in order, with the line `inspect` prints when it changed something.
+    let kept;
+    {
+        let mut note = |nodes: Vec<String>, what: &str| {
+            if !nodes.is_empty() {
+                out.rewrites
+                    .push(format!("{} {what} (e.g. `{}`)", nodes.len(), nodes[0]));
+            }
+        };
+        note(
+            fold_constants(graph),
             "constant Cast/ConstantOfShape nodes folded into initializers (the zero points and biases PyTorch computes in the graph)",
-        ));
-    }
-    let casts = drop_identity_casts(graph);
-    if !casts.is_empty() {
-        out.rewrites.push(summary(
-            &casts,
+        );
+        note(
+            drop_identity_casts(graph),
             "Cast nodes dropped: they cast a quantized tensor to the type it already has",
-        ));
-    }
-    let (signed, kept) = uint8_to_int8(graph);
-    if !signed.is_empty() {
-        out.rewrites.push(summary(
-            &signed,
+        );
+        let (signed, asymmetric) = uint8_to_int8(graph);
+        kept = asymmetric;
+        note(
+            signed,
             "uint8 Q/DQ with zero point 128 made int8 with zero point 0, same scale (exact)",
-        ));
+        );
+        note(
+            fold_weight_quantize(graph),
+            "QuantizeLinear nodes of float weights folded into int8 weights (exact: the same rounding), so each weight is an int8 constant behind its DequantizeLinear",
+        );
+        note(
+            fold_bias_dequantize(graph),
+            "int32 biases behind DequantizeLinear folded into float biases (exact: value × scale)",
+        );
+        note(
+            one_dequantize_per_reader(graph),
+            "activation DequantizeLinear nodes read by several nodes copied, one per reader, so each reader fuses its own",
+        );
     }
     out.kept = kept_line(&kept).into_iter().collect();
-    let weights = fold_weight_quantize(graph);
-    if !weights.is_empty() {
-        out.rewrites.push(summary(
-            &weights,
-            "QuantizeLinear nodes of float weights folded into int8 weights (exact: the same rounding), so each weight is an int8 constant behind its DequantizeLinear",
-        ));
-    }
-    let biases = fold_bias_dequantize(graph);
-    if !biases.is_empty() {
-        out.rewrites.push(summary(
-            &biases,
-            "int32 biases behind DequantizeLinear folded into float biases (exact: value × scale)",
-        ));
-    }
-    let split = one_dequantize_per_reader(graph);
-    if !split.is_empty() {
-        out.rewrites.push(summary(
-            &split,
-            "activation DequantizeLinear nodes read by several nodes copied, one per reader, so each reader fuses its own",
-        ));
-    }
-    if !folded.is_empty() || !biases.is_empty() || !signed.is_empty() || !weights.is_empty() {
-        super::drop_unused_initializers(graph);
-    }
+    // Folding and rewriting leave initializers nothing reads.
+    super::drop_unused_initializers(graph);
     out
-}
-
-/// "N <what> (e.g. `first`)".
-fn summary(nodes: &[String], what: &str) -> String {
-    format!(
-        "{} {what} (e.g. `{}`)",
-        nodes.len(),
-        nodes.first().map(String::as_str).unwrap_or("")
-    )
 }
 
 /// An initializer's values, whole: integers or floats.
@@ -415,60 +399,59 @@ fn kept_line(asymmetric: &[String]) -> Option<String> {
     })
 }
 
-/// Folds `QuantizeLinear(float constant, scale, int8 zero point)` (a weight quantized in the
-/// graph, as modelopt writes it) into the int8 constant it computes: x / scale rounded half to
-/// even, plus the zero point, saturated, per tensor or along `axis`. Returns the folded nodes.
-fn fold_weight_quantize(graph: &mut pb::GraphProto) -> Vec<String> {
+/// The channel of element `k` of a tensor quantized per tensor or along one axis.
+struct PerAxis {
+    channels: usize,
+    /// Elements after the axis (one channel's run).
+    inner: usize,
+}
+
+impl PerAxis {
+    /// For a tensor of `dims` quantized along node `n`'s `axis` (default 1, negative counts
+    /// from the end), given its scale and zero-point lengths; `None` when those fit neither a
+    /// per-tensor nor a per-axis quantization.
+    fn of(n: &pb::NodeProto, dims: &[usize], lens: [usize; 2]) -> Option<PerAxis> {
+        let a = proto::attr_i(n, "axis").unwrap_or(1);
+        let a = if a < 0 { a + dims.len() as i64 } else { a }.max(0) as usize;
+        let channels = dims.get(a).copied().unwrap_or(1).max(1);
+        let inner = dims
+            .get(a + 1..)
+            .map_or(1, |d| d.iter().product::<usize>().max(1));
+        lens.iter()
+            .all(|&l| l == 1 || l == channels)
+            .then_some(PerAxis { channels, inner })
+    }
+
+    /// `v`'s value for element `k`: its only one, or its channel's.
+    fn pick<T: Copy>(&self, v: &[T], k: usize) -> T {
+        v[if v.len() == 1 {
+            0
+        } else {
+            (k / self.inner) % self.channels
+        }]
+    }
+}
+
+/// Replaces every `op` node (not writing a graph output) for which `fold` computes its output
+/// from the initializers by that constant. Returns the folded nodes' names.
+fn fold_nodes(
+    graph: &mut pb::GraphProto,
+    op: &str,
+    fold: impl Fn(&pb::NodeProto, &HashMap<&str, &pb::TensorProto>) -> Option<pb::TensorProto>,
+) -> Vec<String> {
     let inits: HashMap<&str, &pb::TensorProto> = graph
         .initializer
         .iter()
         .map(|t| (t.name.as_str(), t))
         .collect();
     let outputs: HashSet<&str> = graph.output.iter().map(|o| o.name.as_str()).collect();
-    let mut made: Vec<(usize, pb::TensorProto)> = vec![];
-    for (i, n) in graph.node.iter().enumerate() {
-        if n.op_type != "QuantizeLinear" || outputs.contains(n.output[0].as_str()) {
-            continue;
-        }
-        let get = |k: usize| n.input.get(k).and_then(|x| inits.get(x.as_str()));
-        let (Some(x), Some(scale), Some(zp)) = (
-            get(0).and_then(|t| proto::tensor_f32(t)),
-            get(1).and_then(|t| proto::tensor_f32(t)),
-            get(2).filter(|t| t.data_type == DataType::Int8 as i32),
-        ) else {
-            continue;
-        };
-        let Some(zero) = proto::tensor_i64(zp) else {
-            continue;
-        };
-        let axis = proto::attr_i(n, "axis").unwrap_or(1);
-        let axis = if axis < 0 {
-            axis + x.dims.len() as i64
-        } else {
-            axis
-        }
-        .max(0) as usize;
-        let channels = x.dims.get(axis).copied().unwrap_or(1).max(1);
-        let inner: usize = x
-            .dims
-            .get(axis + 1..)
-            .map_or(1, |d| d.iter().product::<usize>().max(1));
-        let per = |len: usize| len == 1 || len == channels;
-        if !per(scale.len()) || !per(zero.len()) {
-            continue;
-        }
-        let at = |len: usize, k: usize| if len == 1 { 0 } else { (k / inner) % channels };
-        let q: Vec<i8> = x
-            .data
-            .iter()
-            .enumerate()
-            .map(|(k, &v)| {
-                let r = (v / scale.data[at(scale.len(), k)]).round_ties_even();
-                (r + zero[at(zero.len(), k)] as f32).clamp(-128.0, 127.0) as i8
-            })
-            .collect();
-        made.push((i, proto::i8_tensor(&n.output[0], &x.dims, &q)));
-    }
+    let made: Vec<(usize, pb::TensorProto)> = graph
+        .node
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| n.op_type == op && !outputs.contains(n.output[0].as_str()))
+        .filter_map(|(i, n)| Some((i, fold(n, &inits)?)))
+        .collect();
     let mut names = vec![];
     for (i, t) in made.into_iter().rev() {
         names.push(graph.node.remove(i).name);
@@ -478,75 +461,51 @@ fn fold_weight_quantize(graph: &mut pb::GraphProto) -> Vec<String> {
     names
 }
 
+/// Folds `QuantizeLinear(float constant, scale, int8 zero point)` (a weight quantized in the
+/// graph, as modelopt writes it) into the int8 constant it computes: x / scale rounded half to
+/// even, plus the zero point, saturated, per tensor or along `axis`. Returns the folded nodes.
+fn fold_weight_quantize(graph: &mut pb::GraphProto) -> Vec<String> {
+    fold_nodes(graph, "QuantizeLinear", |n, inits| {
+        let get = |k: usize| n.input.get(k).and_then(|x| inits.get(x.as_str()));
+        let x = proto::tensor_f32(get(0)?)?;
+        let scale = proto::tensor_f32(get(1)?)?.data;
+        let zero = proto::tensor_i64(get(2).filter(|t| t.data_type == DataType::Int8 as i32)?)?;
+        let at = PerAxis::of(n, &x.dims, [scale.len(), zero.len()])?;
+        let q: Vec<i8> = x
+            .data
+            .iter()
+            .enumerate()
+            .map(|(k, &v)| {
+                let r = (v / at.pick(&scale, k)).round_ties_even();
+                (r + at.pick(&zero, k) as f32).clamp(-128.0, 127.0) as i8
+            })
+            .collect();
+        Some(proto::i8_tensor(&n.output[0], &x.dims, &q))
+    })
+}
+
 /// Folds `DequantizeLinear(int32 constant, scale, zero point)` (a bias, as PyTorch and ONNX
 /// Runtime write it) into the float constant it computes. Returns the folded nodes' names.
 fn fold_bias_dequantize(graph: &mut pb::GraphProto) -> Vec<String> {
-    let inits: HashMap<&str, &pb::TensorProto> = graph
-        .initializer
-        .iter()
-        .map(|t| (t.name.as_str(), t))
-        .collect();
-    let outputs: HashSet<&str> = graph.output.iter().map(|o| o.name.as_str()).collect();
-    let mut made: Vec<(usize, pb::TensorProto)> = vec![];
-    for (i, n) in graph.node.iter().enumerate() {
-        if n.op_type != "DequantizeLinear" || outputs.contains(n.output[0].as_str()) {
-            continue;
-        }
+    fold_nodes(graph, "DequantizeLinear", |n, inits| {
         let get = |k: usize| n.input.get(k).and_then(|x| inits.get(x.as_str()));
-        let Some(x) = get(0).filter(|t| t.data_type == DataType::Int32 as i32) else {
-            continue;
-        };
-        let (Some(values), Some(scale)) = (
-            proto::tensor_i64(x),
-            get(1).and_then(|s| proto::tensor_f32(s)),
-        ) else {
-            continue;
-        };
+        let x = get(0).filter(|t| t.data_type == DataType::Int32 as i32)?;
+        let values = proto::tensor_i64(x)?;
+        let scale = proto::tensor_f32(get(1)?)?.data;
         let zero = match get(2) {
-            Some(z) => match proto::tensor_i64(z) {
-                Some(z) => z,
-                None => continue,
-            },
+            Some(z) => proto::tensor_i64(z)?,
             None => vec![0],
         };
         let dims = dims_of(x);
-        let axis = proto::attr_i(n, "axis").unwrap_or(1);
-        let axis = if axis < 0 {
-            axis + dims.len() as i64
-        } else {
-            axis
-        };
-        let channels = dims.get(axis.max(0) as usize).copied().unwrap_or(1).max(1);
-        let inner: usize = dims
-            .get(axis.max(0) as usize + 1..)
-            .map_or(1, |d| d.iter().product::<usize>().max(1));
-        let pick = |v: &[f32], k: usize| {
-            v[if v.len() == 1 {
-                0
-            } else {
-                (k / inner) % channels
-            }]
-        };
-        let per = |len: usize| len == 1 || len == channels;
-        if !per(scale.len()) || !per(zero.len()) {
-            continue;
-        }
-        let zero: Vec<f32> = zero.iter().map(|&z| z as f32).collect();
+        let at = PerAxis::of(n, &dims, [scale.len(), zero.len()])?;
         // The same arithmetic ONNX Runtime does: (x - zero point) in int32, then × scale in f32.
         let f: Vec<f32> = values
             .iter()
             .enumerate()
-            .map(|(k, &q)| (q as f32 - pick(&zero, k)) * pick(&scale.data, k))
+            .map(|(k, &q)| (q - at.pick(&zero, k)) as f32 * at.pick(&scale, k))
             .collect();
-        made.push((i, proto::f32_tensor(&n.output[0], &dims, &f)));
-    }
-    let mut names = vec![];
-    for (i, t) in made.into_iter().rev() {
-        names.push(graph.node.remove(i).name);
-        graph.initializer.push(t);
-    }
-    names.reverse();
-    names
+        Some(proto::f32_tensor(&n.output[0], &dims, &f))
+    })
 }
 
 /// Copies each activation DequantizeLinear read by more than one node, so every reader has its

@@ -858,21 +858,16 @@ impl<'a> Rows<'a> {
             .output
             .export_precisions
             .contains(&crate::export::ExportPrecision::Fp8);
-        if let (Some(dir), true) = (&exp.output.qdq_dir, prequantized) {
+        // A pre-quantized model is written as repaired (it is exported whenever a folder is
+        // given, as its INT8 counterpart is); a calibrated one when FP8 exports are asked for.
+        let export = if prequantized {
+            crate::export::export_prequantized
+        } else {
+            crate::export::export_fp8
+        };
+        if let (Some(dir), true) = (&exp.output.qdq_dir, prequantized || wants) {
             let input = self.ctx.bench_input.clone();
-            let written = crate::export::export_prequantized(
-                dir,
-                &exp.model,
-                &p.model,
-                &qdq,
-                p.hw,
-                self.ctx.backend,
-                &input,
-            );
-            self.record_export(written);
-        } else if let (Some(dir), true) = (&exp.output.qdq_dir, wants) {
-            let input = self.ctx.bench_input.clone();
-            let written = crate::export::export_fp8(
+            let written = export(
                 dir,
                 &exp.model,
                 &p.model,
