@@ -261,12 +261,18 @@ pub struct EvalArgs {
     /// Feed channels as BGR.
     #[arg(long)]
     pub bgr: bool,
-    /// Empirical bias correction of the INT8 engines: float biases absorb each layer's mean
-    /// shift, measured per layer or in the whole quantized model (full, as NNCF), whichever
-    /// brings the output closer to FP32 on the calibration images; none if neither does. The
-    /// log says which and the SQNR of each.
-    #[arg(long)]
-    pub bias_correction: bool,
+    /// The INT8 preparation: best (GPTQ weight rounding + bias correction, the most accurate
+    /// measured; on DeepLabV3 it costs about 2 minutes on 2 cores) or fast (calibration only).
+    /// --weight-rounding and --bias-correction override its parts.
+    #[arg(long, value_enum, default_value_t = RecipeArg::Best)]
+    pub recipe: RecipeArg,
+    /// Empirical bias correction of the INT8 engines (on in the best recipe): float biases
+    /// absorb each layer's mean shift, measured in the whole quantized model (full, as NNCF) or
+    /// per layer, or none; full unless another brings the output closer to FP32 on the
+    /// calibration images by more than the noise margin (2 standard errors over the images,
+    /// at least 1 dB). The log says which, the SQNR of each and the margin. Given alone, on.
+    #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "on", value_name = "on|off")]
+    pub bias_correction: Option<OnOffArg>,
     /// Cross-layer equalization of the model the INT8 engines are built from (FP32 rows keep
     /// the original); auto = on where a depthwise conv is in a pair with no Clip (ReLU6) between.
     #[arg(long, value_enum, default_value_t = CleArg::Auto)]
@@ -287,11 +293,12 @@ pub struct EvalArgs {
     pub center_activations: CenterArg,
     /// How the INT8 engines' weights are rounded: nearest (each weight to its nearest int8
     /// step), or gptq (GPTQ: rounded together so each layer's output on the calibration images
-    /// stays closest to FP32; same scales, same Q/DQ format; best with --bias-correction).
-    #[arg(long, value_enum, default_value_t = WeightRoundingArg::Nearest)]
-    pub weight_rounding: WeightRoundingArg,
+    /// stays closest to FP32; same scales, same Q/DQ format; best with --bias-correction)
+    /// [default: the recipe's: gptq in best, nearest in fast].
+    #[arg(long, value_enum)]
+    pub weight_rounding: Option<WeightRoundingArg>,
     /// GPTQ and bias correction measure each layer on the first N calibration images (the
-    /// ranges use them all). More images cost time in proportion.
+    /// ranges use them all; the report says how many). More images cost time in proportion.
     #[arg(long, value_name = "N", default_value_t = 32)]
     pub correction_images: usize,
     /// Node names or op types to keep in float in the INT8 engines.
@@ -410,6 +417,21 @@ pub enum WeightRoundingArg {
     Gptq,
 }
 
+#[derive(clap::ValueEnum, Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RecipeArg {
+    /// Calibration only: nearest weight rounding, no bias correction.
+    Fast,
+    /// GPTQ weight rounding + bias correction.
+    #[default]
+    Best,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnOffArg {
+    On,
+    Off,
+}
+
 #[derive(clap::ValueEnum, Clone, Copy, Debug, Default)]
 pub enum CleClipArg {
     #[default]
@@ -507,7 +529,14 @@ impl EvalArgs {
         };
         e.evaluation.skip_calibration_images = self.eval_skip_calib;
         e.evaluation.labels = self.labels.clone();
-        e.bias_correction = self.bias_correction;
+        let recipe = match self.recipe {
+            RecipeArg::Fast => crate::prepare::Recipe::Fast,
+            RecipeArg::Best => crate::prepare::Recipe::Best,
+        };
+        recipe.apply(&mut e.weight_rounding, &mut e.bias_correction);
+        if let Some(b) = self.bias_correction {
+            e.bias_correction = b == OnOffArg::On;
+        }
         e.correction_images = self.correction_images;
         e.cle = match self.cle {
             CleArg::Auto => crate::prepare::cle::CleSetting::Auto,
@@ -523,8 +552,9 @@ impl EvalArgs {
             CenterArg::Off => crate::prepare::center::CenterSetting::Off,
         };
         e.weight_rounding = match self.weight_rounding {
-            WeightRoundingArg::Nearest => crate::prepare::gptq::WeightRounding::Nearest,
-            WeightRoundingArg::Gptq => crate::prepare::gptq::WeightRounding::Gptq,
+            None => e.weight_rounding,
+            Some(WeightRoundingArg::Nearest) => crate::prepare::gptq::WeightRounding::Nearest,
+            Some(WeightRoundingArg::Gptq) => crate::prepare::gptq::WeightRounding::Gptq,
         };
         e.cle_clip = match self.cle_clip {
             CleClipArg::PerChannel => crate::prepare::cle::ClipPolicy::PerChannel,

@@ -136,8 +136,9 @@ pub struct Experiment {
     /// Node names or op types kept in float in the INT8 engines.
     pub exclude: Vec<String>,
     /// Empirical bias correction: shift each quantized layer's float bias so its output keeps
-    /// the FP32 mean per channel, measured per layer or in the whole quantized model, whichever
-    /// brings the output closer to FP32 (the Q/DQ model stays TensorRT-ready: biases are float).
+    /// the FP32 mean per channel, measured in the whole quantized model (full, the default) or
+    /// per layer where that is clearly closer to FP32 (the Q/DQ model stays TensorRT-ready:
+    /// biases are float). On by default (the best recipe, [`crate::prepare::Recipe`]).
     pub bias_correction: bool,
     /// Cross-layer equalization of the model the INT8 engines are built from (the FP32 rows
     /// keep the original): auto, on or off (`--cle`).
@@ -152,7 +153,8 @@ pub struct Experiment {
     /// activations read by unpadded convs shifted by half their range, so symmetric int8 uses
     /// all its steps on them (`--center-activations`; exact in float).
     pub center: crate::prepare::center::CenterSetting,
-    /// How the INT8 engines' weights are rounded: nearest, or GPTQ (`--weight-rounding`).
+    /// How the INT8 engines' weights are rounded: nearest, or GPTQ (`--weight-rounding`; GPTQ
+    /// by default, the best recipe).
     pub weight_rounding: crate::prepare::gptq::WeightRounding,
     /// GPTQ and bias correction measure each layer on the first this-many calibration images
     /// (`--correction-images`).
@@ -193,12 +195,13 @@ impl Default for Experiment {
             threads: 0,
             cpu_engine: Default::default(),
             exclude: vec![],
-            bias_correction: false,
+            // The best recipe (GPTQ + bias correction) unless a user asks for the fast one.
+            bias_correction: true,
             cle: Default::default(),
             cle_clip: Default::default(),
             cle_scales: Default::default(),
             center: Default::default(),
-            weight_rounding: Default::default(),
+            weight_rounding: crate::prepare::gptq::WeightRounding::Gptq,
             correction_images: 32,
             mixed_precision: None,
             output: OutputSpec::default(),

@@ -18,6 +18,7 @@
 //! | [`eval`], [`bench`], [`report`] | metrics, timing and memory, output formats |
 //! | [`experiment`], [`pipeline`], [`worker`] | what to run, running it, running it off the UI thread |
 //! | [`timing`] | latency statistics (median, p90, p99) from timed samples |
+//! | [`decide`] | choices made by measuring: a default, replaced only by a margin beyond noise |
 //! | [`layerwise`] | per-layer isolation of quantization error (sensitivity, per-layer bias correction) |
 //! | [`guard`] | the panic boundary around engines and worker jobs |
 //! | [`host`] | what the machine has to give (memory available) |
@@ -31,6 +32,7 @@ pub mod bench;
 pub mod calib;
 pub mod cli;
 pub mod data;
+pub mod decide;
 pub mod eval;
 pub mod experiment;
 pub mod export;

@@ -1003,6 +1003,7 @@ impl<'a> Rows<'a> {
         for note in chance
             .into_iter()
             .chain(crate::report::slower_quantized_notes(&self.report.rows))
+            .chain(crate::report::int8_ranking_note(&self.report.rows))
         {
             self.ctx.sink.log(&note);
             self.report.notes.push(note);

@@ -174,6 +174,53 @@ impl Row {
     }
 }
 
+/// Which INT8 row is best on the task metric, and whether its lead over the runner-up is
+/// beyond the evaluation set's noise (paired per-image metric difference against twice its
+/// standard error, as [`crate::decide::Paired`]): a lead of 0.3 pt on 96 images is a draw, and
+/// the report says so rather than crown a method (None with fewer than two INT8 rows).
+pub fn int8_ranking_note(rows: &[Row]) -> Option<String> {
+    let mut int8: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.precision == Some(Precision::Int8) && !r.failed() && r.metric().is_some())
+        .collect();
+    if int8.len() < 2 {
+        return None;
+    }
+    int8.sort_by(|a, b| {
+        b.metric()
+            .unwrap_or(0.0)
+            .total_cmp(&a.metric().unwrap_or(0.0))
+    });
+    let (best, next) = (int8[0], int8[1]);
+    let pt = |r: &Row| r.metric().unwrap_or(0.0) * 100.0;
+    let what = if best.miou.is_some() { "mIoU" } else { "top-1" };
+    let lead = pt(best) - pt(next);
+    let paired = crate::decide::Paired::of(&next.per_image, &best.per_image);
+    let noise_pt = 2.0 * paired.stderr * 100.0;
+    let verdict = if paired.samples < 2 || best.per_image.len() != next.per_image.len() {
+        "per-image results missing, so no noise estimate".to_string()
+    } else if paired.clearly_better(0.0) {
+        format!(
+            "beyond the noise of the {} evaluation images (per-image {what} {:+.2} ± {noise_pt:.2} pt, 2 standard errors)",
+            paired.samples,
+            paired.mean * 100.0
+        )
+    } else {
+        format!(
+            "within the noise of the {} evaluation images (per-image {what} {:+.2} ± {noise_pt:.2} pt, 2 standard errors): treat them as tied",
+            paired.samples,
+            paired.mean * 100.0
+        )
+    };
+    Some(format!(
+        "best INT8 row: {} at {:.2} % {what}, {lead:.2} pt ahead of {} ({:.2} %); {verdict}",
+        best.label(),
+        pt(best),
+        next.label(),
+        pt(next)
+    ))
+}
+
 /// Notes for the INT8 and FP8 engines that ran slower than the same run's FP16 engine, at
 /// batch 1 or at the timed batch, where both ran on a device (a simulated latency says nothing
 /// about one). "INT8 is not faster than FP16" is the complaint users file most often against INT8
@@ -702,5 +749,34 @@ mod tests {
         );
         let sim = row(Precision::Fp8, true, 9.0, 9.0);
         assert!(slower_quantized_notes(&[fp16, sim]).is_empty());
+    }
+
+    /// A lead on a few images is a tie; a lead on every image is not.
+    #[test]
+    fn the_best_int8_row_is_named_with_its_noise() {
+        let row = |m: Method, per_image: Vec<f64>| Row {
+            precision: Some(Precision::Int8),
+            method: Some(m),
+            miou: Some(per_image.iter().sum::<f64>() / per_image.len() as f64),
+            per_image,
+            ..Default::default()
+        };
+        // max ahead by 1 pt on average, all of it from 2 of 20 images.
+        let base: Vec<f64> = (0..20).map(|i| 0.3 + 0.01 * i as f64).collect();
+        let lucky: Vec<f64> = base
+            .iter()
+            .enumerate()
+            .map(|(i, v)| if i < 2 { v + 0.1 } else { *v })
+            .collect();
+        let note = int8_ranking_note(&[row(Method::Mse, base.clone()), row(Method::Max, lucky)])
+            .expect("two INT8 rows");
+        assert!(note.starts_with("best INT8 row: int8 max"), "{note}");
+        assert!(note.contains("treat them as tied"), "{note}");
+        // 1 pt ahead on every image: real.
+        let steady: Vec<f64> = base.iter().map(|v| v + 0.01).collect();
+        let note = int8_ranking_note(&[row(Method::Mse, base.clone()), row(Method::Max, steady)])
+            .expect("two INT8 rows");
+        assert!(note.contains("beyond the noise of the 20"), "{note}");
+        assert!(int8_ranking_note(&[row(Method::Max, base)]).is_none());
     }
 }

@@ -183,3 +183,47 @@ fn a_model_fixed_at_batch_1_is_corrected_one_image_at_a_time() {
     assert_eq!(bc.shifts.len(), 2, "{bc:?}");
     assert!(bc.shifts.values().flatten().any(|s| s.abs() > 1e-4));
 }
+
+/// Per-image SQNR (dB) for none, per-layer and full: `gain` added to one of them on every
+/// image, on a spread of image SQNRs.
+fn measured(per_layer_gain: f64, none_gain: f64) -> [Vec<f64>; 3] {
+    let full: Vec<f64> = (0..32).map(|i| 25.0 + (i % 7) as f64).collect();
+    let plus = |g: f64| full.iter().map(|x| x + g).collect::<Vec<_>>();
+    [plus(none_gain), plus(per_layer_gain), full]
+}
+
+#[test]
+fn full_correction_stays_unless_another_wins_by_the_margin() {
+    let shifts = || vec![vec![0.0]];
+    // +1.2 dB on every image (DeepLabV3's max ranges): consistent, but under the 2 dB floor.
+    let (kind, _, d) = choose(&measured(1.2, -1.0), shifts(), shifts());
+    assert_eq!(kind, CorrectionKind::Full, "{d:?}");
+    assert_eq!(d.challenger, CorrectionKind::PerLayer);
+    assert!(
+        d.describe(kind).contains("full kept (the default)"),
+        "{}",
+        d.describe(kind)
+    );
+    // +4.4 dB (the bundled classifier's MSE ranges): per-layer.
+    let (kind, shifts_kept, _) = choose(&measured(4.4, -1.0), shifts(), shifts());
+    assert_eq!(kind, CorrectionKind::PerLayer);
+    assert!(shifts_kept.is_some());
+    // No correction 5.5 dB closer (entropy ranges there): none, with no shifts.
+    let (kind, shifts_kept, d) = choose(&measured(0.5, 5.5), shifts(), shifts());
+    assert_eq!(
+        (kind, d.challenger),
+        (CorrectionKind::None, CorrectionKind::None)
+    );
+    assert!(shifts_kept.is_none());
+}
+
+#[test]
+fn a_large_gain_on_a_few_images_is_noise() {
+    // +16 dB on 4 of 32 images, -1 on the rest: a mean of +1.1 dB with a standard error of
+    // about 1.1 dB: the margin (2.2 dB) keeps full.
+    let full: Vec<f64> = vec![30.0; 32];
+    let per_layer: Vec<f64> = (0..32).map(|i| if i < 4 { 46.0 } else { 29.0 }).collect();
+    let (kind, _, d) = choose(&[full.clone(), per_layer, full.clone()], vec![], vec![]);
+    assert_eq!(kind, CorrectionKind::Full, "{d:?}");
+    assert!(d.gain.margin(CHOICE_FLOOR_DB) > d.gain.mean);
+}

@@ -1,10 +1,12 @@
 //! The Calibration panel: method (max, percentile with its p, MSE, entropy), how many
 //! calibration images, "compare all methods", cross-layer equalization (auto/on/off),
-//! activation centering, weight rounding (nearest/GPTQ) and bias correction.
+//! activation centering, the recipe (fast/best) and its parts: weight rounding (nearest/GPTQ)
+//! and bias correction.
 
 use crate::calib::Method;
 use crate::data::Selection;
 use crate::experiment::Experiment;
+use crate::prepare::Recipe;
 use crate::prepare::center::CenterSetting;
 use crate::prepare::cle::CleSetting;
 use crate::prepare::gptq::WeightRounding;
@@ -17,6 +19,15 @@ fn method_help(m: Method) -> &'static str {
         Method::Percentile => "amax = the value below which p % of |x| lies",
         Method::Mse => "amax minimising the mean squared quantisation error",
         Method::Entropy => "TensorRT's KL-divergence search (IInt8EntropyCalibrator2)",
+    }
+}
+
+/// A recipe in the combo, with what it costs (measured on the 2-core AMD EPYC development
+/// machine with ONNX Runtime, README's accuracy section).
+fn recipe_label(r: Recipe) -> &'static str {
+    match r {
+        Recipe::Fast => "fast: calibration only (DeepLabV3 257², 32 images: 23 s a run)",
+        Recipe::Best => "best: + GPTQ and bias correction (DeepLabV3: about 2 min more)",
     }
 }
 
@@ -80,6 +91,27 @@ pub fn calibration_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::U
         };
     });
     ui.horizontal(|ui| {
+        ui.label("Recipe:");
+        let now = Recipe::of(exp.weight_rounding, exp.bias_correction);
+        egui::ComboBox::from_id_salt("calib.recipe")
+            .selected_text(now.map_or("custom", Recipe::name))
+            .show_ui(ui, |ui| {
+                for r in Recipe::ALL {
+                    if ui
+                        .selectable_label(now == Some(r), recipe_label(r))
+                        .clicked()
+                    {
+                        r.apply(&mut exp.weight_rounding, &mut exp.bias_correction);
+                    }
+                }
+            })
+            .response
+            .on_hover_text(
+                "best (the default): GPTQ weight rounding + bias correction, the most accurate \
+                 measured; fast: calibration only. custom: the two settings below set apart",
+            );
+    });
+    ui.horizontal(|ui| {
         ui.label("Weights:");
         egui::ComboBox::from_id_salt("calib.weight_rounding")
             .selected_text(exp.weight_rounding.name())
@@ -97,10 +129,20 @@ pub fn calibration_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::U
         ui.checkbox(&mut exp.bias_correction, "bias correction")
             .on_hover_text(
                 "Shift each INT8 layer's float bias so its output keeps the FP32 mean per \
-                 channel (measured on the calibration images, per layer or in the whole \
-                 quantized model: whichever brings the output closer to FP32; the log says \
-                 which)",
+                 channel, measured on the calibration images in the whole quantized model \
+                 (full, as NNCF), or per layer or not at all where that is clearly closer to \
+                 FP32; the log says which and by what margin",
             );
+        ui.add_enabled(
+            exp.bias_correction || exp.weight_rounding == WeightRounding::Gptq,
+            egui::DragValue::new(&mut exp.correction_images)
+                .range(1..=4096)
+                .suffix(" images"),
+        )
+        .on_hover_text(
+            "GPTQ and bias correction measure each layer on the first this-many calibration \
+             images (the ranges use them all); more cost time in proportion (32 by default)",
+        );
     });
     if primary != wb.primary_method {
         wb.primary_method = primary;
