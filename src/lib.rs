@@ -12,6 +12,7 @@
 //! | [`data`] | image folders, evaluation layouts, preprocessing |
 //! | [`calib`] | histograms and the four amax methods, the statistics cache |
 //! | [`precision`] | `Precision` (FP32 / FP16 / INT8 / FP8), shared by `quant` and `backend` |
+//! | [`fp16_guard`] | the layers FP16 keeps in FP32 because their calibrated ranges leave FP16's |
 //! | [`quant`] | Q/DQ placement (TensorRT rules), Q/DQ ONNX and calibration cache |
 //! | [`prepare`] | the INT8 preparation: CLE, activation centering, GPTQ, bias correction (per-layer or full, chosen by output SQNR) |
 //! | [`backend`] | `Backend` / `Engine`; `cpu` (ONNX Runtime or tract) and `cuda` |
@@ -37,6 +38,7 @@ pub mod eval;
 pub mod experiment;
 pub mod export;
 pub mod files;
+pub mod fp16_guard;
 pub mod guard;
 pub mod host;
 pub mod layerwise;

@@ -256,6 +256,7 @@ impl Ctx<'_> {
             BuildInput::Quantized {
                 model: &self.p.model,
                 qdq: &q,
+                keep_fp32: &[],
             },
             samples,
             stage,
@@ -369,6 +370,7 @@ pub fn run_with_cache(
         BuildInput::Float {
             model: &p.model,
             precision: Precision::Fp32,
+            keep_fp32: &[],
         },
         &samples,
         "evaluating FP32",

@@ -439,11 +439,10 @@ fn a_batch_the_model_cannot_run_is_explained_once() {
     let report: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("batch.json")).expect("report"))
             .expect("json");
-    assert!(
-        report["notes"]
-            .as_array()
-            .is_some_and(|n| n.iter().any(|n| n.as_str().unwrap_or("").contains("batch 1 only")))
-    );
+    assert!(report["notes"].as_array().is_some_and(|n| {
+        n.iter()
+            .any(|n| n.as_str().unwrap_or("").contains("batch 1 only"))
+    }));
     assert!(
         report["rows"]
             .as_array()

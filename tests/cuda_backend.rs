@@ -29,6 +29,7 @@ fn float_err(gpu: &CudaBackend, m: &Model, p: Precision, batch: usize, hw: [usiz
             BuildInput::Float {
                 model: m,
                 precision: Precision::Fp32,
+                keep_fp32: &[],
             },
             spec,
         )
@@ -38,6 +39,7 @@ fn float_err(gpu: &CudaBackend, m: &Model, p: Precision, batch: usize, hw: [usiz
             BuildInput::Float {
                 model: m,
                 precision: p,
+                keep_fp32: &[],
             },
             spec,
         )
@@ -99,6 +101,7 @@ fn int8_scores(
             BuildInput::Quantized {
                 model: m,
                 qdq: &qdq,
+                keep_fp32: &[],
             },
             spec,
         )
@@ -117,13 +120,21 @@ fn int8_scores_of(
 ) -> (f64, f64, usize, f64, f64) {
     let spec = BuildSpec { batch, hw };
     let mut cpu = CpuBackend
-        .build(BuildInput::Quantized { model: m, qdq }, spec)
+        .build(
+            BuildInput::Quantized {
+                model: m,
+                qdq,
+                keep_fp32: &[],
+            },
+            spec,
+        )
         .expect("cpu int8");
     let mut cpu32 = CpuBackend
         .build(
             BuildInput::Float {
                 model: m,
                 precision: Precision::Fp32,
+                keep_fp32: &[],
             },
             spec,
         )
@@ -194,6 +205,83 @@ fn residual_classifier_fp32_fp16_int8_match_cpu() {
     check_int8("residual_classifier", int8_scores(&g, &m, [16, 16], 8, 8));
 }
 
+/// The FP16 overflow guard on the GPU: the Gram-matrix classifier's FP16 engine outputs
+/// NaN/Inf without it; with it the guarded layers compute in FP32 (named in the engine's
+/// info and its Layers rows), the output is finite and close to the CPU's FP32, and the
+/// INT8 engine's float layers are guarded the same way.
+#[test]
+fn fp16_overflow_guard_keeps_the_overflowing_layers_in_fp32() {
+    let Some(g) = gpu() else { return };
+    let hw = [32, 32];
+    let m = quantscope::model::testing::gram_classifier(3, 32).model();
+    let inputs = (0..4).map(|k| Ok(input_for(&m, 1, hw, 100 + k)));
+    let peaks = quantscope::pipeline::tensor_peaks(&m, hw, inputs).expect("peaks");
+    let shapes = quantscope::model::infer_shapes(&m, hw).ok();
+    let guard = quantscope::fp16_guard::keep_fp32(&m.proto, &peaks, shapes.as_ref());
+    assert!(guard.iter().any(|k| k.node == "gram"), "{guard:?}");
+    let spec = BuildSpec { batch: 1, hw };
+    let x = input_for(&m, 1, hw, 7);
+    let cpu32 = cpu_fp32_run(&m, spec, &x);
+    let build = |keep| {
+        g.build(
+            BuildInput::Float {
+                model: &m,
+                precision: Precision::Fp16,
+                keep_fp32: keep,
+            },
+            spec,
+        )
+        .expect("fp16 engine")
+    };
+    let unguarded = build(&[]).run(&x).expect("run");
+    assert!(
+        unguarded.data.iter().any(|v| !v.is_finite()),
+        "the test model must overflow FP16 without the guard"
+    );
+    let mut e = build(&guard);
+    let out = e.run(&x).expect("run");
+    assert!(out.data.iter().all(|v| v.is_finite()), "{:?}", out.data);
+    let err = rel_err(&out.data, &cpu32.data);
+    eprintln!(
+        "guarded fp16 max rel err {err:.2e}, kept {:?}",
+        e.info().fp32_layers
+    );
+    assert!(err <= 2e-2, "guarded fp16 rel err {err}");
+    let kept: Vec<&str> = e
+        .info()
+        .fp32_layers
+        .iter()
+        .map(|k| k.node.as_str())
+        .collect();
+    assert!(kept.contains(&"gram"), "{kept:?}");
+    assert!(
+        e.info()
+            .layer_times
+            .iter()
+            .all(|l| !l.layer.starts_with("conv") || l.precision.as_deref() == Some("fp16")),
+        "the in-range conv stays FP16: {:?}",
+        e.info().layer_times
+    );
+    // INT8: the float layers the Q/DQ plan leaves (the Gram MatMul) run FP16 on the GPU.
+    let qdq = max_qdq(&m, hw, 2).expect("qdq");
+    let mut q = g
+        .build(
+            BuildInput::Quantized {
+                model: &m,
+                qdq: &qdq,
+                keep_fp32: &guard,
+            },
+            spec,
+        )
+        .expect("int8 engine");
+    let out = q.run(&x).expect("run");
+    assert!(
+        out.data.iter().all(|v| v.is_finite()),
+        "int8: {:?}",
+        out.data
+    );
+}
+
 /// FP32 on TF32 tensor cores (the default): the engine says so on compute capability 8.0+,
 /// and its output stays within TF32's rounding of the CPU's strict FP32 (inputs rounded to a
 /// 10-bit mantissa: about 1e-3 relative per product).
@@ -218,6 +306,7 @@ fn fp32_tf32_is_said_and_stays_close_to_strict_fp32() {
             BuildInput::Float {
                 model: &m,
                 precision: Precision::Fp32,
+                keep_fp32: &[],
             },
             BuildSpec {
                 batch: 1,
@@ -314,6 +403,108 @@ fn efficientnet_block() -> GraphBuilder {
     let y = b.op("Add", "block.add", &[&pr, "x"]);
     b.output(&y);
     b
+}
+
+/// A GhostNet bottleneck with a strided shortcut, at the shapes of timm's ghostnet_100
+/// blocks.5.0 ([1, 40, 28, 28] -> [1, 80, 14, 14]): each ghost module a 1x1 primary conv and
+/// a cheap 3x3 depthwise conv of its output, concatenated and sliced to the module's width;
+/// the shortcut a strided depthwise conv and a 1x1 conv, added to the second module's output
+/// (the Add fuses into the shortcut's 1x1 conv as its residual).
+fn ghost_block() -> GraphBuilder {
+    let mut b = GraphBuilder::new(&[1, 40, 28, 28]);
+    fn dw(b: &mut GraphBuilder, name: &str, x: &str, c: usize, stride: i64) -> String {
+        let w = b.random(&format!("{name}.w"), &[c, 1, 3, 3], 0.5);
+        let bias = b.random(&format!("{name}.b"), &[c], 0.1);
+        b.node(
+            "Conv",
+            name,
+            &[x, &w, &bias],
+            vec![
+                proto::ints_attr("pads", &[1, 1, 1, 1]),
+                proto::ints_attr("strides", &[stride, stride]),
+                proto::int_attr("group", c as i64),
+            ],
+        )
+    }
+    fn ghost(
+        b: &mut GraphBuilder,
+        name: &str,
+        x: &str,
+        cin: usize,
+        out: usize,
+        relu: bool,
+    ) -> String {
+        let half = out / 2;
+        let mut p = b.conv(&format!("{name}.primary"), x, cin, half, 1);
+        if relu {
+            p = b.op("Relu", &format!("{name}.primary.relu"), &[&p]);
+        }
+        let mut c = dw(b, &format!("{name}.cheap"), &p, half, 1);
+        if relu {
+            c = b.op("Relu", &format!("{name}.cheap.relu"), &[&c]);
+        }
+        let cat = b.node(
+            "Concat",
+            &format!("{name}.concat"),
+            &[&p, &c],
+            vec![proto::int_attr("axis", 1)],
+        );
+        let starts = b.ints(&format!("{name}.starts"), &[1], &[0]);
+        let ends = b.ints(&format!("{name}.ends"), &[1], &[out as i64]);
+        let axes = b.ints(&format!("{name}.axes"), &[1], &[1]);
+        b.op(
+            "Slice",
+            &format!("{name}.slice"),
+            &[&cat, &starts, &ends, &axes],
+        )
+    }
+    let g1 = ghost(&mut b, "ghost1", "x", 40, 240, true);
+    let d = dw(&mut b, "conv_dw", &g1, 240, 2);
+    let g2 = ghost(&mut b, "ghost2", &d, 240, 80, false);
+    let s = dw(&mut b, "shortcut.0", "x", 40, 2);
+    let s = b.conv("shortcut.2", &s, 40, 80, 1);
+    let y = b.op("Add", "block.add", &[&g2, &s]);
+    b.output(&y);
+    b
+}
+
+/// The ghost block in FP16 and FP32 with every conv forced to each float implementation in
+/// turn, at batch 1 and 2, against the CPU's FP32 (GhostNet's FP16 engine read 10 dB SQNR
+/// where the CPU's FP16 numerics read 57 dB, and left the cuDNN graph conv out it read 55:
+/// the graph conv of the shortcut, its residual fused, at batch 1). Forced where it no longer
+/// applies, a family takes no conv and is skipped.
+#[test]
+fn every_float_conv_implementation_matches_cpu_on_a_ghost_block() {
+    use quantscope::backend::cuda::ops as plan;
+    let Some(_) = gpu() else { return };
+    let m = ghost_block().model();
+    let hw = [28, 28];
+    let mut bad = vec![];
+    for batch in [1, 2] {
+        let p = m.with_fixed_input(batch, hw);
+        let x = input_for(&m, batch, hw, 11);
+        let reference = cpu_fp32_run(&m, BuildSpec { batch, hw }, &x);
+        for (precision, tol) in [(Precision::Fp16, 2e-2), (Precision::Fp32, 1e-3)] {
+            let pl = plan::lower(&p, m.input_shape(batch, hw), precision).expect("float plan");
+            for family in FLOAT_FAMILIES {
+                let (mut eng, applied, n) = forced_engine(&pl, precision, batch, family);
+                if applied == 0 {
+                    continue;
+                }
+                let out = eng.run(&x).expect("cuda run");
+                let err = rel_err(&out.data, &reference.data);
+                eprintln!(
+                    "ghost block batch {batch} {precision} [{family}]: forced on {applied} of {n} convs, rel err {err:.2e}"
+                );
+                if !(err <= tol) {
+                    bad.push(format!(
+                        "batch {batch} {precision} [{family}]: rel err {err:.2e}"
+                    ));
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{bad:?}");
 }
 
 /// Builds `plan` with every conv forced to `family` where it applies: the engine and how
@@ -476,6 +667,9 @@ fn aspp_head() -> GraphBuilder {
 fn independent_branches_run_beside_the_main_stream_and_match_cpu() {
     let Some(_) = gpu() else { return };
     use quantscope::backend::cuda::ops as plan;
+    // Auxiliary streams are opt-in (see engine::aux_streams). SAFETY: the GPU tests run one
+    // at a time (--test-threads=1, tools/gpu_check.sh); nothing else reads the variable now.
+    unsafe { std::env::set_var("QUANTSCOPE_CUDA_AUX_STREAMS", "3") };
     for (name, b) in [("aspp", aspp_head()), ("bottleneck", bottleneck_block())] {
         let m = b.model();
         let (batch, hw) = (2, [14, 14]);
@@ -521,6 +715,7 @@ fn independent_branches_run_beside_the_main_stream_and_match_cpu() {
             }
         }
     }
+    unsafe { std::env::remove_var("QUANTSCOPE_CUDA_AUX_STREAMS") };
 }
 
 /// Every conv implementation against the CPU, as on the blocks above, on two stems of a
@@ -754,6 +949,7 @@ fn fp8_engine_matches_the_cpu_fp8_simulation() {
                 BuildInput::Quantized {
                     model: &m,
                     qdq: &qdq,
+                    keep_fp32: &[],
                 },
                 spec,
             )
@@ -797,6 +993,7 @@ fn fp8_engine_matches_the_cpu_fp8_simulation() {
             BuildInput::Quantized {
                 model: &m,
                 qdq: &qdq,
+                keep_fp32: &[],
             },
             spec,
         )

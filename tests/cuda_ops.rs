@@ -109,6 +109,7 @@ fn build_cpu(m: &Model, spec: BuildSpec) -> Result<Box<dyn Engine>, String> {
             BuildInput::Float {
                 model: m,
                 precision: Precision::Fp32,
+                keep_fp32: &[],
             },
             spec,
         )
@@ -153,6 +154,7 @@ fn run_case(g: &CudaBackend, c: &Case) -> Result<(), String> {
                 BuildInput::Float {
                     model: &c.model,
                     precision: p,
+                    keep_fp32: &[],
                 },
                 spec,
             )
@@ -197,6 +199,7 @@ fn int8_err(g: &CudaBackend, c: &Case, x: &[f32]) -> Result<Option<(f64, f64)>, 
     let input = BuildInput::Quantized {
         model: &c.model,
         qdq: &qdq,
+        keep_fp32: &[],
     };
     let cuda = g
         .build(input, spec)
@@ -1499,6 +1502,7 @@ fn shape_subgraph_folds() {
             BuildInput::Float {
                 model: &c.model,
                 precision: Precision::Fp32,
+                keep_fp32: &[],
             },
             spec,
         ) {

@@ -875,6 +875,7 @@ fn exercise(path: &Path, bytes: &[u8]) -> Reached {
             BuildInput::Float {
                 model: &m,
                 precision: Precision::Fp32,
+                keep_fp32: &[],
             },
             BuildSpec { batch: 1, hw },
         )

@@ -128,6 +128,7 @@ fn fp32_agrees_with_tract_within_1e4_relative() {
         let fp32 = BuildInput::Float {
             model: &m,
             precision: Precision::Fp32,
+            keep_fp32: &[],
         };
         let mut o = build_ort(fp32, s).unwrap_or_else(|e| panic!("{name}: ort: {e}"));
         let mut t = build_tract(fp32, s).unwrap_or_else(|e| panic!("{name}: tract: {e}"));
@@ -161,6 +162,7 @@ fn int8_agrees_with_tract_within_one_step() {
         let q = || BuildInput::Quantized {
             model: &m,
             qdq: &qdq,
+            keep_fp32: &[],
         };
         let mut o = build_ort(q(), s).unwrap_or_else(|e| panic!("{name}: ort: {e}"));
         let mut t = build_tract(q(), s).unwrap_or_else(|e| panic!("{name}: tract: {e}"));
@@ -307,6 +309,7 @@ fn profile_names_real_onnx_nodes() {
         BuildInput::Float {
             model: &m,
             precision: Precision::Fp32,
+            keep_fp32: &[],
         },
         s,
     )
@@ -351,6 +354,7 @@ fn an_ort_error_names_the_node() {
     let fp32 = BuildInput::Float {
         model: &m,
         precision: Precision::Fp32,
+        keep_fp32: &[],
     };
     let text = match build_ort(fp32, s) {
         Err(e) => e.to_string(),

@@ -54,6 +54,7 @@ fn cpu_quantized(m: &Model, x: &[f32]) -> (Vec<f32>, usize) {
             BuildInput::Quantized {
                 model: m,
                 qdq: &qdq,
+                keep_fp32: &[],
             },
             BuildSpec { batch: 1, hw: HW },
         )
@@ -237,6 +238,7 @@ fn float_rows_run_the_float_model_the_quantized_one_carries() {
                 BuildInput::Float {
                     model: &f,
                     precision: Precision::Fp32,
+                    keep_fp32: &[],
                 },
                 BuildSpec { batch: 1, hw: HW },
             )

@@ -60,7 +60,11 @@ fn run_all(
     let hw = m.input_hw(None).map_err(|e| e.to_string())?;
     let mut e = backend
         .build(
-            BuildInput::Quantized { model: m, qdq },
+            BuildInput::Quantized {
+                model: m,
+                qdq,
+                keep_fp32: &[],
+            },
             BuildSpec { batch: 1, hw },
         )
         .map_err(|e| format!("{e:#}"))?;

@@ -53,7 +53,11 @@ fn calibrated_as(
 fn int8_engine(model: &quantscope::model::Model, qdq: &quant::QdqModel) -> Box<dyn Engine> {
     backend(BackendKind::Cpu)
         .build(
-            BuildInput::Quantized { model, qdq },
+            BuildInput::Quantized {
+                model,
+                qdq,
+                keep_fp32: &[],
+            },
             BuildSpec {
                 batch: 1,
                 hw: [16, 16],
@@ -202,6 +206,7 @@ fn fp16_simulation_rounds_through_half() {
             BuildInput::Float {
                 model: &model,
                 precision: quantscope::backend::Precision::Fp32,
+                keep_fp32: &[],
             },
             spec,
         )
@@ -211,6 +216,7 @@ fn fp16_simulation_rounds_through_half() {
             BuildInput::Float {
                 model: &model,
                 precision: quantscope::backend::Precision::Fp16,
+                keep_fp32: &[],
             },
             spec,
         )
@@ -266,6 +272,7 @@ fn fp8_qdq_model_is_opset_19_float8_and_its_cpu_engine_is_simulated() {
             BuildInput::Quantized {
                 model: &model,
                 qdq: &qdq,
+                keep_fp32: &[],
             },
             BuildSpec {
                 batch: 1,
@@ -280,6 +287,7 @@ fn fp8_qdq_model_is_opset_19_float8_and_its_cpu_engine_is_simulated() {
             BuildInput::Float {
                 model: &model,
                 precision: quantscope::backend::Precision::Fp32,
+                keep_fp32: &[],
             },
             BuildSpec {
                 batch: 1,

@@ -75,6 +75,7 @@ fn setup(name: &str) -> (Experiment, StatsCache) {
             BuildInput::Float {
                 model: &model,
                 precision: Precision::Fp32,
+                keep_fp32: &[],
             },
             BuildSpec {
                 batch: 1,

@@ -65,7 +65,8 @@ fn fp16_and_mixed_exports_match_quantscope_engines_in_onnx_runtime() {
         ("segmenter", segmenter(), "c3"),
     ] {
         let x = values(3 * 16 * 16, 42);
-        let fp16 = export::export_fp16(&dir, &model, [16, 16], cpu.as_ref(), &x).expect("fp16");
+        let fp16 =
+            export::export_fp16(&dir, &model, [16, 16], cpu.as_ref(), &x, &[]).expect("fp16");
         let check = fp16
             .ort_check
             .clone()
@@ -84,6 +85,7 @@ fn fp16_and_mixed_exports_match_quantscope_engines_in_onnx_runtime() {
             [16, 16],
             cpu.as_ref(),
             &x,
+            &[],
         )
         .expect("mixed");
         let check = mixed
@@ -106,7 +108,7 @@ fn a_broken_export_is_caught_by_the_check() {
     let model = residual_classifier(10).model();
     let x = values(3 * 16 * 16, 7);
     let cpu = backend(BackendKind::Cpu);
-    let fp16 = export::export_fp16(&dir, &model, [16, 16], cpu.as_ref(), &x).expect("fp16");
+    let fp16 = export::export_fp16(&dir, &model, [16, 16], cpu.as_ref(), &x, &[]).expect("fp16");
     let ort = ort_check::run_onnxruntime(&fp16.file, &x, &[1, 3, 16, 16]).expect("ort");
     let wrong: Vec<f32> = ort.iter().map(|v| v * 1.1 + 0.05).collect();
     let c = ort_check::compare(&ort, &wrong, ort_check::FP16_TOLERANCE_REL, "scaled");

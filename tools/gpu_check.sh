@@ -24,6 +24,8 @@ if [ -n "${ZOO_MODELS:-}" ]; then
   "$PY" tools/zoo.py export /tmp/zoo ${ZOO_MODELS//,/ } >"$OUT/zoo_export.txt" 2>&1 &&
     export QUANTSCOPE_ZOO=/tmp/zoo
 fi
+# The zoo test's per-model, per-precision records (bench/results/ keeps them).
+export QUANTSCOPE_ZOO_JSON="$OUT/zoo.json"
 if [ "${GPU_TESTS:-1}" != 0 ]; then
   for t in cuda_backend cuda_ops cuda_zoo; do
     [ -x "$BIN/$t" ] || continue

@@ -45,6 +45,10 @@ MODELS = {
     "timm_efficientformer_l1": ("timm:efficientformer_l1", (1, 3, 224, 224), 17, False),
     # Attention with BatchNorm1d between the matmuls (tract cannot load it).
     "timm_levit_128s": ("timm:levit_128s", (1, 3, 224, 224), 17, False),
+    # Cheap depthwise "ghost" features concatenated with the primary ones and cut by Slice.
+    "timm_ghostnet_100": ("timm:ghostnet_100", (1, 3, 224, 224), 17, False),
+    # ReLU linear attention: K^T V summed over every token, beyond FP16's range in FP16.
+    "timm_efficientvit_b0": ("timm:efficientvit_b0", (1, 3, 224, 224), 17, False),
     # Detection with its post-processing in the graph (NonZero, TopK, NMS-style gathers).
     "ssdlite320_mobilenet_v3_large": ("det:ssdlite320_mobilenet_v3_large", (1, 3, 320, 320), 17, False),
 }

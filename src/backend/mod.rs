@@ -11,6 +11,7 @@ pub use crate::precision::Precision;
 
 use serde::{Deserialize, Serialize};
 
+use crate::fp16_guard::KeptFp32;
 use crate::model::Model;
 use crate::quant::QdqModel;
 
@@ -78,9 +79,17 @@ pub enum BuildInput<'a> {
     Float {
         model: &'a Model,
         precision: Precision,
+        /// Layers an FP16 engine keeps in FP32 (the overflow guard's list; FP32 ignores it).
+        keep_fp32: &'a [KeptFp32],
     },
     /// INT8 or FP8 from the Q/DQ model (its `format` says which).
-    Quantized { model: &'a Model, qdq: &'a QdqModel },
+    Quantized {
+        model: &'a Model,
+        qdq: &'a QdqModel,
+        /// Float layers kept in FP32 where the engine runs the others in FP16 (the CUDA
+        /// engine); engines computing float layers in FP32 anyway ignore it.
+        keep_fp32: &'a [KeptFp32],
+    },
 }
 
 impl BuildInput<'_> {
@@ -93,6 +102,14 @@ impl BuildInput<'_> {
     pub fn model(&self) -> &Model {
         match self {
             BuildInput::Float { model, .. } | BuildInput::Quantized { model, .. } => model,
+        }
+    }
+    /// The overflow guard's list the engine applies where it computes in FP16.
+    pub fn keep_fp32(&self) -> &[KeptFp32] {
+        match self {
+            BuildInput::Float { keep_fp32, .. } | BuildInput::Quantized { keep_fp32, .. } => {
+                keep_fp32
+            }
         }
     }
 }
@@ -143,6 +160,10 @@ pub struct EngineInfo {
     /// Nodes that compute on quantized inputs (int8, or FP8 E4M3).
     pub int8_nodes: usize,
     pub float_nodes: Vec<FloatNode>,
+    /// Layers computed in FP32 where the engine computes the rest in FP16: the FP16 overflow
+    /// guard's list ([`crate::fp16_guard`]), as the engine applied it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fp32_layers: Vec<KeptFp32>,
     pub weights_bytes: u64,
     pub activations_bytes: u64,
     pub workspace_bytes: u64,

@@ -167,6 +167,7 @@ fn check(
             let fp32 = BuildInput::Float {
                 model: engine_input.model(),
                 precision: Precision::Fp32,
+                keep_fp32: &[],
             };
             crate::guard::catch("building the FP32 engine for the ORT check", || {
                 backend
@@ -216,16 +217,18 @@ fn typed_entry(
 }
 
 /// Writes `<model>_fp16.onnx` and checks it against the backend's FP16 engine (`input`: one
-/// preprocessed image). `model_path` is the user's file (never overwritten).
+/// preprocessed image). `model_path` is the user's file (never overwritten). `guard`: the
+/// layers the FP16 overflow guard keeps in FP32, in the file and the engine alike.
 pub fn export_fp16(
     dir: &Path,
     model: &Model,
     hw: [usize; 2],
     backend: &dyn Backend,
     input: &[f32],
+    guard: &[typed::KeptFp32],
 ) -> Result<ExportedModel, String> {
     let shapes = crate::model::infer_shapes(model, hw).ok();
-    let t = typed::fp16_model(model, shapes.as_ref()).map_err(|e| e.to_string())?;
+    let t = typed::fp16_model(model, shapes.as_ref(), guard).map_err(|e| e.to_string())?;
     let file = dir.join(format!("{}_fp16.onnx", stem(&model.path)));
     save(&file, t.to_bytes(), &model.path)?;
     let spec = InputSpec::new(&model.info, &model.input_shape(1, hw));
@@ -233,6 +236,7 @@ pub fn export_fp16(
     let engine = BuildInput::Float {
         model,
         precision: Precision::Fp16,
+        keep_fp32: guard,
     };
     check(
         &mut out,
@@ -246,7 +250,9 @@ pub fn export_fp16(
 }
 
 /// Writes `<model>_mixed_int8_fp16_<method>.onnx` from `qdq` and checks it against the
-/// backend's INT8 engine of the same Q/DQ model. `model` is the model `qdq` was placed on.
+/// backend's INT8 engine of the same Q/DQ model. `model` is the model `qdq` was placed on;
+/// `guard` as for [`export_fp16`].
+#[allow(clippy::too_many_arguments)]
 pub fn export_mixed(
     dir: &Path,
     model_path: &Path,
@@ -255,16 +261,21 @@ pub fn export_mixed(
     hw: [usize; 2],
     backend: &dyn Backend,
     input: &[f32],
+    guard: &[typed::KeptFp32],
 ) -> Result<ExportedModel, String> {
     let shapes = crate::model::infer_shapes(model, hw).ok();
     let name = model_path.display().to_string();
-    let t = typed::mixed_model(qdq, &name, shapes.as_ref()).map_err(|e| e.to_string())?;
+    let t = typed::mixed_model(qdq, &name, shapes.as_ref(), guard).map_err(|e| e.to_string())?;
     let m = qdq.method.map(|m| m.name()).unwrap_or("qat");
     let file = dir.join(format!("{}_mixed_int8_fp16_{m}.onnx", stem(model_path)));
     save(&file, t.to_bytes(), model_path)?;
     let spec = InputSpec::new(&model.info, &model.input_shape(1, hw));
     let mut out = typed_entry("mixed", qdq.method, file, &t, &spec);
-    let engine = BuildInput::Quantized { model, qdq };
+    let engine = BuildInput::Quantized {
+        model,
+        qdq,
+        keep_fp32: guard,
+    };
     check(
         &mut out,
         backend,
@@ -307,7 +318,11 @@ pub fn export_fp8(
         int8_layers: qdq.plan.quantized_nodes.len(),
         ..Default::default()
     };
-    let engine = BuildInput::Quantized { model, qdq };
+    let engine = BuildInput::Quantized {
+        model,
+        qdq,
+        keep_fp32: &[],
+    };
     check(
         &mut out,
         backend,
@@ -346,7 +361,11 @@ pub fn export_prequantized(
         int8_layers: crate::quant::carried::quantized_layers(model.graph()).len(),
         ..Default::default()
     };
-    let engine = BuildInput::Quantized { model, qdq };
+    let engine = BuildInput::Quantized {
+        model,
+        qdq,
+        keep_fp32: &[],
+    };
     check(
         &mut out,
         backend,

@@ -16,13 +16,14 @@
 //! 4. it reads a float constant beyond FP16's range (|v| > 65504), which FP16 would turn into
 //!    infinity (AutoCast's `init_max`);
 //! 5. in the mixed model, Q/DQ nodes and the layers reading a DequantizeLinear output: at the
-//!    opsets quantscope writes (13..18) Q/DQ take FP32 only; TensorRT runs those layers in INT8.
+//!    opsets quantscope writes (13..18) Q/DQ take FP32 only; TensorRT runs those layers in INT8;
+//! 6. the FP16 overflow guard keeps it: its calibrated values leave FP16's safe range
+//!    ([`crate::fp16_guard`]; the same list the engines apply).
 //!
 //! The model's opset is kept (Cast exists in every opset quantscope loads).
 
 use std::collections::{HashMap, HashSet};
 
-use serde::{Deserialize, Serialize};
 use tract_onnx::pb::{self, tensor_proto::DataType};
 
 use crate::model::{Graph, Model, proto};
@@ -109,12 +110,7 @@ pub enum TypedError {
 }
 
 /// A node the writer kept in FP32, and the rule that kept it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct KeptFp32 {
-    pub node: String,
-    pub op: String,
-    pub reason: String,
-}
+pub use crate::fp16_guard::KeptFp32;
 
 /// A strongly typed model and what the writer did to it.
 #[derive(Clone, Debug)]
@@ -124,7 +120,7 @@ pub struct TypedModel {
     pub fp16_nodes: usize,
     /// Layers that read Q/DQ inputs (mixed model only): TensorRT runs them in INT8.
     pub int8_layers: usize,
-    /// Nodes kept in FP32 by rules 1–4 (not counting Q/DQ and INT8 layers).
+    /// Nodes kept in FP32 by rules 1–4 and 6 (not counting Q/DQ and INT8 layers).
     pub kept_fp32: Vec<KeptFp32>,
     /// Cast nodes inserted at FP16/FP32 boundaries.
     pub casts: usize,
@@ -149,16 +145,19 @@ const FLOAT: i32 = DataType::Float as i32;
 const FLOAT16: i32 = DataType::Float16 as i32;
 
 /// The FP16 model of `model` (the prepared graph quantscope's engines run). `shapes` (from
-/// [`crate::model::infer_shapes`]) lets rule 2 read a Resize's factor from its `sizes` input.
+/// [`crate::model::infer_shapes`]) lets rule 2 read a Resize's factor from its `sizes` input;
+/// `guard` is the overflow guard's list (rule 6).
 pub fn fp16_model(
     model: &Model,
     shapes: Option<&HashMap<String, Vec<usize>>>,
+    guard: &[KeptFp32],
 ) -> Result<TypedModel, TypedError> {
     convert(
         &model.proto,
         &model.path.display().to_string(),
         shapes,
         false,
+        guard,
     )
 }
 
@@ -168,8 +167,9 @@ pub fn mixed_model(
     qdq: &QdqModel,
     model_name: &str,
     shapes: Option<&HashMap<String, Vec<usize>>>,
+    guard: &[KeptFp32],
 ) -> Result<TypedModel, TypedError> {
-    convert(&qdq.proto, model_name, shapes, true)
+    convert(&qdq.proto, model_name, shapes, true, guard)
 }
 
 fn convert(
@@ -177,12 +177,13 @@ fn convert(
     model_name: &str,
     shapes: Option<&HashMap<String, Vec<usize>>>,
     keep_qdq_fp32: bool,
+    guard: &[KeptFp32],
 ) -> Result<TypedModel, TypedError> {
     let mut out = p.clone();
     let g = out.graph.as_mut().ok_or_else(|| TypedError::NoGraph {
         model: model_name.into(),
     })?;
-    let types = tensor_types(g);
+    let types = proto::tensor_types(g);
     for o in &g.output {
         let t = types.get(&o.name).copied().unwrap_or(FLOAT);
         if !matches!(DataType::try_from(t), Ok(DataType::Float)) && crate::model::dtype_is_float(t)
@@ -194,7 +195,7 @@ fn convert(
             });
         }
     }
-    let (compute, kept, int8_layers) = assign(g, &types, shapes, keep_qdq_fp32);
+    let (compute, kept, int8_layers) = assign(g, &types, shapes, keep_qdq_fp32, guard);
 
     // What type each (node, input slot) wants for its float32 inputs.
     let wanted = |i: usize, slot: usize, n: &pb::NodeProto| -> Option<i32> {
@@ -342,14 +343,19 @@ fn keeps_fp32_slot(op: &str, slot: usize) -> bool {
     matches!((op, slot), ("Resize", 1 | 2) | ("Upsample", 1))
 }
 
-/// Decides how each node computes; returns the decision, the nodes rules 1–4 kept in FP32 and
-/// the number of INT8 layers (rule 5).
+/// Decides how each node computes; returns the decision, the nodes rules 1–4 and 6 kept in
+/// FP32 and the number of INT8 layers (rule 5).
 fn assign(
     g: &pb::GraphProto,
     types: &HashMap<String, i32>,
     shapes: Option<&HashMap<String, Vec<usize>>>,
     keep_qdq_fp32: bool,
+    guard: &[KeptFp32],
 ) -> (Vec<Compute>, Vec<KeptFp32>, usize) {
+    let guarded: HashMap<&str, &str> = guard
+        .iter()
+        .map(|k| (k.node.as_str(), k.reason.as_str()))
+        .collect();
     let graph = Graph::new(g);
     let logits = logits_nodes(g, &graph);
     let mut compute = vec![Compute::F16; g.node.len()];
@@ -388,6 +394,8 @@ fn assign(
             Some(why.clone())
         } else if reads_beyond_fp16(n, &graph) {
             Some("reads a constant beyond FP16's range (|v| > 65504)".into())
+        } else if let Some(why) = guarded.get(n.name.as_str()) {
+            Some(format!("overflow guard: {why}"))
         } else {
             None
         };
@@ -480,61 +488,6 @@ fn reads_beyond_fp16(n: &pb::NodeProto, graph: &Graph) -> bool {
                 .and_then(proto::tensor_f32)
                 .is_some_and(|t| t.data.iter().any(|v| v.abs() > FP16_MAX))
     })
-}
-
-/// Element type of every tensor, from the graph's inputs, initializers and value infos, then
-/// propagated through the nodes in order by each op's typing rule.
-fn tensor_types(g: &pb::GraphProto) -> HashMap<String, i32> {
-    let mut types: HashMap<String, i32> = HashMap::new();
-    for v in g.input.iter().chain(&g.value_info).chain(&g.output) {
-        if let Some(t) = proto::value_info_elem_type(v).filter(|t| *t != 0) {
-            types.insert(v.name.clone(), t);
-        }
-    }
-    for t in &g.initializer {
-        types.insert(t.name.clone(), t.data_type);
-    }
-    for n in &g.node {
-        let of = |slot: usize| n.input.get(slot).and_then(|t| types.get(t)).copied();
-        let attr_type = |a: &str| proto::attr_i(n, a).map(|v| v as i32);
-        let value_attr = || {
-            n.attribute.iter().find_map(|a| match a.name.as_str() {
-                "value" => a.t.as_ref().map(|t| t.data_type),
-                "value_float" | "value_floats" => Some(FLOAT),
-                "value_int" | "value_ints" => Some(DataType::Int64 as i32),
-                _ => None,
-            })
-        };
-        let first: Option<i32> = match n.op_type.as_str() {
-            "Cast" => attr_type("to"),
-            "CastLike" => of(1),
-            "Shape" | "Size" | "NonZero" | "ArgMax" | "ArgMin" => Some(DataType::Int64 as i32),
-            "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "Not" | "And"
-            | "Or" | "Xor" | "IsNaN" | "IsInf" => Some(DataType::Bool as i32),
-            "Constant" => value_attr(),
-            "ConstantOfShape" => value_attr().or(Some(FLOAT)),
-            "QuantizeLinear" => of(2).or(Some(DataType::Uint8 as i32)),
-            "DequantizeLinear" => of(1).or(Some(FLOAT)),
-            "RandomNormal" | "RandomUniform" | "RandomNormalLike" | "RandomUniformLike"
-            | "EyeLike" => attr_type("dtype").or(of(0)).or(Some(FLOAT)),
-            "Where" => of(1),
-            "OneHot" => of(2),
-            _ => of(0),
-        };
-        for (k, o) in n.output.iter().enumerate() {
-            if o.is_empty() {
-                continue;
-            }
-            let t = match (n.op_type.as_str(), k) {
-                ("TopK" | "MaxPool", 1) => Some(DataType::Int64 as i32),
-                _ => first,
-            };
-            if let Some(t) = t {
-                types.entry(o.clone()).or_insert(t);
-            }
-        }
-    }
-    types
 }
 
 /// An FP16 initializer (round to nearest even, as `half` does).

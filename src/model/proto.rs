@@ -2,6 +2,8 @@
 //! writing tensors, attributes and value infos, so the rest of the crate never touches
 //! raw protobuf fields directly.
 
+use std::collections::HashMap;
+
 use tract_onnx::pb::{
     self, AttributeProto, NodeProto, TensorProto, TensorShapeProto, TypeProto, ValueInfoProto,
     tensor_proto::DataType, tensor_shape_proto, type_proto,
@@ -292,4 +294,61 @@ pub fn data_type_name(t: i32) -> &'static str {
         DataType::Bool => "bool",
         _ => "other",
     }
+}
+
+/// Element type of every tensor, from the graph's inputs, initializers and value infos, then
+/// propagated through the nodes in order by each op's typing rule.
+pub fn tensor_types(g: &pb::GraphProto) -> HashMap<String, i32> {
+    let mut types: HashMap<String, i32> = HashMap::new();
+    for v in g.input.iter().chain(&g.value_info).chain(&g.output) {
+        if let Some(t) = value_info_elem_type(v).filter(|t| *t != 0) {
+            types.insert(v.name.clone(), t);
+        }
+    }
+    for t in &g.initializer {
+        types.insert(t.name.clone(), t.data_type);
+    }
+    for n in &g.node {
+        let of = |slot: usize| n.input.get(slot).and_then(|t| types.get(t)).copied();
+        let attr_type = |a: &str| attr_i(n, a).map(|v| v as i32);
+        let value_attr = || {
+            n.attribute.iter().find_map(|a| match a.name.as_str() {
+                "value" => a.t.as_ref().map(|t| t.data_type),
+                "value_float" | "value_floats" => Some(DataType::Float as i32),
+                "value_int" | "value_ints" => Some(DataType::Int64 as i32),
+                _ => None,
+            })
+        };
+        let first: Option<i32> = match n.op_type.as_str() {
+            "Cast" => attr_type("to"),
+            "CastLike" => of(1),
+            "Shape" | "Size" | "NonZero" | "ArgMax" | "ArgMin" => Some(DataType::Int64 as i32),
+            "Equal" | "Less" | "Greater" | "LessOrEqual" | "GreaterOrEqual" | "Not" | "And"
+            | "Or" | "Xor" | "IsNaN" | "IsInf" => Some(DataType::Bool as i32),
+            "Constant" => value_attr(),
+            "ConstantOfShape" => value_attr().or(Some(DataType::Float as i32)),
+            "QuantizeLinear" => of(2).or(Some(DataType::Uint8 as i32)),
+            "DequantizeLinear" => of(1).or(Some(DataType::Float as i32)),
+            "RandomNormal" | "RandomUniform" | "RandomNormalLike" | "RandomUniformLike"
+            | "EyeLike" => attr_type("dtype")
+                .or(of(0))
+                .or(Some(DataType::Float as i32)),
+            "Where" => of(1),
+            "OneHot" => of(2),
+            _ => of(0),
+        };
+        for (k, o) in n.output.iter().enumerate() {
+            if o.is_empty() {
+                continue;
+            }
+            let t = match (n.op_type.as_str(), k) {
+                ("TopK" | "MaxPool", 1) => Some(DataType::Int64 as i32),
+                _ => first,
+            };
+            if let Some(t) = t {
+                types.entry(o.clone()).or_insert(t);
+            }
+        }
+    }
+    types
 }

@@ -22,10 +22,12 @@ use crate::report::{
 };
 
 mod evaluate;
+mod guard;
 mod outputs;
 mod prepare;
 
 pub use evaluate::*;
+pub use guard::tensor_peaks;
 pub use outputs::*;
 pub use prepare::*;
 
@@ -427,6 +429,7 @@ impl RowCtx<'_> {
             row.int8_nodes = Some(info.int8_nodes);
             row.float_nodes = info.float_nodes;
         }
+        row.fp32_layers = info.fp32_layers;
         row.layer_times = info.layer_times;
         Evaluated {
             row,
@@ -574,6 +577,7 @@ impl<'a> Rows<'a> {
             notes: vec![],
             equalization: None,
             centering: None,
+            fp16_guard: Default::default(),
             exports: vec![],
             cpu_engine: Some(backend::cpu::engine().1),
             gallery: vec![],
@@ -651,6 +655,7 @@ impl<'a> Rows<'a> {
             let input = BuildInput::Float {
                 model,
                 precision: Precision::Fp32,
+                keep_fp32: &[],
             };
             let ev = self.ctx.row(input, None, &mut keep, "FP32");
             reference = Reference {
@@ -662,9 +667,11 @@ impl<'a> Rows<'a> {
             self.push(ev, Precision::Fp32, None, &[]);
         }
         if wants(Precision::Fp16) && !self.ctx.cancel.is_cancelled() {
+            let guard = self.fp16_guard(self.ctx.p, guard::GuardFor::Float);
             let input = BuildInput::Float {
                 model,
                 precision: Precision::Fp16,
+                keep_fp32: &guard,
             };
             let ev = self.ctx.row(input, Some(&reference), &mut None, "FP16");
             self.push(ev, Precision::Fp16, None, &[]);
@@ -810,9 +817,11 @@ impl<'a> Rows<'a> {
         if let Some(dir) = &exp.output.qdq_dir {
             self.export_int8(dir, &qdq, &v, suffix);
         }
+        let guard = self.quantized_guard(p, guard::GuardFor::Int8);
         let input = BuildInput::Quantized {
             model: &p.model,
             qdq: &qdq,
+            keep_fp32: &guard,
         };
         let ev = self.ctx.row(input, Some(reference), &mut None, &label);
         self.push(ev, Precision::Int8, v.method, &v.kept_float);
@@ -878,9 +887,11 @@ impl<'a> Rows<'a> {
             );
             self.record_export(written);
         }
+        let guard = self.quantized_guard(p, guard::GuardFor::Float);
         let input = BuildInput::Quantized {
             model: &p.model,
             qdq: &qdq,
+            keep_fp32: &guard,
         };
         let label = if prequantized { "FP8" } else { "FP8 max" };
         let ev = self.ctx.row(input, Some(reference), &mut None, label);
@@ -933,6 +944,7 @@ impl<'a> Rows<'a> {
             exp.mixed_precision.is_none() && !self.report.exports.iter().any(|e| e.kind == "mixed");
         if wants(ExportPrecision::Mixed) && (is_plan || first_without_plan) {
             let input = self.ctx.bench_input.clone();
+            let guard = self.fp16_guard(p, guard::GuardFor::Int8);
             let written = export::export_mixed(
                 dir,
                 &exp.model,
@@ -941,6 +953,7 @@ impl<'a> Rows<'a> {
                 p.hw,
                 self.ctx.backend,
                 &input,
+                &guard,
             );
             self.record_export(written);
         }
@@ -960,7 +973,9 @@ impl<'a> Rows<'a> {
             return;
         }
         let input = self.ctx.bench_input.clone();
-        let written = crate::export::export_fp16(dir, &p.model, p.hw, self.ctx.backend, &input);
+        let guard = self.fp16_guard(p, guard::GuardFor::Float);
+        let written =
+            crate::export::export_fp16(dir, &p.model, p.hw, self.ctx.backend, &input, &guard);
         self.record_export(written);
     }
 

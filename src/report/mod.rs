@@ -69,6 +69,10 @@ pub struct Row {
     pub build_ms: Option<f64>,
     pub int8_nodes: Option<usize>,
     pub float_nodes: Vec<FloatNode>,
+    /// Layers the engine kept in FP32 where it computes the rest in FP16, and why: the FP16
+    /// overflow guard ([`crate::fp16_guard`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fp32_layers: Vec<crate::fp16_guard::KeptFp32>,
     /// Per-layer times of the batch-1 engine (backends that measure them).
     pub layer_times: Vec<LayerTime>,
     /// Per-layer times of the batch-N engine, when one was timed.
@@ -165,12 +169,28 @@ impl Row {
     /// What the note column says: the error, the void metrics, or that the precision is
     /// simulated.
     pub fn note(&self) -> String {
-        match (&self.error, &self.non_finite, self.simulated) {
-            (Some(e), _, _) => format!("error: {e}"),
+        let note = match (&self.error, &self.non_finite, self.simulated) {
+            (Some(e), _, _) => return format!("error: {e}"),
             (None, Some(n), _) => n.reason(),
             (None, None, true) => "simulated on CPU".into(),
             _ => String::new(),
+        };
+        match self.fp32_layers_note() {
+            Some(g) if note.is_empty() => g,
+            Some(g) => format!("{note}; {g}"),
+            None => note,
         }
+    }
+
+    /// "3 layers kept in FP32 (overflow guard)", where the FP16 overflow guard kept any.
+    pub fn fp32_layers_note(&self) -> Option<String> {
+        let n = self.fp32_layers.len();
+        (n > 0).then(|| {
+            format!(
+                "{n} layer{} kept in FP32 (overflow guard)",
+                if n == 1 { "" } else { "s" }
+            )
+        })
     }
 }
 
@@ -352,6 +372,9 @@ pub struct Report {
     /// Activation centering of the INT8 engines' model: tensors shifted, left alone and why.
     #[serde(default)]
     pub centering: Option<crate::prepare::center::CenterSummary>,
+    /// The FP16 overflow guard's lists (layers kept in FP32, and why) as the run measured them.
+    #[serde(default, skip_serializing_if = "crate::fp16_guard::Guards::is_empty")]
+    pub fp16_guard: crate::fp16_guard::Guards,
     /// Models written for deployment (`--export`), with their trtexec lines and ORT checks.
     #[serde(default)]
     pub exports: Vec<crate::export::ExportedModel>,

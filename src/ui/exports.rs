@@ -109,6 +109,7 @@ impl Workbench {
             preprocess: report
                 .map(|r| r.preprocess.clone())
                 .unwrap_or_else(|| self.exp.preprocess.clone()),
+            fp16_guard: report.map(|r| r.fp16_guard.clone()).unwrap_or_default(),
         };
         let w = self.worker.as_mut().ok_or("no worker thread")?;
         w.request(IoRequest::ExportQdq {

@@ -149,12 +149,14 @@ fn typed_exports(
         None => vec![0.5; model.input_shape(1, hw).iter().product()],
     };
     let backend = crate::backend::backend(crate::backend::BackendKind::Cpu);
+    let guard = &check.fp16_guard;
     let mut out = vec![crate::export::export_fp16(
         dir,
         &model,
         hw,
         backend.as_ref(),
         &input,
+        guard.float.as_deref().unwrap_or_default(),
     )?];
     // The mixed model is INT8 where INT8: FP8 Q/DQ models are not its source.
     let int8: Vec<&crate::pipeline::QdqArtifact> = qdq
@@ -174,6 +176,7 @@ fn typed_exports(
             hw,
             backend.as_ref(),
             &input,
+            guard.int8.as_deref().unwrap_or_default(),
         )?);
     }
     Ok(out)
@@ -461,6 +464,7 @@ mod tests {
                     hw: [16, 16],
                     image: None,
                     preprocess: Default::default(),
+                    fp16_guard: Default::default(),
                 },
             },
         ) {

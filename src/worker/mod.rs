@@ -205,6 +205,8 @@ pub struct ExportCheck {
     pub hw: [usize; 2],
     pub image: Option<PathBuf>,
     pub preprocess: crate::data::Preprocess,
+    /// The run's FP16 overflow guard lists: the exports keep the same layers in FP32.
+    pub fp16_guard: crate::fp16_guard::Guards,
 }
 
 /// Why a request could not be queued.

@@ -2,7 +2,7 @@
 //! inputs, a max-calibrated Q/DQ model for building CPU and CUDA INT8 engines from one plan,
 //! and the CPU INT8 engine's output the CUDA ones are held to.
 
-use quantscope::backend::cpu::{CpuBackend, Probe};
+use quantscope::backend::cpu::CpuBackend;
 use quantscope::backend::cuda::CudaBackend;
 use quantscope::backend::{Backend, BuildInput, BuildSpec, Output};
 use quantscope::calib::{Method, Stats};
@@ -55,7 +55,9 @@ pub fn max_qdq_as(
 ) -> Result<quant::QdqModel, String> {
     let plan = quant::plan(m, &[]);
     let tensors = plan.tensors();
-    let probe = Probe::new(m, hw, &tensors).map_err(|e| format!("probe: {e:#}"))?;
+    // The reference interpreter a run calibrates on (ONNX Runtime where it is loaded).
+    let probe = quantscope::backend::reference::open_model(m, hw, &tensors)
+        .map_err(|e| format!("probe: {e:#}"))?;
     let mut stats = Stats::new("test".into(), &tensors);
     for k in 0..images {
         let (_, acts) = probe
@@ -75,7 +77,14 @@ pub fn cpu_int8_run(
     x: &[f32],
 ) -> Result<Output, String> {
     CpuBackend
-        .build(BuildInput::Quantized { model: m, qdq }, spec)
+        .build(
+            BuildInput::Quantized {
+                model: m,
+                qdq,
+                keep_fp32: &[],
+            },
+            spec,
+        )
         .and_then(|mut e| e.run(x))
         .map_err(|e| format!("cpu int8: {e:#}"))
 }
@@ -87,6 +96,7 @@ pub fn cpu_fp32_run(m: &Model, spec: BuildSpec, x: &[f32]) -> Output {
             BuildInput::Float {
                 model: m,
                 precision: quantscope::backend::Precision::Fp32,
+                keep_fp32: &[],
             },
             spec,
         )

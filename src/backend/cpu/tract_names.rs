@@ -170,10 +170,12 @@ mod tests {
             BuildInput::Float {
                 model: &m,
                 precision: Precision::Fp32,
+                keep_fp32: &[],
             },
             BuildInput::Quantized {
                 model: &m,
                 qdq: &qdq,
+                keep_fp32: &[],
             },
         ] {
             let mut e = super::super::build_tract(build, spec).expect("build");

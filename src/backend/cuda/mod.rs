@@ -201,27 +201,28 @@ impl CudaBackend {
         let target = ops::Target {
             int8_mma: dev.compute >= engine::MMA_COMPUTE,
         };
-        let plan = ops::lower_for(&p, shape, precision, target).map_err(|first| {
-            // Name every node the backend cannot take, not only the first, so one run tells
-            // the user the whole gap.
-            let all = ops::survey(&p, shape, precision).unwrap_or_default();
-            CudaError::Unsupported(if all.len() > 1 {
-                let list: Vec<String> = all.iter().take(12).map(|u| u.why.clone()).collect();
-                let more = all.len().saturating_sub(12);
-                format!(
-                    "the CUDA backend cannot take {} node(s): {}{}",
-                    all.len(),
-                    list.join("; "),
-                    if more > 0 {
-                        format!("; and {more} more")
-                    } else {
-                        String::new()
-                    }
-                )
-            } else {
-                first
-            })
-        })?;
+        let plan =
+            ops::lower_for(&p, shape, precision, target, input.keep_fp32()).map_err(|first| {
+                // Name every node the backend cannot take, not only the first, so one run tells
+                // the user the whole gap.
+                let all = ops::survey(&p, shape, precision).unwrap_or_default();
+                CudaError::Unsupported(if all.len() > 1 {
+                    let list: Vec<String> = all.iter().take(12).map(|u| u.why.clone()).collect();
+                    let more = all.len().saturating_sub(12);
+                    format!(
+                        "the CUDA backend cannot take {} node(s): {}{}",
+                        all.len(),
+                        list.join("; "),
+                        if more > 0 {
+                            format!("; and {more} more")
+                        } else {
+                            String::new()
+                        }
+                    )
+                } else {
+                    first
+                })
+            })?;
         if precision == Precision::Fp8 && dev.compute < FP8_COMPUTE {
             return Err(CudaError::Unsupported(format!(
                 "{} has compute capability {}.{}: FP8 (E4M3) tensor cores need {}.{} or newer \
@@ -234,7 +235,14 @@ impl CudaBackend {
         let tf32 = precision == Precision::Fp32
             && self.fp32_math == super::Fp32Math::Tf32
             && dev.compute >= (8, 0);
-        let fingerprint = blake3::hash(&p.encode_to_vec()).to_hex()[..16].to_string();
+        // The choices belong to the plan: the model, and the layers the guard keeps in FP32.
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(&p.encode_to_vec());
+        for k in input.keep_fp32() {
+            hasher.update(k.node.as_bytes());
+            hasher.update(b"\0");
+        }
+        let fingerprint = hasher.finalize().to_hex()[..16].to_string();
         let name = cache::file_name(
             &fingerprint,
             &dev.name,

@@ -9,7 +9,7 @@ use crate::backend::{FloatNode, Precision};
 
 /// Element type of a device tensor; the codes are the kernels' `dtype` arguments (3 is the
 /// kernels' int32, which no planned tensor has).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum DType {
     F32 = 0,
     F16 = 1,
@@ -733,6 +733,8 @@ pub struct Plan {
     pub output: usize,
     pub int8_nodes: Vec<String>,
     pub float_nodes: Vec<FloatNode>,
+    /// Nodes lowered in FP32 in an FP16 engine: the overflow guard's, as it gave them.
+    pub fp32_layers: Vec<crate::fp16_guard::KeptFp32>,
 }
 
 pub type PlanResult<T> = Result<T, String>;

@@ -32,7 +32,7 @@ fn producer<'a>(g: &'a pb::GraphProto, t: &str) -> Option<&'a pb::NodeProto> {
 #[test]
 fn fp16_export_has_fp16_weights_fp32_io_and_keeps_the_logits_layer_fp32() {
     let model = residual_classifier(10).model();
-    let typed = fp16_model(&model, None).expect("fp16");
+    let typed = fp16_model(&model, None, &[]).expect("fp16");
     let g = graph(&typed.proto);
     // Graph I/O are the model's: float32.
     assert_eq!(proto::value_info_elem_type(&g.input[0]), Some(FLOAT));
@@ -82,7 +82,7 @@ fn sensitive_ops_stay_fp32_with_casts_on_both_sides() {
     let r = b.op("Relu", "relu", &[&c2]);
     let c3 = b.conv("c3", &r, 4, 2, 1);
     b.output(&c3);
-    let typed = fp16_model(&b.model(), None).expect("fp16");
+    let typed = fp16_model(&b.model(), None, &[]).expect("fp16");
     let g = graph(&typed.proto);
     let soft = node(g, "soft");
     let before = producer(g, &soft.input[0]).expect("cast before softmax");
@@ -128,7 +128,7 @@ fn large_upscale_resize_stays_fp32_and_small_one_goes_fp16() {
         let r = b.op("Relu", "relu", &[&c2]);
         let c3 = b.conv("c3", &r, 4, 2, 1);
         b.output(&c3);
-        let typed = fp16_model(&b.model(), None).expect("fp16");
+        let typed = fp16_model(&b.model(), None, &[]).expect("fp16");
         assert_eq!(
             typed.kept_fp32.iter().any(|k| k.node == "up"),
             kept,
@@ -151,7 +151,7 @@ fn mixed_export_places_qdq_only_on_int8_layers_and_fp16_elsewhere() {
         bias_correction: Default::default(),
     };
     let qdq = quant::build_qdq(&model, &plan, Some(&ranges)).expect("qdq");
-    let typed = mixed_model(&qdq, "test.onnx", None).expect("mixed");
+    let typed = mixed_model(&qdq, "test.onnx", None, &[]).expect("mixed");
     let g = graph(&typed.proto);
     let reads_dq = |n: &pb::NodeProto| {
         n.input
@@ -205,7 +205,7 @@ fn a_constant_beyond_fp16_range_keeps_its_reader_fp32() {
     let m = b.op("Mul", "mul", &[&c1, "big"]);
     let c2 = b.conv("c2", &m, 4, 2, 1);
     b.output(&c2);
-    let typed = fp16_model(&b.model(), None).expect("fp16");
+    let typed = fp16_model(&b.model(), None, &[]).expect("fp16");
     assert!(
         typed
             .kept_fp32

@@ -101,7 +101,11 @@ fn int8_sqnr(model: &Model, reference: &Model, inputs: &[Vec<f32>]) -> f64 {
     let qdq = quant::build_qdq(model, &plan, Some(&ranges)).expect("qdq");
     let mut engine = backend(BackendKind::Cpu)
         .build(
-            BuildInput::Quantized { model, qdq: &qdq },
+            BuildInput::Quantized {
+                model,
+                qdq: &qdq,
+                keep_fp32: &[],
+            },
             BuildSpec { batch: 1, hw: HW },
         )
         .expect("int8 engine");

@@ -296,12 +296,23 @@ fn table_ui(
                                 ui.colored_label(theme::ERROR, "void: NaN/Inf")
                                     .on_hover_text(n.reason());
                             }
-                            (None, None, true) => {
-                                ui.label("simulated on CPU")
-                                    .on_hover_text("FP16 numerics on CPU: accuracy is real, latency is not an FP16 device's");
-                            }
-                            (None, None, false) => {
-                                ui.label("");
+                            (None, None, simulated) => {
+                                let mut text = vec![];
+                                let mut hover = vec![];
+                                if simulated {
+                                    text.push("simulated on CPU".to_string());
+                                    hover.push("FP16 numerics on CPU: accuracy is real, latency is not an FP16 device's".to_string());
+                                }
+                                if let Some(g) = r.fp32_layers_note() {
+                                    text.push(g);
+                                    hover.extend(r.fp32_layers.iter().map(|k| {
+                                        format!("{} ({}): {}", k.node, k.op, k.reason)
+                                    }));
+                                }
+                                let l = ui.label(text.join(" · "));
+                                if !hover.is_empty() {
+                                    l.on_hover_text(hover.join("\n"));
+                                }
                             }
                         }
                         ui.end_row();

@@ -133,8 +133,10 @@ pub fn round_constants_to_f16(model: &mut TypedModel) -> TractResult<usize> {
 /// (a layer, with whatever tract fused into it), so each layer's output is rounded once, as
 /// an FP16 engine stores it; the model's outputs stay as computed (in f32), as before.
 /// Ops that only move values (reshapes, slices, concatenations, max pooling) of already
-/// rounded inputs are left alone: their outputs are f16 values already.
-pub fn round_outputs_to_f16(model: &mut TypedModel) -> TractResult<usize> {
+/// rounded inputs are left alone: their outputs are f16 values already. Nodes of the ONNX
+/// nodes in `keep_fp32` (tract names the nodes it makes of `n` as `n` or `n.<part>`) are not
+/// rounded: the overflow guard keeps them in FP32.
+pub fn round_outputs_to_f16(model: &mut TypedModel, keep_fp32: &[String]) -> TractResult<usize> {
     use tract_onnx::tract_core::ops::array::{Gather, MultiBroadcastTo, Slice, TypedConcat};
     use tract_onnx::tract_core::ops::change_axes::{AxisOp, IntoShape};
     use tract_onnx::tract_core::ops::cnn::{MaxPool, OptMaxPool};
@@ -145,6 +147,16 @@ pub fn round_outputs_to_f16(model: &mut TypedModel) -> TractResult<usize> {
     for id in model.eval_order()? {
         let node = model.node(id);
         if node.op_is::<Const>() || node.op_is::<RoundF16>() {
+            continue;
+        }
+        let kept = keep_fp32.iter().any(|k| {
+            node.name == *k
+                || node
+                    .name
+                    .strip_prefix(k.as_str())
+                    .is_some_and(|rest| rest.starts_with('.'))
+        });
+        if kept {
             continue;
         }
         let moves_values = node.op_is::<AxisOp>()
@@ -258,6 +270,7 @@ mod tests {
                         BuildInput::Float {
                             model: &model,
                             precision,
+                            keep_fp32: &[],
                         },
                         spec,
                     )
@@ -301,6 +314,7 @@ mod tests {
                 shape,
                 &[],
                 Numerics::Fp16,
+                &[],
             )
             .expect("fp16 model")
             .profile(&x, 1)

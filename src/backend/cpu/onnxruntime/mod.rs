@@ -260,9 +260,14 @@ pub fn build(
                 proto: fixed,
                 ..model.clone()
             };
-            let typed =
-                crate::export::typed::fp16_model(&m, None).map_err(|e| build_err(e.to_string()))?;
-            (typed.proto, Optimisation::Full, None)
+            let typed = crate::export::typed::fp16_model(&m, None, input.keep_fp32())
+                .map_err(|e| build_err(e.to_string()))?;
+            info.fp32_layers = input.keep_fp32().to_vec();
+            // Reached where tract cannot load the model (`CpuBackend::build`).
+            let caveat = "FP16 numerics on ONNX Runtime, where tract cannot load the model: \
+                          layers without a CPU FP16 kernel compute in FP32, so this row may \
+                          read closer to FP32 than an FP16 device";
+            (typed.proto, Optimisation::Full, Some(caveat.to_string()))
         }
         BuildInput::Float { .. } => (fixed, Optimisation::Full, None),
         BuildInput::Quantized { qdq, .. } => {
@@ -324,6 +329,7 @@ pub fn build(
     .and_then(|r| r)
     .map_err(build_err)?;
     info.engine = Some(match note {
+        Some(note) if precision == Precision::Fp16 => format!("{}; {note}", engine_name()),
         Some(note) => format!("{}; INT8 form: {note}", engine_name()),
         None => engine_name(),
     });

@@ -27,8 +27,22 @@ impl CudaEngine {
         for s in setups {
             rt.add(s);
         }
-        let cands = rt.candidates();
+        let mut cands = rt.candidates();
         let name = rt.layer.step.name.clone();
+        // A diagnosis knob: QUANTSCOPE_CUDA_AVOID=gemm,cudnng leaves out the candidates whose
+        // key starts with one of them (where another is left), to find which implementation
+        // a wrong engine comes from (tests/cuda_zoo.rs, QUANTSCOPE_ZOO_DIAGNOSE).
+        if let Ok(avoid) = std::env::var("QUANTSCOPE_CUDA_AVOID") {
+            let avoided = |c: &ConvImpl| {
+                let key = c.key();
+                avoid
+                    .split(',')
+                    .any(|a| !a.trim().is_empty() && key.starts_with(a.trim()))
+            };
+            if cands.iter().any(|(_, c)| !avoided(c)) {
+                cands.retain(|(_, c)| !avoided(c));
+            }
+        }
         // A cached key picks its candidate; a key without its algorithm (`gemmf`,
         // `f16+cudnn`) picks the first of that family, which is how the tests force an
         // implementation.

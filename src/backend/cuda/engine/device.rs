@@ -305,7 +305,7 @@ impl Lanes {
         movable: &[bool],
         ws_need: impl Fn(usize) -> usize,
     ) -> CudaResult<Lanes> {
-        let sch = schedule(plan, slot_of, movable, super::AUX_STREAMS);
+        let sch = schedule(plan, slot_of, movable, super::aux_streams());
         if sch.streams == 1 {
             return Ok(Lanes::default());
         }

@@ -16,6 +16,10 @@ impl CudaEngine {
             _ if self.tf32 => "fp32 (tf32)",
             _ => "fp32",
         };
+        // A float conv computing in F32 in an FP16 engine: the overflow guard's.
+        let kept_fp32 = |c: &crate::backend::cuda::plan::ConvStep| {
+            float_type(engine) == DType::F16 && self.plan.tensors[c.input].dtype == DType::F32
+        };
         let mut out = vec![];
         for (si, s) in self.plan.steps.iter().enumerate() {
             let time_ms = self.time_launches(si)?;
@@ -30,6 +34,9 @@ impl CudaEngine {
                             "fp8 data, fp32 arithmetic (no fp8 kernel for this layer)".to_string()
                         }
                         (Some(q), _) => quant_name(q.dtype).to_string(),
+                        (None, _) if kept_fp32(c) => {
+                            "fp32, kept by the FP16 overflow guard".to_string()
+                        }
                         (None, _) if engine.is_quantized() => {
                             format!("{float_name}, float in the Q/DQ plan")
                         }

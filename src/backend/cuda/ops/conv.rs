@@ -333,6 +333,9 @@ pub(super) fn conv(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
             if let Some(r) = res
                 && b.desc(r).shape == out_shape
             {
+                // A residual from a layer of the other float type (the overflow guard's FP32
+                // layers in an FP16 engine) is cast to this conv's.
+                let r = b.in_float(r);
                 let r = if op == "Conv" {
                     b.to_layout(r, Layout::Nhwc, "residual")?
                 } else {

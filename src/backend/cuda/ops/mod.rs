@@ -26,6 +26,7 @@ use super::plan::{
     Act, DType, EwOp, Layout, MAX_RANK, Operand, Plan, PlanResult, Step, TensorDesc, float_type,
 };
 use crate::backend::Precision;
+use crate::fp16_guard::KeptFp32;
 use crate::model::{Graph, proto};
 
 /// One op family: the ONNX ops it takes and how it lowers node `i` of the graph.
@@ -109,8 +110,15 @@ pub struct Builder<'a> {
     pub(crate) model: &'a pb::ModelProto,
     pub(crate) opset: i64,
     pub(crate) g: Graph<'a>,
-    /// Float activation type of this engine.
+    /// Float activation type of the node being lowered: the engine's, or F32 for a node the
+    /// FP16 overflow guard keeps in FP32.
     pub(crate) float: DType,
+    /// The engine's float activation type.
+    engine_float: DType,
+    /// The overflow guard's nodes (by name): lowered with `float` F32 in an FP16 engine.
+    keep_fp32: HashMap<String, KeptFp32>,
+    /// F16 <-> F32 copies of tensors read by a node of the other float type: (tensor, type).
+    casts: HashMap<(usize, DType), usize>,
     /// The quantized type of a Q/DQ engine (I8 for INT8, F8 for FP8); `None` for float ones.
     pub(crate) quant: Option<DType>,
     pub(crate) plan: Plan,
@@ -137,17 +145,26 @@ pub fn lower(
     input_shape: [usize; 4],
     precision: Precision,
 ) -> PlanResult<Plan> {
-    lower_for(p, input_shape, precision, Target::default())
+    lower_for(p, input_shape, precision, Target::default(), &[])
 }
 
 /// `lower` for a `target` GPU.
+/// `keep_fp32`: the FP16 overflow guard's nodes, computed in FP32 where the engine's float
+/// layers are FP16 (casts at their edges); `plan.fp32_layers` lists those lowered.
 pub fn lower_for(
     p: &pb::ModelProto,
     input_shape: [usize; 4],
     precision: Precision,
     target: Target,
+    keep_fp32: &[KeptFp32],
 ) -> PlanResult<Plan> {
     let mut b = Builder::new(p, input_shape, precision, target)?;
+    if b.engine_float != DType::F32 {
+        b.keep_fp32 = keep_fp32
+            .iter()
+            .map(|k| (k.node.clone(), k.clone()))
+            .collect();
+    }
     let gp = p.graph.as_ref().ok_or("the model has no graph")?;
     for i in 0..gp.node.len() {
         // Marked before lowering: a node lowered early (`lower_early`) or in progress is
@@ -217,6 +234,9 @@ impl<'a> Builder<'a> {
             opset,
             g: Graph::new(gp),
             float: float_type(precision),
+            engine_float: float_type(precision),
+            keep_fp32: HashMap::new(),
+            casts: HashMap::new(),
             quant: match precision {
                 Precision::Int8 => Some(DType::I8),
                 Precision::Fp8 => Some(DType::F8),
@@ -333,8 +353,17 @@ impl<'a> Builder<'a> {
                 n.op_type, n.name
             )
         })?;
-        (self.lowering_of(i, family))(self, i)
-            .map_err(|e| if e.contains(&n.name) { e } else { err(n, e) })
+        let kept = self.keep_fp32.get(&n.name).cloned();
+        if kept.is_some() {
+            self.float = DType::F32;
+        }
+        let lowered = (self.lowering_of(i, family))(self, i)
+            .map_err(|e| if e.contains(&n.name) { e } else { err(n, e) });
+        self.float = self.engine_float;
+        if let Some(k) = kept {
+            self.plan.fp32_layers.push(k);
+        }
+        lowered
     }
 
     /// How node `i` lowers: its family's `lower`, except where Gemm and MatMul cross families
@@ -409,9 +438,48 @@ impl<'a> Builder<'a> {
         self.float_tensor_of(name, why)
     }
 
-    /// The float device tensor for `name`: the host input converted on first use, int8
-    /// values dequantized on first use, constants materialized on the device.
+    /// The float device tensor for `name` in the float type of the node being lowered: the
+    /// host input converted on first use, int8 values dequantized on first use, constants
+    /// materialized on the device, and a cast where an FP16 and an FP32 layer meet.
     pub(crate) fn float_tensor_of(&mut self, name: &str, why: &str) -> PlanResult<usize> {
+        let t = self.any_float_tensor_of(name, why)?;
+        Ok(self.in_float(t))
+    }
+
+    /// `t` as `self.float`: a cast (made once per tensor and type) where a layer the overflow
+    /// guard keeps in FP32 reads an FP16 tensor, or an FP16 layer reads a kept one's output.
+    pub(crate) fn in_float(&mut self, t: usize) -> usize {
+        let d = self.desc(t).clone();
+        if d.dtype == self.float || !matches!(d.dtype, DType::F16 | DType::F32) {
+            return t;
+        }
+        if let Some(&c) = self.casts.get(&(t, self.float)) {
+            return c;
+        }
+        let suffix = if self.float == DType::F32 {
+            "f32"
+        } else {
+            "f16"
+        };
+        let o = self.tensor(
+            &format!("{}.{suffix}", d.name),
+            d.shape.clone(),
+            d.layout,
+            self.float,
+            1.0,
+        );
+        self.plan.steps.push(Step::Unary {
+            name: format!("{}.to_{suffix}", d.name),
+            input: t,
+            out: o,
+            act: Act::None,
+        });
+        self.casts.insert((t, self.float), o);
+        o
+    }
+
+    /// The float device tensor for `name` in whatever float type it was made.
+    fn any_float_tensor_of(&mut self, name: &str, why: &str) -> PlanResult<usize> {
         match self.values.get(name).cloned() {
             Some(Value::Tensor(t)) => {
                 if t == self.plan.input {

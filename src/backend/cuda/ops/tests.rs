@@ -56,6 +56,7 @@ fn int8_plan_for(b: &GraphBuilder, shape: [usize; 4], amax: f32, target: Target)
         shape,
         Precision::Int8,
         target,
+        &[],
     )
     .expect("int8 lowers")
 }
