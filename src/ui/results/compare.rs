@@ -206,7 +206,10 @@ fn table_ui(
         ),
         ("img/s", "Throughput (at the batch size when timed)"),
         ("memory MiB", "Weights + activations the engine holds"),
-        ("note", "Simulated precisions and errors"),
+        (
+            "note",
+            "Simulated precisions, errors, and whether the mixed-precision engine meets its budget",
+        ),
     ];
     egui::ScrollArea::horizontal()
         .id_salt(("compare.table", id))
@@ -300,9 +303,19 @@ fn table_ui(
                                 ui.label("simulated on CPU")
                                     .on_hover_text("FP16 numerics on CPU: accuracy is real, latency is not an FP16 device's");
                             }
-                            (None, None, false) => {
-                                ui.label("");
-                            }
+                            (None, None, false) => match &r.budget {
+                                // The mixed-precision row: does the plan hold its budget?
+                                Some(b) if b.met => {
+                                    ui.label("budget met").on_hover_text(b.describe());
+                                }
+                                Some(b) => {
+                                    ui.colored_label(theme::ERROR, "budget not met")
+                                        .on_hover_text(b.describe());
+                                }
+                                None => {
+                                    ui.label("");
+                                }
+                            },
                         }
                         ui.end_row();
                     }
