@@ -85,8 +85,9 @@ pub enum Command {
     },
     /// Calibrate, build and compare engines, with everything given as flags.
     Eval(Box<EvalArgs>),
-    /// Per-layer sensitivity: which layers INT8 hurts (SQNR, then the task metric), and with
-    /// --budget-top1 / --budget-miou-rel the fewest layers to keep in float to meet a budget.
+    /// Per-layer sensitivity: which layers INT8 hurts (SQNR, then the task metric), measured on
+    /// the model the INT8 engines are built from (the same recipe), and with --budget-top1 /
+    /// --budget-miou-rel the fewest layers to keep in float to meet a budget.
     Sensitivity(Box<SensitivityArgs>),
     /// Open the desktop workbench on an experiment (.ron) or a model (.onnx).
     Gui { path: Option<PathBuf> },
@@ -324,10 +325,12 @@ pub struct EvalArgs {
     #[arg(long, value_name = "FILE.ron")]
     pub save_experiment: Option<PathBuf>,
     /// Automatic mixed precision: keep the fewest layers in float so that top-1 drops by at
-    /// most this many points against FP32; adds that engine to the report.
+    /// most this many points against FP32; adds that engine to the report, whose note says
+    /// whether it meets the budget on the evaluation images (JSON: the row's `budget`).
     #[arg(long, value_name = "POINTS", conflicts_with = "budget_miou_rel")]
     pub budget_top1: Option<f64>,
-    /// Automatic mixed precision with a relative mIoU budget in percent (1 = keep 99 %).
+    /// Automatic mixed precision with a relative mIoU budget in percent (1 = keep 99 %); the
+    /// mixed row says whether it holds, as with --budget-top1.
     #[arg(long, value_name = "PERCENT")]
     pub budget_miou_rel: Option<f64>,
     #[command(flatten)]

@@ -174,6 +174,42 @@ pub struct MixedPrecision {
     pub method: Option<Method>,
     /// Per activation tensor, a method overriding `method` (a per-tensor choice).
     pub per_tensor: std::collections::BTreeMap<String, Method>,
+    /// The accuracy budget the plan was searched for (`--budget-*`, the Layers tab): the
+    /// mixed row is checked against it on the evaluation images, and says whether it holds.
+    pub budget: Option<Budget>,
+}
+
+/// An accuracy budget against FP32, for automatic mixed precision.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Budget {
+    /// At most this many points of top-1 lost (0.5 = half a percentage point).
+    Top1Points(f64),
+    /// At most this relative mIoU loss, in percent (1 = keep 99 % of FP32's mIoU).
+    MiouRelativePercent(f64),
+}
+
+impl Budget {
+    /// The least metric (top-1 or mIoU as a fraction) within budget of `fp32`.
+    pub fn target(&self, fp32: f64) -> f64 {
+        match *self {
+            Budget::Top1Points(pt) => fp32 - pt / 100.0,
+            Budget::MiouRelativePercent(pct) => fp32 * (1.0 - pct / 100.0),
+        }
+    }
+
+    /// Whether `metric` (top-1 or mIoU as a fraction) is within budget of `fp32`: at least
+    /// [`Budget::target`], give or take float rounding (a top-1 of 47/50 against a target
+    /// of 0.94 computed as 0.95 - 0.01 must count as met).
+    pub fn met(&self, fp32: f64, metric: f64) -> bool {
+        metric >= self.target(fp32) - 1e-9
+    }
+
+    pub fn describe(&self) -> String {
+        match *self {
+            Budget::Top1Points(pt) => format!("at most {pt} pt top-1 below FP32"),
+            Budget::MiouRelativePercent(p) => format!("at most {p} % relative mIoU below FP32"),
+        }
+    }
 }
 
 impl Default for Experiment {

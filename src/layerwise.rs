@@ -12,18 +12,35 @@ use crate::calib::Ranges;
 use crate::model::{Graph, Model, proto};
 use crate::quant::{self, QuantPlan};
 
+/// A model with isolated twins, and per layer (node, FP32 output name, twin output name).
+pub type Isolated = (pb::ModelProto, Vec<(String, String, String)>);
+
 /// Adds, for every quantized layer, a twin fed by Q/DQ of its FP32 inputs: one pass then
 /// gives each layer's output "when only it is quantized". Returns the model and, per layer,
-/// (FP32 output name, twin output name).
+/// (node, FP32 output name, twin output name).
 pub fn isolated_model(
     model: &Model,
     plan: &QuantPlan,
     ranges: &Ranges,
-) -> Result<(pb::ModelProto, Vec<(String, String, String)>), String> {
+) -> Result<Isolated, String> {
+    isolated_model_from(model, model, plan, ranges)
+}
+
+/// [`isolated_model`] whose twins take their weights and biases from `int8` (the same graph as
+/// `model` with other weight values: the INT8 path's, GPTQ-rounded), everything else from
+/// `model` (its FP32 form): each twin is then the layer as the INT8 engine computes it, fed
+/// by FP32 inputs.
+pub fn isolated_model_from(
+    model: &Model,
+    int8: &Model,
+    plan: &QuantPlan,
+    ranges: &Ranges,
+) -> Result<Isolated, String> {
     let mut p = model.proto.clone();
     crate::quant::ensure_opset13(&mut p)?;
     let g0 = model.graph().clone();
     let g = Graph::new(&g0);
+    let g8 = Graph::new(int8.graph());
     let gp = p.graph.as_mut().ok_or("no graph")?;
     let zp = "iso_zero_i8";
     gp.initializer.push(proto::i8_tensor(zp, &[], &[0]));
@@ -44,23 +61,34 @@ pub fn isolated_model(
             let t = &n.input[slot];
             let dq = format!("{}_iso_{slot}_{t}", n.name);
             if let Some(&axis) = weights.get(t.as_str()) {
-                let w = g
+                let w = g8
                     .initializer(t)
                     .and_then(proto::tensor_f32)
                     .ok_or("weight unreadable")?;
                 let (q, s) = quant::quantize_weight(&w, axis);
-                // A centered input: the twin's bias folds the shift for its rounded weights,
-                // as the Q/DQ build does.
-                if let Some(&c) = plan.centered.get(&n.input[0]) {
-                    let fold = quant::centered::int8_fold(c, &w, &q, &s, axis)
-                        .ok_or("weight scales do not match its channels")?;
-                    let bias = n
-                        .input
+                let bias_of = |g: &Graph| {
+                    n.input
                         .get(2)
                         .and_then(|b| g.initializer(b))
                         .and_then(proto::tensor_f32)
-                        .map_or(vec![0.0; fold.len()], |b| b.data);
-                    let b: Vec<f32> = bias.iter().zip(&fold).map(|(x, y)| x + y).collect();
+                        .map(|b| b.data)
+                };
+                // A centered input: the twin's bias folds the shift for its rounded weights,
+                // as the Q/DQ build does. GPTQ may have moved the INT8 path's bias too.
+                let fold = match plan.centered.get(&n.input[0]) {
+                    Some(&c) => Some(
+                        quant::centered::int8_fold(c, &w, &q, &s, axis)
+                            .ok_or("weight scales do not match its channels")?,
+                    ),
+                    None => None,
+                };
+                let own = bias_of(&g8);
+                if fold.is_some() || own != bias_of(&g) {
+                    let channels = fold.as_ref().map_or(0, Vec::len);
+                    let mut b = own.unwrap_or_else(|| vec![0.0; channels]);
+                    if let Some(fold) = &fold {
+                        b.iter_mut().zip(fold).for_each(|(x, y)| *x += y);
+                    }
                     let bn = format!("{}_bias", twin.name);
                     gp.initializer.push(proto::f32_tensor(&bn, &[b.len()], &b));
                     twin.input.resize(3, String::new());

@@ -2,6 +2,11 @@
 //! (SQNR of its output when only it is quantized, and when everything up to it is), which
 //! layers cost the task metric, and the fewest layers to keep in float to meet a budget.
 //!
+//! Everything is measured on the model the INT8 engines are built from (`prepare::for_int8`:
+//! CLE, centering, GPTQ; the same bias correction), and every plan is placed as the pipeline
+//! places it (`pipeline::place_int8`: layers kept in float get their float weights back), so
+//! the plan chosen here is the engine the run builds, and its metric the one the run reports.
+//!
 //! Layer-wise SQNR takes three passes over a small probe set (FP32, the Q/DQ simulation, and a
 //! graph where every quantized layer has a quantized twin fed by FP32 inputs). Only the layers
 //! SQNR flags are then evaluated on the task metric, one engine each.
@@ -17,37 +22,13 @@ use crate::backend::{self, Backend, BuildInput, BuildSpec, Precision};
 use crate::calib::{Method, Ranges, StatsCache};
 use crate::eval::Sqnr;
 use crate::experiment::Experiment;
-use crate::layerwise::{isolated_model, outputs_of};
+use crate::layerwise::{isolated_model_from, outputs_of};
 use crate::model::{Graph, Model, Task};
 use crate::pipeline::{self, CancelToken, PipelineError, Prepared, Sample, Sink};
-use crate::prepare::bias::{Fp32Reference, bias_correction};
+use crate::prepare::gptq::FloatWeights;
 use crate::quant::{self, QdqModel, QuantPlan};
 
-/// An accuracy budget against FP32.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
-pub enum Budget {
-    /// At most this many points of top-1 lost (0.5 = half a percentage point).
-    Top1Points(f64),
-    /// At most this relative mIoU loss, in percent (1 = keep 99 % of FP32's mIoU).
-    MiouRelativePercent(f64),
-}
-
-impl Budget {
-    /// Whether `metric` (top-1 or mIoU as a fraction) is within budget of `fp32`.
-    pub fn met(&self, fp32: f64, metric: f64) -> bool {
-        match *self {
-            Budget::Top1Points(pt) => (fp32 - metric) * 100.0 <= pt + 1e-9,
-            Budget::MiouRelativePercent(pct) => metric >= fp32 * (1.0 - pct / 100.0) - 1e-12,
-        }
-    }
-
-    pub fn describe(&self) -> String {
-        match *self {
-            Budget::Top1Points(pt) => format!("at most {pt} pt top-1 below FP32"),
-            Budget::MiouRelativePercent(p) => format!("at most {p} % relative mIoU below FP32"),
-        }
-    }
-}
+pub use crate::experiment::Budget;
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct SensitivityOptions {
@@ -144,30 +125,37 @@ fn err(e: impl std::fmt::Display) -> PipelineError {
     PipelineError::Config(e.to_string())
 }
 
-/// SQNR per quantized layer: (isolated, accumulated), over `inputs`.
+/// Per quantized layer (by node), the SQNR of its output in dB: (isolated, accumulated).
+pub type LayerSqnr = BTreeMap<String, (Option<f64>, Option<f64>)>;
+
+/// SQNR per quantized layer: (isolated, accumulated), over `inputs`, on the INT8 path's
+/// prepared model `q`. The reference is `fp32`, the same graph computing FP32 (`q`'s model
+/// with its float weights back); each isolated twin computes its layer as the INT8 engine does
+/// (`q`'s weights), the accumulated pass is `qdq`.
 pub fn layer_sqnr(
-    p: &Prepared,
+    q: &Prepared,
+    fp32: &Model,
     plan: &QuantPlan,
     ranges: &Ranges,
     qdq: &QdqModel,
     inputs: &[Vec<f32>],
     sink: &dyn Sink,
-) -> Result<BTreeMap<String, (Option<f64>, Option<f64>)>, PipelineError> {
-    let (iso, pairs) = isolated_model(&p.model, plan, ranges).map_err(err)?;
-    let shape = p.model.input_shape(1, p.hw);
+) -> Result<LayerSqnr, PipelineError> {
+    let (iso, pairs) = isolated_model_from(fp32, &q.model, plan, ranges).map_err(err)?;
+    let shape = q.model.input_shape(1, q.hw);
     let fp_names: Vec<String> = pairs.iter().map(|x| x.1.clone()).collect();
     let iso_names: Vec<String> = pairs.iter().map(|x| x.2.clone()).collect();
     let fixed = |proto: pb::ModelProto| {
         Model {
             proto,
-            ..p.model.clone()
+            ..q.model.clone()
         }
-        .with_fixed_input(1, p.hw)
+        .with_fixed_input(1, q.hw)
     };
     let open = |proto: &pb::ModelProto, names: &[String]| {
         reference::open(proto, shape, names).map_err(|e| err(e.to_string()))
     };
-    let fp32 = open(&p.model.with_fixed_input(1, p.hw), &fp_names)?;
+    let fp32 = open(&fp32.with_fixed_input(1, q.hw), &fp_names)?;
     let isolated = open(&fixed(iso), &iso_names)?;
     let accumulated = open(&fixed(qdq.proto.clone()), &fp_names)?;
     let mut iso_s = vec![Sqnr::default(); pairs.len()];
@@ -192,7 +180,11 @@ pub fn layer_sqnr(
 /// What every evaluation in a sensitivity run shares.
 struct Ctx<'a> {
     backend: &'a dyn Backend,
+    /// The experiment's model as loaded: the FP32 row's.
     p: &'a Prepared,
+    /// The INT8 path's model (`prepare::for_int8`) and the float weights GPTQ replaced in it.
+    q: &'a Prepared,
+    float_weights: &'a FloatWeights,
     exp: &'a Experiment,
     classes: usize,
     sink: &'a dyn Sink,
@@ -237,7 +229,8 @@ impl Ctx<'_> {
     }
 
     /// The metric of the INT8 engine with `ranges` and `keep_float` layers left in float (on
-    /// top of the experiment's exclusions), and the Q/DQ model it was built from.
+    /// top of the experiment's exclusions), placed as the pipeline places it, and the Q/DQ
+    /// model it was built from.
     fn int8(
         &self,
         ranges: &Ranges,
@@ -245,16 +238,17 @@ impl Ctx<'_> {
         samples: &[Sample],
         stage: &str,
     ) -> Result<(f64, QdqModel), PipelineError> {
-        let excl: Vec<String> = self.exp.exclude.iter().chain(keep_float).cloned().collect();
-        let q = quant::build_qdq(
-            &self.p.model,
-            &quant::plan(&self.p.model, &excl),
+        let (model, q) = pipeline::place_int8(
+            &self.q.model,
+            self.float_weights,
+            &self.exp.exclude,
+            keep_float,
             Some(ranges),
         )
         .map_err(err)?;
         let m = self.metric(
             BuildInput::Quantized {
-                model: &self.p.model,
+                model: &model,
                 qdq: &q,
                 keep_fp32: &[],
             },
@@ -270,11 +264,10 @@ impl Ctx<'_> {
 fn per_tensor_choice(
     plan: &QuantPlan,
     all: &[Ranges],
-    sqnr_by_method: &[BTreeMap<String, (Option<f64>, Option<f64>)>],
+    sqnr_by_method: &[LayerSqnr],
     model: &Model,
-) -> (Ranges, BTreeMap<String, Method>) {
+) -> BTreeMap<String, Method> {
     let g = Graph::new(model.graph());
-    let mut amax = BTreeMap::new();
     let mut chosen = BTreeMap::new();
     for a in &plan.activations {
         let readers: Vec<&str> = a
@@ -292,21 +285,9 @@ fn per_tensor_choice(
         let best = (0..all.len())
             .max_by(|&x, &y| score(x).total_cmp(&score(y)))
             .unwrap_or(0);
-        amax.insert(
-            a.tensor.clone(),
-            all[best].amax.get(&a.tensor).copied().unwrap_or(0.0),
-        );
         chosen.insert(a.tensor.clone(), all[best].method);
     }
-    (
-        Ranges {
-            method: Method::Max,
-            percentile: all[0].percentile,
-            amax,
-            bias_correction: BTreeMap::new(),
-        },
-        chosen,
-    )
+    chosen
 }
 
 /// Runs the analysis (and mixed precision when `opts.budget` is set) for `exp`.
@@ -352,19 +333,28 @@ pub fn run_with_cache(
     if samples.is_empty() {
         return Err(err("sensitivity needs an evaluation set (--data DIR)"));
     }
+    // The model the INT8 engines are built from, as the pipeline prepares it: ranking the
+    // original instead chose plans that missed their budget once built (issue 43).
+    let int8 = crate::prepare::for_int8(&p.source(), &pipeline::int8_settings(exp), sink);
+    let q = p.with_model(int8.model);
+    let float_weights = int8.float_weights;
+    // The FP32 model in the INT8 path's graph: what its tensors are measured against.
+    let fp32_model = float_weights.restore_all(&q.model);
     let classes = pipeline::classes_of(&p);
     let cx = Ctx {
         backend: backend.as_ref(),
         p: &p,
+        q: &q,
+        float_weights: &float_weights,
         exp,
         classes,
         sink,
         cancel,
     };
     let probe_eval = &samples[..opts.probe_eval_images.min(samples.len())];
-    let plan = quant::plan(&p.model, &exp.exclude);
-    let (stats, _, _) = pipeline::calibrate(&p, &plan, cache, sink, cancel)?;
-    let probe_inputs = p.source().inputs(opts.probe_images)?;
+    let plan = quant::plan(&q.model, &exp.exclude);
+    let (stats, _, _) = pipeline::calibrate(&q, &plan, cache, sink, cancel)?;
+    let probe_inputs = q.source().inputs(opts.probe_images)?;
 
     let fp32 = cx.metric(
         BuildInput::Float {
@@ -379,28 +369,27 @@ pub fn run_with_cache(
         .iter()
         .map(|&m| stats.ranges(m, exp.percentile))
         .collect();
-    let reference = if exp.bias_correction {
-        Some(Fp32Reference::new(&p.model, p.hw, &plan, &probe_inputs).map_err(err)?)
-    } else {
-        None
-    };
-    if let Some(reference) = &reference {
-        for r in all.iter_mut() {
-            sink.progress("bias correction", 0, 1);
-            let bc = bias_correction(reference, &plan, r).map_err(err)?;
-            sink.log(&bc.summary(r.method.name(), probe_inputs.len()));
-            r.bias_correction = bc.shifts;
-        }
+    let used: Vec<Method> = Method::ALL
+        .into_iter()
+        .filter(|&m| opts.method.is_none_or(|o| o == m))
+        .collect();
+    if exp.bias_correction {
+        crate::prepare::correct_biases(
+            &q.source(),
+            &plan,
+            &mut all,
+            &used,
+            exp.correction_images,
+            sink,
+        )
+        .map_err(err)?;
     }
 
     // Every method (or the one asked for), then a per-tensor choice among them.
     let mut results = vec![];
     let mut sqnr_by_method = vec![];
     let mut best_ranges = all[0].clone();
-    for r in all
-        .iter()
-        .filter(|r| opts.method.is_none_or(|m| m == r.method))
-    {
+    for r in all.iter().filter(|r| used.contains(&r.method)) {
         let (m, qdq) = cx.int8(r, &[], &samples, &format!("evaluating INT8 {}", r.method))?;
         sink.log(&format!("INT8 {}: {:.2} %", r.method, m * 100.0));
         if results.iter().all(|x: &MethodResult| m > x.metric) {
@@ -411,16 +400,25 @@ pub fn run_with_cache(
             metric: m,
         });
         if opts.method.is_none() {
-            sqnr_by_method.push(layer_sqnr(&p, &plan, r, &qdq, &probe_inputs, sink)?);
+            let sqnr = layer_sqnr(&q, &fp32_model, &plan, r, &qdq, &probe_inputs, sink)?;
+            sqnr_by_method.push(sqnr);
         }
     }
     let mut per_tensor_methods = BTreeMap::new();
     if opts.method.is_none() {
-        let (mut combo, chosen) = per_tensor_choice(&plan, &all, &sqnr_by_method, &p.model);
-        if let Some(reference) = &reference {
-            let bc = bias_correction(reference, &plan, &combo).map_err(err)?;
-            sink.log(&bc.summary("per-tensor methods", probe_inputs.len()));
-            combo.bias_correction = bc.shifts;
+        let chosen = per_tensor_choice(&plan, &all, &sqnr_by_method, &q.model);
+        // As the pipeline makes the plan's ranges: the best single method's, each tensor's
+        // own method's amax over them, and a bias correction for those ranges.
+        let mut combo = pipeline::mixed_ranges(&all, best_ranges.method, &chosen);
+        if exp.bias_correction {
+            crate::prepare::correct_mixed_biases(
+                &q.source(),
+                &plan,
+                &mut combo,
+                exp.correction_images,
+                sink,
+            )
+            .map_err(err)?;
         }
         let (m, _) = cx.int8(&combo, &[], &samples, "evaluating INT8 per-tensor methods")?;
         sink.log(&format!(
@@ -436,16 +434,28 @@ pub fn run_with_cache(
             metric: m,
         });
     }
-    let best = results
-        .iter()
-        .max_by(|a, b| a.metric.total_cmp(&b.metric))
-        .cloned()
-        .unwrap_or_default();
-    let base_qdq = quant::build_qdq(&p.model, &plan, Some(&best_ranges)).map_err(err)?;
-    let sqnr = layer_sqnr(&p, &plan, &best_ranges, &base_qdq, &probe_inputs, sink)?;
+    // The first of equals, as `best_ranges` was kept.
+    let best = first_best(results.iter()).cloned().unwrap_or_default();
+    let (_, base_qdq) = pipeline::place_int8(
+        &q.model,
+        &float_weights,
+        &exp.exclude,
+        &[],
+        Some(&best_ranges),
+    )
+    .map_err(err)?;
+    let sqnr = layer_sqnr(
+        &q,
+        &fp32_model,
+        &plan,
+        &best_ranges,
+        &base_qdq,
+        &probe_inputs,
+        sink,
+    )?;
 
     // Rank: SQNR first, then the metric for the lowest-SQNR candidates.
-    let op_of: HashMap<&str, &str> = p
+    let op_of: HashMap<&str, &str> = q
         .model
         .graph()
         .node
@@ -506,7 +516,7 @@ pub fn run_with_cache(
                 return Err(PipelineError::Cancelled);
             }
             kept.push(node);
-            let (m, q) = cx.int8(
+            let (m, qdq) = cx.int8(
                 &best_ranges,
                 &kept,
                 &samples,
@@ -524,26 +534,36 @@ pub fn run_with_cache(
                 continue;
             }
             metric = m;
-            final_qdq = q;
+            final_qdq = qdq;
         }
-        let met = budget.met(fp32, metric);
+        let mut met = budget.met(fp32, metric);
         let note = if !met {
-            // No subset reaches it: keep every quantized layer in float, and say so.
+            // No subset the search tried reaches it: every quantized layer in float, measured
+            // as well, so `met` says what that engine does.
             kept = layers.iter().map(|l| l.node.clone()).collect();
-            let (m, q) = cx.int8(
+            let (m, qdq) = cx.int8(
                 &best_ranges,
                 &kept,
                 &samples,
                 "mixed precision: every layer in float",
             )?;
-            (metric, final_qdq) = (m, q);
-            format!(
-                "the budget ({}) cannot be met: even with all {} quantized layers in float the metric is {:.2} % against FP32 {:.2} %",
-                budget.describe(),
-                kept.len(),
-                metric * 100.0,
-                fp32 * 100.0
-            )
+            (metric, final_qdq) = (m, qdq);
+            met = budget.met(fp32, metric);
+            if met {
+                format!(
+                    "no smaller set of layers in float met the budget ({}): all {} quantized layers are kept in float",
+                    budget.describe(),
+                    kept.len()
+                )
+            } else {
+                format!(
+                    "the budget ({}) cannot be met: even with all {} quantized layers in float the metric is {:.2} % against FP32 {:.2} %",
+                    budget.describe(),
+                    kept.len(),
+                    metric * 100.0,
+                    fp32 * 100.0
+                )
+            }
         } else if kept.is_empty() {
             "all-INT8 already meets the budget: no layer kept in float".into()
         } else {
@@ -578,14 +598,20 @@ pub fn run_with_cache(
     Ok((report, final_qdq))
 }
 
+/// The method with the highest metric, the first of equals (the one the analysis kept).
+fn first_best<'a>(methods: impl Iterator<Item = &'a MethodResult>) -> Option<&'a MethodResult> {
+    methods.fold(None, |best, m| match best {
+        Some(b) if b.metric >= m.metric => Some(b),
+        _ => Some(m),
+    })
+}
+
 impl SensitivityReport {
-    /// The experiment setting that reproduces this run's mixed-precision plan.
+    /// The experiment setting that reproduces this run's mixed-precision plan: the ranges the
+    /// analysis measured it with (the best single method, the per-tensor choice over it when
+    /// that won), the layers it keeps in float and the budget they were chosen for.
     pub fn mixed_precision(&self) -> crate::experiment::MixedPrecision {
-        let best_single = self
-            .methods
-            .iter()
-            .filter(|m| m.method != "per-tensor")
-            .max_by(|a, b| a.metric.total_cmp(&b.metric));
+        let best_single = first_best(self.methods.iter().filter(|m| m.method != "per-tensor"));
         crate::experiment::MixedPrecision {
             keep_float: self
                 .amp
@@ -594,6 +620,7 @@ impl SensitivityReport {
                 .unwrap_or_default(),
             method: best_single.and_then(|m| m.method.parse().ok()),
             per_tensor: self.per_tensor_methods.clone(),
+            budget: self.amp.as_ref().and_then(|a| a.budget),
         }
     }
 

@@ -296,6 +296,71 @@ fn gptq_weight_rounding_runs_end_to_end() {
     assert!(int8["top1"].as_f64().is_some(), "{int8}");
 }
 
+/// `eval --budget-top1`: the plan sensitivity finds is built as one more INT8 row, which
+/// scores what the search measured for it, carries its budget check in the JSON and Markdown
+/// reports, and is saved with its budget in the experiment.
+#[test]
+fn a_budget_adds_a_checked_mixed_row() {
+    let dir = setup("budget");
+    let mut args = eval_args(&dir, "budget.json");
+    args.extend(
+        [
+            "--methods",
+            "max",
+            "--budget-top1",
+            "0",
+            "--save-experiment",
+        ]
+        .map(String::from),
+    );
+    args.push(dir.join("plan.ron").to_string_lossy().into_owned());
+    let err = eval_ok(&dir, &args);
+    let report: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("budget.json")).expect("report"))
+            .expect("json");
+    let rows = report["rows"].as_array().expect("rows");
+    let mixed = rows
+        .iter()
+        .find(|r| !r["budget"].is_null())
+        .expect("the plan's row carries its budget check");
+    let check = &mixed["budget"];
+    let (target, achieved) = (
+        check["target"].as_f64().expect("target"),
+        check["achieved"].as_f64().expect("achieved"),
+    );
+    assert_eq!(check["budget"], serde_json::json!({"Top1Points": 0.0}));
+    assert_eq!(Some(achieved), mixed["top1"].as_f64());
+    let fp32 = rows
+        .iter()
+        .find(|r| r["precision"] == "fp32")
+        .expect("fp32");
+    assert_eq!(check["fp32"], fp32["top1"]);
+    let met = check["met"].as_bool().expect("met");
+    assert_eq!(met, achieved >= target, "{check}");
+    // The search's own line gives the same metric and verdict as the row that was built.
+    let said = format!(
+        "{:.2} %, budget {}",
+        achieved * 100.0,
+        if met { "met" } else { "not met" }
+    );
+    assert!(
+        err.lines()
+            .any(|l| l.starts_with("mixed precision: ") && l.contains(&said)),
+        "wanted `{said}` in: {err}"
+    );
+    let md = std::fs::read_to_string(dir.join("report.md")).expect("markdown");
+    assert!(
+        md.contains(if met {
+            "budget met: "
+        } else {
+            "budget NOT met: "
+        }),
+        "{md}"
+    );
+    let plan = std::fs::read_to_string(dir.join("plan.ron")).expect("experiment");
+    assert!(plan.contains("budget: Some(Top1Points(0.0))"), "{plan}");
+}
+
 /// `--precisions fp8`: an FP8 row (simulated on the CPU, max-calibrated) next to INT8, and
 /// `--export` writes the FP8 Q/DQ model with its trtexec line and ONNX Runtime check.
 #[test]

@@ -195,6 +195,34 @@ fn compare_tab_labels_tf32_rows() {
     h.get_by_label("FP32 (TF32)");
 }
 
+/// The mixed-precision row says in the Compare table whether it meets its budget, in red
+/// where it does not, with the numbers on hover.
+#[test]
+fn compare_tab_says_whether_the_mixed_row_meets_its_budget() {
+    use quantscope::experiment::Budget;
+    use quantscope::report::BudgetCheck;
+    for (achieved, label) in [(0.7190, "budget met"), (0.61, "budget not met")] {
+        let mut wb = sample_workbench();
+        let mut report = sample_report();
+        let mixed = report
+            .rows
+            .iter_mut()
+            .find(|r| r.method == Some(Method::Max))
+            .expect("an INT8 max row");
+        mixed.kept_float = vec!["head/conv".into()];
+        mixed.miou = Some(achieved);
+        mixed.budget = Some(BudgetCheck::of(
+            Budget::MiouRelativePercent(0.5),
+            0.72,
+            achieved,
+        ));
+        wb.set_results(report, Some(sample_artifacts()));
+        let mut h = harness(wb);
+        h.run();
+        h.get_by_label(label);
+    }
+}
+
 #[test]
 fn compare_tab_labels_simulated_rows() {
     let mut h = harness(sample_workbench());

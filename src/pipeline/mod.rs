@@ -2,6 +2,7 @@
 //! cached statistics), place Q/DQ, build each engine, evaluate it against FP32, time it.
 //! Each finished row is handed to the `Sink` at once, so a cancelled run keeps what it has.
 
+use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -13,12 +14,13 @@ use crate::bench::{self, BenchSpec};
 use crate::calib::{self, Method, Ranges, Stats, StatsCache};
 use crate::data::{self, EvalSet, Geometry, Label};
 use crate::eval::{self, ClassTally, SegTally, Sqnr};
-use crate::experiment::Experiment;
+use crate::experiment::{Budget, Experiment};
 use crate::model::{Model, Task};
+use crate::prepare::gptq::FloatWeights;
 use crate::quant::{self, QdqModel, QuantPlan};
 use crate::report::{
-    CalibSummary, Confusion, EvalSummary, ImageTop, MemoryBytes, ModelSummary, Report, Row,
-    TensorRanges,
+    BudgetCheck, CalibSummary, Confusion, EvalSummary, ImageTop, MemoryBytes, ModelSummary, Report,
+    Row, TensorRanges,
 };
 
 mod evaluate;
@@ -517,6 +519,8 @@ struct Int8Variant {
     method: Option<Method>,
     ranges: Option<Ranges>,
     kept_float: Vec<String>,
+    /// The mixed-precision plan's budget: its row is checked against FP32 on it.
+    budget: Option<Budget>,
 }
 
 impl Int8Variant {
@@ -534,6 +538,9 @@ impl Int8Variant {
 struct Rows<'a> {
     exp: &'a Experiment,
     ctx: RowCtx<'a>,
+    /// The float weights GPTQ replaced in the INT8 path's model, for layers a
+    /// mixed-precision plan keeps in float.
+    float_weights: FloatWeights,
     report: Report,
     artifacts: Artifacts,
     output_errors: Vec<String>,
@@ -603,6 +610,7 @@ impl<'a> Rows<'a> {
         Rows {
             exp,
             ctx,
+            float_weights: FloatWeights::default(),
             report,
             artifacts,
             output_errors: vec![],
@@ -700,7 +708,7 @@ impl<'a> Rows<'a> {
             if self.ctx.cancel.is_cancelled() {
                 break;
             }
-            self.int8_row(&plan, v, reference);
+            self.int8_row(v, reference);
         }
     }
 
@@ -717,6 +725,7 @@ impl<'a> Rows<'a> {
                 method: None,
                 ranges: None,
                 kept_float: vec![],
+                budget: None,
             }]);
         }
         if exp.methods.is_empty() {
@@ -760,6 +769,7 @@ impl<'a> Rows<'a> {
                 method: Some(m),
                 ranges: all.iter().find(|r| r.method == m).cloned(),
                 kept_float: vec![],
+                budget: None,
             })
             .collect();
         if let Some(mp) = &exp.mixed_precision {
@@ -784,25 +794,28 @@ impl<'a> Rows<'a> {
                 method: Some(m),
                 ranges: Some(r),
                 kept_float: mp.keep_float.clone(),
+                budget: mp.budget,
             });
         }
         Ok(variants)
     }
 
-    /// Places Q/DQ for one variant, exports it when asked, then builds and evaluates its engine.
-    fn int8_row(&mut self, plan: &QuantPlan, v: Int8Variant, reference: &Reference) {
+    /// Places Q/DQ for one variant, exports it when asked, then builds and evaluates its engine
+    /// (and checks a mixed-precision plan's row against its budget).
+    fn int8_row(&mut self, v: Int8Variant, reference: &Reference) {
         let (exp, p) = (self.exp, self.ctx.p);
         let label = v.label();
-        let run_plan = if v.kept_float.is_empty() {
-            plan.clone()
-        } else {
-            let excl: Vec<String> = exp.exclude.iter().chain(&v.kept_float).cloned().collect();
-            quant::plan(&p.model, &excl)
-        };
         let placed = crate::guard::catch(&format!("placing Q/DQ for {label}"), || {
-            quant::build_qdq(&p.model, &run_plan, v.ranges.as_ref()).map_err(|e| e.to_string())
+            place_int8(
+                &p.model,
+                &self.float_weights,
+                &exp.exclude,
+                &v.kept_float,
+                v.ranges.as_ref(),
+            )
+            .map_err(|e| e.to_string())
         });
-        let qdq = match placed.and_then(|r| r) {
+        let (model, qdq) = match placed.and_then(|r| r) {
             Ok(q) => q,
             Err(e) => {
                 self.error_row(Precision::Int8, v.method, e);
@@ -819,17 +832,44 @@ impl<'a> Rows<'a> {
         }
         let guard = self.quantized_guard(p, guard::GuardFor::Int8);
         let input = BuildInput::Quantized {
-            model: &p.model,
+            model: &model,
             qdq: &qdq,
             keep_fp32: &guard,
         };
-        let ev = self.ctx.row(input, Some(reference), &mut None, &label);
+        let mut ev = self.ctx.row(input, Some(reference), &mut None, &label);
+        if let Some(budget) = v.budget {
+            self.check_budget(&mut ev.row, budget, &label);
+        }
         self.push(ev, Precision::Int8, v.method, &v.kept_float);
         self.artifacts.qdq.push(QdqArtifact {
             method: v.method,
             suffix,
             model: qdq,
         });
+    }
+
+    /// Checks the mixed-precision plan's row against its budget on the evaluation images (the
+    /// plan was searched on them, but this is the engine that was built): the row carries
+    /// the check, the log says it, and a miss becomes a note of the report.
+    fn check_budget(&mut self, row: &mut Row, budget: Budget, label: &str) {
+        if row.failed() {
+            return; // The row says why it has no metric.
+        }
+        let fp32 = self.report.fp32().and_then(Row::metric);
+        let (Some(fp32), Some(achieved)) = (fp32, row.metric()) else {
+            self.ctx.sink.log(&format!(
+                "{label}: budget not checked ({}): no FP32 or no mixed metric",
+                budget.describe()
+            ));
+            return;
+        };
+        let check = BudgetCheck::of(budget, fp32, achieved);
+        let line = format!("{label}: {}", check.describe());
+        self.ctx.sink.log(&line);
+        if !check.met {
+            self.report.notes.push(line);
+        }
+        row.budget = Some(check);
     }
 
     /// The FP8 E4M3 engine: the INT8 placement, activation scales amax / 448 from max
@@ -1110,6 +1150,7 @@ pub fn run_with_cache(
         rows.report.centering = int8.centering;
         int8_prepared = p.with_model(int8.model);
         rows.ctx.p = &int8_prepared;
+        rows.float_weights = int8.float_weights;
         rows.int8_rows(cache, &reference);
     }
     if exp.precisions.contains(&Precision::Fp8) && !cancel.is_cancelled() {
@@ -1121,7 +1162,7 @@ pub fn run_with_cache(
 }
 
 /// The experiment's choices for the INT8 preparation.
-fn int8_settings(exp: &Experiment) -> crate::prepare::Settings<'_> {
+pub fn int8_settings(exp: &Experiment) -> crate::prepare::Settings<'_> {
     crate::prepare::Settings {
         cle: exp.cle,
         cle_clip: exp.cle_clip,
@@ -1173,6 +1214,23 @@ fn decode_batch(p: &Prepared, paths: &[PathBuf]) -> Result<Vec<f32>, PipelineErr
         .map(|f| data::open_rgb(f).map(|img| p.input_of(&img)))
         .collect::<Result<_, _>>()?;
     Ok(inputs.concat())
+}
+
+/// The Q/DQ model of an INT8 engine on the INT8 path's `model`, `keep_float` (a
+/// mixed-precision plan's layers) left in float on top of `exclude` and given back their
+/// float weights (`float_weights`: what GPTQ replaced), with the model it was placed on.
+/// Sensitivity measures its plans through this too, so the plan it picks is the engine built.
+pub fn place_int8<'m>(
+    model: &'m Model,
+    float_weights: &FloatWeights,
+    exclude: &[String],
+    keep_float: &[String],
+    ranges: Option<&Ranges>,
+) -> Result<(Cow<'m, Model>, QdqModel), quant::QuantError> {
+    let model = float_weights.for_plan(model, keep_float);
+    let excl: Vec<String> = exclude.iter().chain(keep_float).cloned().collect();
+    let qdq = quant::build_qdq(&model, &quant::plan(&model, &excl), ranges)?;
+    Ok((model, qdq))
 }
 
 /// Ranges of `method`, with per-tensor overrides from a mixed-precision plan.

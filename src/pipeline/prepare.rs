@@ -23,7 +23,7 @@ pub struct Prepared {
 
 impl Prepared {
     /// The same preparation around another model (the INT8 engines' equalized or rounded one).
-    pub(super) fn with_model(&self, model: Model) -> Prepared {
+    pub fn with_model(&self, model: Model) -> Prepared {
         Prepared {
             model,
             hw: self.hw,

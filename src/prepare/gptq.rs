@@ -11,7 +11,8 @@
 //!
 //! This module does the arithmetic; `prepare` runs the FP32 model to feed it activations.
 
-use std::collections::HashMap;
+use std::borrow::Cow;
+use std::collections::{BTreeMap, HashMap};
 
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
@@ -450,9 +451,81 @@ fn round_rows(rows: &mut [f32], d: usize, scales: &[f32], u: &[f64]) {
         });
 }
 
+/// The float weights GPTQ replaced, by node: what a layer computes in FP32. GPTQ moves each
+/// weight to compensate for its neighbours' rounding, which only helps where the layer runs in
+/// int8; a layer that a mixed-precision plan keeps in float gets these back
+/// ([`FloatWeights::restore`]), and so computes what the FP32 model does.
+#[derive(Clone, Debug, Default)]
+pub struct FloatWeights {
+    /// Per node, the initializers as they were before rounding (its weight, and its bias where
+    /// the centering fold changed it).
+    by_node: BTreeMap<String, Vec<pb::TensorProto>>,
+}
+
+impl FloatWeights {
+    /// Records `t` as `node`'s original, unless an earlier original of it is held.
+    fn record(&mut self, node: &str, t: &pb::TensorProto) {
+        let held = self.by_node.entry(node.to_string()).or_default();
+        if !held.iter().any(|h| h.name == t.name) {
+            held.push(t.clone());
+        }
+    }
+
+    /// Nodes whose weights GPTQ changed.
+    pub fn nodes(&self) -> impl Iterator<Item = &str> {
+        self.by_node.keys().map(String::as_str)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.by_node.is_empty()
+    }
+
+    /// `model` with the original float weights (and biases) of `nodes` back; nodes GPTQ did
+    /// not round are left as they are.
+    pub fn restore<'a>(&self, model: &Model, nodes: impl IntoIterator<Item = &'a str>) -> Model {
+        let mut out = model.clone();
+        let Some(g) = out.proto.graph.as_mut() else {
+            return out;
+        };
+        for t in nodes
+            .into_iter()
+            .filter_map(|n| self.by_node.get(n))
+            .flatten()
+        {
+            if let Some(slot) = g.initializer.iter_mut().find(|i| i.name == t.name) {
+                *slot = t.clone();
+            }
+        }
+        out
+    }
+
+    /// The model a mixed-precision plan's Q/DQ is placed on: `model` (the INT8 path's) with
+    /// the layers kept in float given their float weights back. Borrowed when none of them
+    /// was rounded.
+    pub fn for_plan<'m>(&self, model: &'m Model, keep_float: &[String]) -> Cow<'m, Model> {
+        match keep_float.iter().any(|n| self.by_node.contains_key(n)) {
+            true => Cow::Owned(self.restore(model, keep_float.iter().map(String::as_str))),
+            false => Cow::Borrowed(model),
+        }
+    }
+
+    /// `model` with every rounded layer's float weights back: the FP32 model in the INT8
+    /// path's graph (CLE and centering are exact FP32 rewrites), so its tensors are the
+    /// reference for the INT8 path's.
+    pub fn restore_all(&self, model: &Model) -> Model {
+        self.restore(model, self.nodes().collect::<Vec<_>>())
+    }
+}
+
 /// Rounds `layer`'s weights in `model` with its moments; the weight initializer is replaced by
-/// values on the int8 grid. `Err` says why the layer keeps round-to-nearest.
-pub fn round_layer(model: &mut pb::ModelProto, layer: &Layer, m: Moments) -> Result<(), String> {
+/// values on the int8 grid, and what it replaced is recorded in `originals`. `Err` says why
+/// the layer keeps round-to-nearest.
+pub fn round_layer(
+    model: &mut pb::ModelProto,
+    layer: &Layer,
+    m: Moments,
+    originals: &mut FloatWeights,
+) -> Result<(), String> {
     let g = model.graph.as_mut().ok_or("no graph")?;
     let t = g
         .initializer
@@ -508,6 +581,7 @@ pub fn round_layer(model: &mut pb::ModelProto, layer: &Layer, m: Moments) -> Res
         let channels = w.dims.first().copied().unwrap_or(1);
         crate::quant::centered::rounding_fold(layer.center, &data, &w.data, channels)
     });
+    originals.record(&layer.node, t);
     *t = proto::f32_tensor(&layer.weight, &w.dims, &data);
     if let Some(fold) = fold {
         let bias = g
@@ -523,6 +597,7 @@ pub fn round_layer(model: &mut pb::ModelProto, layer: &Layer, m: Moments) -> Res
             .iter_mut()
             .find(|t| t.name == bias)
             .ok_or("bias not found")?;
+        originals.record(&layer.node, t);
         let mut b = proto::tensor_f32(t).ok_or("bias unreadable")?;
         b.data.iter_mut().zip(&fold).for_each(|(v, d)| *v += d);
         *t = proto::f32_tensor(&bias, &b.dims, &b.data);

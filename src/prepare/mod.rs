@@ -161,6 +161,9 @@ pub struct Int8Model {
     pub centering: Option<center::CenterSummary>,
     /// Lines for the report's notes, in order; each was logged as it came.
     pub notes: Vec<String>,
+    /// The float weights GPTQ replaced (empty with nearest rounding): a layer a
+    /// mixed-precision plan keeps in float gets them back ([`gptq::FloatWeights::for_plan`]).
+    pub float_weights: gptq::FloatWeights,
 }
 
 /// CLE → centering → GPTQ, each on the model the previous step made. A step that fails keeps
@@ -187,12 +190,13 @@ pub fn for_int8(src: &Source, s: &Settings, sink: &(impl Progress + ?Sized)) -> 
     if let Some(note) = correction_images_note(src, s) {
         say(note);
     }
-    let model = match s.weight_rounding {
-        gptq::WeightRounding::Nearest => centered,
+    let (model, float_weights) = match s.weight_rounding {
+        gptq::WeightRounding::Nearest => (centered, gptq::FloatWeights::default()),
         gptq::WeightRounding::Gptq => {
-            let (rounded, note) = steps::round_weights(&src.with_model(&centered), s, sink);
+            let (rounded, originals, note) =
+                steps::round_weights(&src.with_model(&centered), s, sink);
             say(note);
-            rounded
+            (rounded, originals)
         }
     };
     Int8Model {
@@ -200,6 +204,7 @@ pub fn for_int8(src: &Source, s: &Settings, sink: &(impl Progress + ?Sized)) -> 
         equalization,
         centering,
         notes,
+        float_weights,
     }
 }
 

@@ -86,15 +86,21 @@ pub(super) fn center(src: &Source, s: &Settings) -> (Model, Option<center::Cente
 
 /// GPTQ weight rounding: FP32 passes over the first `correction_images` calibration images
 /// collect each layer's input moments, as many layers per pass as fit in 512 MiB, then each
-/// layer is rounded. On failure the model is returned as it was, and the note says why.
+/// layer is rounded. Returns the rounded model, the float weights it replaced and the note. On
+/// failure the model is returned as it was (nothing replaced), and the note says why.
 pub(super) fn round_weights(
     src: &Source,
     s: &Settings,
     sink: &(impl Progress + ?Sized),
-) -> (Model, String) {
+) -> (Model, gptq::FloatWeights, String) {
     let t = Instant::now();
     match gptq_model(src, s, sink) {
-        Ok((model, rounded, kept)) => {
+        Ok(Rounded {
+            model,
+            originals,
+            rounded,
+            kept,
+        }) => {
             let mut note = format!(
                 "GPTQ weight rounding: {rounded} layers rounded in {:.0} ms",
                 t.elapsed().as_secs_f64() * 1e3
@@ -112,21 +118,33 @@ pub(super) fn round_weights(
                     if kept.len() > 3 { "; …" } else { "" }
                 ));
             }
-            (model, note)
+            (model, originals, note)
         }
         Err(e) => (
             src.model.clone(),
+            gptq::FloatWeights::default(),
             format!("GPTQ weight rounding failed ({e}); the INT8 engines round to nearest"),
         ),
     }
 }
 
-/// The rounded model, the number of layers rounded and those kept round-to-nearest (why).
+/// What GPTQ made of a model.
+struct Rounded {
+    model: Model,
+    /// The float weights it replaced, by node.
+    originals: gptq::FloatWeights,
+    /// Layers rounded.
+    rounded: usize,
+    /// Layers kept round-to-nearest, and why.
+    kept: Vec<(String, String)>,
+}
+
+/// The rounded model (see [`Rounded`]).
 fn gptq_model(
     src: &Source,
     s: &Settings,
     sink: &(impl Progress + ?Sized),
-) -> Result<(Model, usize, Vec<(String, String)>), String> {
+) -> Result<Rounded, String> {
     let plan = quant::plan(src.model, s.exclude);
     let shapes = crate::model::infer_shapes(src.model, src.hw).map_err(|e| format!("{e:#}"))?;
     let (layers, mut kept) = gptq::layers(src.model, &plan, &shapes);
@@ -141,6 +159,7 @@ fn gptq_model(
         .map(|i| i.name.clone())
         .unwrap_or_default();
     let mut proto = src.model.proto.clone();
+    let mut originals = gptq::FloatWeights::default();
     let mut rounded = 0;
     let mut rest = &layers[..];
     while !rest.is_empty() {
@@ -178,20 +197,21 @@ fn gptq_model(
         }
         for (i, (l, m)) in pass.iter().zip(moments).enumerate() {
             sink.progress("GPTQ: rounding", i, pass.len());
-            match gptq::round_layer(&mut proto, l, m) {
+            match gptq::round_layer(&mut proto, l, m, &mut originals) {
                 Ok(()) => rounded += 1,
                 Err(e) => kept.push((l.node.clone(), e)),
             }
         }
     }
-    Ok((
-        Model {
+    Ok(Rounded {
+        model: Model {
             proto,
             ..src.model.clone()
         },
+        originals,
         rounded,
         kept,
-    ))
+    })
 }
 
 /// Per channel, max |x| over the calibration images (an FP32 pass of `src`'s model) of each

@@ -13,6 +13,7 @@ use crate::backend::{FloatNode, LayerTime, Precision};
 use crate::bench::Latency;
 use crate::calib::Method;
 use crate::data::Preprocess;
+use crate::experiment::Budget;
 use crate::model::{Task, TensorInfo};
 
 pub use classes::{
@@ -92,6 +93,49 @@ pub struct Row {
     /// they were, its latency competed with them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timing_load: Option<TimingLoad>,
+    /// The mixed-precision plan's row: whether it meets the budget it was searched for, on
+    /// the evaluation images, against this run's FP32 row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub budget: Option<BudgetCheck>,
+}
+
+/// An engine's task metric against an accuracy budget: the metrics are fractions (top-1 or
+/// mIoU), `target` the least metric within budget of `fp32`, and `met` says `achieved` reaches
+/// it.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct BudgetCheck {
+    pub budget: Budget,
+    pub fp32: f64,
+    pub target: f64,
+    pub achieved: f64,
+    pub met: bool,
+}
+
+impl BudgetCheck {
+    pub fn of(budget: Budget, fp32: f64, achieved: f64) -> BudgetCheck {
+        BudgetCheck {
+            budget,
+            fp32,
+            target: budget.target(fp32),
+            achieved,
+            met: budget.met(fp32, achieved),
+        }
+    }
+
+    /// "budget met: 41.66 % ≥ 41.49 % (99.90 % of FP32 41.70 %; at most 0.5 % relative mIoU
+    /// below FP32)", or "budget NOT met: …".
+    pub fn describe(&self) -> String {
+        format!(
+            "budget {}: {:.2} % {} {:.2} % ({:.2} % of FP32 {:.2} %; {})",
+            if self.met { "met" } else { "NOT met" },
+            self.achieved * 100.0,
+            if self.met { "≥" } else { "<" },
+            self.target * 100.0,
+            self.achieved / self.fp32.max(1e-12) * 100.0,
+            self.fp32 * 100.0,
+            self.budget.describe()
+        )
+    }
 }
 
 /// The machine's load when an engine's timing started.
@@ -146,7 +190,8 @@ impl NonFinite {
 impl Row {
     pub fn label(&self) -> String {
         match (self.precision, self.method) {
-            (Some(p), Some(m)) if !self.kept_float.is_empty() => {
+            // A plan that keeps nothing in float is still the plan's row, not the method's.
+            (Some(p), Some(m)) if !self.kept_float.is_empty() || self.budget.is_some() => {
                 format!("{p} {m} + {} float", self.kept_float.len())
             }
             (Some(p), Some(m)) => format!("{p} {m}"),
@@ -167,19 +212,24 @@ impl Row {
     }
 
     /// What the note column says: the error, the void metrics, or that the precision is
-    /// simulated.
+    /// simulated, and a mixed-precision row's budget check.
     pub fn note(&self) -> String {
-        let note = match (&self.error, &self.non_finite, self.simulated) {
-            (Some(e), _, _) => return format!("error: {e}"),
+        let base = match (&self.error, &self.non_finite, self.simulated) {
+            (Some(e), _, _) => format!("error: {e}"),
             (None, Some(n), _) => n.reason(),
             (None, None, true) => "simulated on CPU".into(),
             _ => String::new(),
         };
-        match self.fp32_layers_note() {
-            Some(g) if note.is_empty() => g,
-            Some(g) => format!("{note}; {g}"),
-            None => note,
-        }
+        let parts: Vec<String> = [
+            Some(base),
+            self.budget.as_ref().map(|b| b.describe()),
+            self.fp32_layers_note(),
+        ]
+        .into_iter()
+        .flatten()
+        .filter(|p| !p.is_empty())
+        .collect();
+        parts.join("; ")
     }
 
     /// "3 layers kept in FP32 (overflow guard)", where the FP16 overflow guard kept any.
@@ -690,6 +740,56 @@ mod tests {
         );
         r.rows[1].non_finite = Some(NonFinite::default());
         assert!(r.class_drops(5).is_empty());
+    }
+
+    /// A budget check is met exactly when the metric reaches the budget's target (float
+    /// rounding of an exact hit included), and the plan's row says so in its note and the
+    /// Markdown table.
+    #[test]
+    fn a_budget_check_says_whether_the_metric_reaches_its_target() {
+        let b = Budget::MiouRelativePercent(0.5);
+        let met = BudgetCheck::of(b, 0.4170, 0.4166);
+        assert!((met.target - 0.4170 * 0.995).abs() < 1e-12, "{met:?}");
+        assert!(met.met);
+        assert_eq!(
+            met.describe(),
+            "budget met: 41.66 % ≥ 41.49 % (99.90 % of FP32 41.70 %; at most 0.5 % relative mIoU below FP32)"
+        );
+        let missed = BudgetCheck::of(b, 0.4170, 0.4140);
+        assert!(!missed.met);
+        assert!(
+            missed
+                .describe()
+                .starts_with("budget NOT met: 41.40 % < 41.49 %")
+        );
+        // 47 of 50 against 95 % with a 1 pt budget is exactly on target.
+        assert!(BudgetCheck::of(Budget::Top1Points(1.0), 0.95, 47.0 / 50.0).met);
+        assert!(!BudgetCheck::of(Budget::Top1Points(1.0), 0.95, 46.0 / 50.0).met);
+
+        let row = Row {
+            precision: Some(Precision::Int8),
+            method: Some(Method::Entropy),
+            miou: Some(0.4140),
+            budget: Some(missed),
+            ..Default::default()
+        };
+        assert_eq!(row.label(), "int8 entropy + 0 float", "the plan's row");
+        assert_eq!(row.note(), missed.describe());
+        let simulated = Row {
+            simulated: true,
+            ..row.clone()
+        };
+        assert_eq!(
+            simulated.note(),
+            format!("simulated on CPU; {}", missed.describe())
+        );
+        let mut r = Report {
+            rows: vec![row],
+            ..Default::default()
+        };
+        r.model.task = Some(Task::Segmentation);
+        assert!(r.to_markdown().contains("| budget NOT met: 41.40 %"));
+        assert!(r.to_json().contains("\"budget\""));
     }
 
     /// A classifier evaluated at chance gets a note naming what to check; one evaluated well,

@@ -203,8 +203,17 @@ fn gptq_keeps_the_shift_exact_for_the_weights_it_rounds() {
         m.add(&layer, acts[0].as_ref(), inputs.len());
     }
     let mut rounded = centered.proto.clone();
-    crate::prepare::gptq::round_layer(&mut rounded, &layer, m).expect("rounds");
+    let mut originals = crate::prepare::gptq::FloatWeights::default();
+    crate::prepare::gptq::round_layer(&mut rounded, &layer, m, &mut originals).expect("rounds");
     let rounded = Model::from_bytes(&centered.path, &rounded.encode_to_vec()).expect("loads");
+    // Restoring the layer brings back its float weights and the bias before the rounding
+    // fold: the centered FP32 model, bit for bit.
+    let restored = originals.restore(&rounded, ["b"]);
+    assert!(rounded.proto != centered.proto, "GPTQ changed the layer");
+    assert!(
+        restored.proto == centered.proto,
+        "restored: the centered model as it was before rounding"
+    );
     // The uncentered model given the same rounded weights computes the same function.
     let mut plain = model.proto.clone();
     let gp = plain.graph.as_mut().expect("graph");

@@ -95,6 +95,7 @@ fn the_rounded_model_quantizes_to_the_same_scales_and_integers() {
     // Three convs and the Gemm head.
     assert_eq!(layers.len(), 4, "{skipped:?}");
     let mut proto = model.proto.clone();
+    let mut originals = FloatWeights::default();
     for l in &layers {
         let mut m = Moments::new(l);
         // Any positive definite moments will do for the grid property.
@@ -108,12 +109,43 @@ fn the_rounded_model_quantizes_to_the_same_scales_and_integers() {
                 }
             }
         }
-        round_layer(&mut proto, l, m).expect("rounds");
+        round_layer(&mut proto, l, m, &mut originals).expect("rounds");
     }
     let rounded = Model {
         proto,
         ..model.clone()
     };
+    // What GPTQ replaced is recorded, and a restored layer computes with its float weights
+    // again; the other layers stay rounded.
+    let names: Vec<&str> = layers.iter().map(|l| l.node.as_str()).collect();
+    assert_eq!(originals.nodes().collect::<Vec<_>>().len(), names.len());
+    let (kept, rest) = (&layers[0], &layers[1..]);
+    let one = originals.restore(&rounded, [kept.node.as_str()]);
+    assert_eq!(
+        one.initializer(&kept.weight).expect("weight").data,
+        model.initializer(&kept.weight).expect("weight").data,
+        "{}: the float weights are back, bit for bit",
+        kept.node
+    );
+    for l in rest {
+        assert_eq!(
+            one.initializer(&l.weight).expect("weight").data,
+            rounded.initializer(&l.weight).expect("weight").data,
+            "{}: not asked for, still rounded",
+            l.node
+        );
+        assert_ne!(
+            one.initializer(&l.weight).expect("weight").data,
+            model.initializer(&l.weight).expect("weight").data,
+            "{}: GPTQ moved it",
+            l.node
+        );
+    }
+    let all = originals.restore_all(&rounded);
+    assert!(
+        all.proto == model.proto,
+        "every float weight back: the FP32 model"
+    );
     for wq in &plan.weights {
         let (before, after) = (
             model.initializer(&wq.tensor).expect("weight"),

@@ -206,7 +206,10 @@ fn table_ui(
         ),
         ("img/s", "Throughput (at the batch size when timed)"),
         ("memory MiB", "Weights + activations the engine holds"),
-        ("note", "Simulated precisions and errors"),
+        (
+            "note",
+            "Simulated precisions, errors, and whether the mixed-precision engine meets its budget",
+        ),
     ];
     egui::ScrollArea::horizontal()
         .id_salt(("compare.table", id))
@@ -296,24 +299,35 @@ fn table_ui(
                                 ui.colored_label(theme::ERROR, "void: NaN/Inf")
                                     .on_hover_text(n.reason());
                             }
-                            (None, None, simulated) => {
-                                let mut text = vec![];
-                                let mut hover = vec![];
-                                if simulated {
-                                    text.push("simulated on CPU".to_string());
-                                    hover.push("FP16 numerics on CPU: accuracy is real, latency is not an FP16 device's".to_string());
+                            (None, None, simulated) => match &r.budget {
+                                // The mixed-precision row: does the plan hold its budget?
+                                Some(b) if !b.met => {
+                                    ui.colored_label(theme::ERROR, "budget not met")
+                                        .on_hover_text(b.describe());
                                 }
-                                if let Some(g) = r.fp32_layers_note() {
-                                    text.push(g);
-                                    hover.extend(r.fp32_layers.iter().map(|k| {
-                                        format!("{} ({}): {}", k.node, k.op, k.reason)
-                                    }));
+                                budget => {
+                                    let mut text = vec![];
+                                    let mut hover = vec![];
+                                    if let Some(b) = budget {
+                                        text.push("budget met".to_string());
+                                        hover.push(b.describe());
+                                    }
+                                    if simulated {
+                                        text.push("simulated on CPU".to_string());
+                                        hover.push("FP16 numerics on CPU: accuracy is real, latency is not an FP16 device's".to_string());
+                                    }
+                                    if let Some(g) = r.fp32_layers_note() {
+                                        text.push(g);
+                                        hover.extend(r.fp32_layers.iter().map(|k| {
+                                            format!("{} ({}): {}", k.node, k.op, k.reason)
+                                        }));
+                                    }
+                                    let l = ui.label(text.join(" · "));
+                                    if !hover.is_empty() {
+                                        l.on_hover_text(hover.join("\n"));
+                                    }
                                 }
-                                let l = ui.label(text.join(" · "));
-                                if !hover.is_empty() {
-                                    l.on_hover_text(hover.join("\n"));
-                                }
-                            }
+                            },
                         }
                         ui.end_row();
                     }
