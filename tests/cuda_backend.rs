@@ -213,7 +213,7 @@ fn residual_classifier_fp32_fp16_int8_match_cpu() {
 fn fp16_overflow_guard_keeps_the_overflowing_layers_in_fp32() {
     let Some(g) = gpu() else { return };
     let hw = [32, 32];
-    let m = quantscope::model::testing::gram_classifier(3, 32).model();
+    let m = quantscope::model::testing::gram_classifier(3, 32, 100.0).model();
     let inputs = (0..4).map(|k| Ok(input_for(&m, 1, hw, 100 + k)));
     let peaks = quantscope::pipeline::tensor_peaks(&m, hw, inputs).expect("peaks");
     let shapes = quantscope::model::infer_shapes(&m, hw).ok();

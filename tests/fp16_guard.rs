@@ -32,7 +32,11 @@ const HW: usize = 32;
 /// The overflowing classifier of `model::testing`, written to `dir`.
 fn gram_classifier(dir: &Path) -> PathBuf {
     let path = dir.join("gram.onnx");
-    std::fs::write(&path, testing::gram_classifier(CLASSES, HW).to_bytes(13)).expect("write model");
+    std::fs::write(
+        &path,
+        testing::gram_classifier(CLASSES, HW, 100.0).to_bytes(13),
+    )
+    .expect("write model");
     path
 }
 

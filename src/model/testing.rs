@@ -227,16 +227,17 @@ pub fn residual_classifier(classes: usize) -> GraphBuilder {
     b
 }
 
-/// A classifier whose FP16 overflows: conv 3->8, ReLU, ×100, the Gram matrix over the
+/// A classifier whose FP16 overflows (at `gain` 100): conv 3->8, ReLU, ×`gain`, the Gram
+/// matrix over the
 /// `hw`×`hw` pixels (linear attention's `Kᵀ·V`: 8×8 sums of hw² products of values in the
 /// hundreds, far past FP16's 65504 at 32×32), its square root (an op no engine fuses into
 /// the MatMul, so an FP16 engine stores the Gram matrix), ×1e-2, flattened, a linear layer to
 /// `classes`. The FP16 overflow guard must keep `gram` (and what reads its output) in FP32.
-pub fn gram_classifier(classes: usize, hw: usize) -> GraphBuilder {
+pub fn gram_classifier(classes: usize, hw: usize, gain: f32) -> GraphBuilder {
     let mut b = GraphBuilder::new(&[1, 3, hw, hw]);
     let c = b.conv("conv", "x", 3, 8, 3);
     let r = b.op("Relu", "relu", &[&c]);
-    let k = b.constant("gain", &[1], &[100.0]);
+    let k = b.constant("gain", &[1], &[gain]);
     let big = b.op("Mul", "amplify", &[&r, &k]);
     let shape = b.ints("flat_shape", &[3], &[1, 8, (hw * hw) as i64]);
     let f = b.op("Reshape", "tokens", &[&big, &shape]);
