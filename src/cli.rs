@@ -52,7 +52,7 @@ const EXIT_CODES_HELP: &str = "Exit codes:
     about = "Calibrate, quantize and compare FP32 / FP16 / INT8 engines for ONNX vision models",
     long_about = "quantscope calibrates an ONNX image model (max, percentile, MSE or entropy), writes a \
 TensorRT-ready Q/DQ ONNX model and calibration cache, builds FP32, FP16 and INT8 engines on the CPU \
-(tract) or an NVIDIA GPU (cuda), and compares their accuracy or mIoU, agreement with FP32, SQNR, \
+(ONNX Runtime, or tract where it is not installed) or an NVIDIA GPU (cuda), and compares their accuracy or mIoU, agreement with FP32, SQNR, \
 latency and memory.\n\nWith no command it opens the desktop workbench on the bundled segmentation sample.",
     after_help = EXIT_CODES_HELP
 )]

@@ -353,13 +353,18 @@ impl<'a> Builder<'a> {
                 n.op_type, n.name
             )
         })?;
+        // This node's float type; the one in force is restored after, as a node lowered early
+        // from inside another's lowering (`lower_early`) returns to that node's.
         let kept = self.keep_fp32.get(&n.name).cloned();
-        if kept.is_some() {
-            self.float = DType::F32;
-        }
+        let outer = self.float;
+        self.float = if kept.is_some() {
+            DType::F32
+        } else {
+            self.engine_float
+        };
         let lowered = (self.lowering_of(i, family))(self, i)
             .map_err(|e| if e.contains(&n.name) { e } else { err(n, e) });
-        self.float = self.engine_float;
+        self.float = outer;
         if let Some(k) = kept {
             self.plan.fp32_layers.push(k);
         }
