@@ -195,6 +195,34 @@ fn compare_tab_labels_tf32_rows() {
     h.get_by_label("FP32 (TF32)");
 }
 
+/// An FP16 row whose overflow guard kept layers in FP32 says how many in the Compare table,
+/// beside "simulated on CPU" (the layers and why on hover).
+#[test]
+fn compare_tab_says_how_many_layers_the_overflow_guard_kept() {
+    let mut wb = sample_workbench();
+    let mut report = sample_report();
+    let fp16 = report
+        .rows
+        .iter_mut()
+        .find(|r| r.precision == Some(Precision::Fp16))
+        .expect("an FP16 row");
+    fp16.fp32_layers = vec![quantscope::fp16_guard::KeptFp32 {
+        node: "attn/matmul".into(),
+        op: "MatMul".into(),
+        reason: "its output reaches 2.10e5 on the calibration images".into(),
+    }];
+    let simulated = fp16.simulated;
+    wb.set_results(report, Some(sample_artifacts()));
+    let mut h = harness(wb);
+    h.run();
+    let want = if simulated {
+        "simulated on CPU · 1 layer kept in FP32 (overflow guard)"
+    } else {
+        "1 layer kept in FP32 (overflow guard)"
+    };
+    h.get_by_label(want);
+}
+
 /// The mixed-precision row says in the Compare table whether it meets its budget, in red
 /// where it does not, with the numbers on hover.
 #[test]
