@@ -10,7 +10,9 @@ use std::path::Path;
 
 mod common;
 
-use common::cuda::{cpu_fp32_run, cpu_int8_run, gpu, input_for, max_qdq, max_qdq_as, rel_err};
+use common::cuda::{
+    cpu_fp32_run, cpu_int8_engine, cpu_int8_run, gpu, input_for, max_qdq, max_qdq_as, rel_err,
+};
 use common::max_err;
 
 use quantscope::backend::cpu::CpuBackend;
@@ -119,16 +121,7 @@ fn int8_scores_of(
     runs: usize,
 ) -> (f64, f64, usize, f64, f64) {
     let spec = BuildSpec { batch, hw };
-    let mut cpu = CpuBackend
-        .build(
-            BuildInput::Quantized {
-                model: m,
-                qdq,
-                keep_fp32: &[],
-            },
-            spec,
-        )
-        .expect("cpu int8");
+    let mut cpu = cpu_int8_engine(m, qdq, spec).expect("cpu int8");
     let mut cpu32 = CpuBackend
         .build(
             BuildInput::Float {

@@ -4,7 +4,7 @@
 
 use quantscope::backend::cpu::CpuBackend;
 use quantscope::backend::cuda::CudaBackend;
-use quantscope::backend::{Backend, BuildInput, BuildSpec, Output};
+use quantscope::backend::{Backend, BuildInput, BuildSpec, Engine, Output};
 use quantscope::calib::{Method, Stats};
 use quantscope::model::Model;
 use quantscope::model::testing::values;
@@ -69,13 +69,12 @@ pub fn max_qdq_as(
     quant::build_qdq_as(m, &plan, Some(&ranges), format).map_err(|e| format!("qdq: {e:#}"))
 }
 
-/// The CPU engine of `m` built from `qdq` (INT8, or FP8 simulated), run on `x`.
-pub fn cpu_int8_run(
+/// The CPU engine of `m` built from `qdq` (INT8, or FP8 simulated).
+pub fn cpu_int8_engine(
     m: &Model,
     qdq: &quant::QdqModel,
     spec: BuildSpec,
-    x: &[f32],
-) -> Result<Output, String> {
+) -> Result<Box<dyn Engine>, String> {
     CpuBackend
         .build(
             BuildInput::Quantized {
@@ -85,7 +84,18 @@ pub fn cpu_int8_run(
             },
             spec,
         )
-        .and_then(|mut e| e.run(x))
+        .map_err(|e| format!("cpu int8: {e:#}"))
+}
+
+/// [`cpu_int8_engine`], run on `x`.
+pub fn cpu_int8_run(
+    m: &Model,
+    qdq: &quant::QdqModel,
+    spec: BuildSpec,
+    x: &[f32],
+) -> Result<Output, String> {
+    cpu_int8_engine(m, qdq, spec)?
+        .run(x)
         .map_err(|e| format!("cpu int8: {e:#}"))
 }
 
