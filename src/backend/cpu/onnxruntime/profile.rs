@@ -62,7 +62,14 @@ impl OnnxNames {
         if self.nodes.contains(layer) {
             return layer.to_string();
         }
-        let tensor = layer.strip_suffix("_nchwc").unwrap_or(layer);
+        // ORT's graph transformers name the nodes they make after the node they replace plus
+        // `_token_<n>` (a QDQ group turned QLinearConv, say), and its NCHWc layout pass names
+        // a tensor `<tensor>_nchwc`.
+        let base = strip_token(layer);
+        if self.nodes.contains(base) {
+            return base.to_string();
+        }
+        let tensor = base.strip_suffix("_nchwc").unwrap_or(base);
         self.producer
             .get(tensor)
             .cloned()
@@ -113,6 +120,14 @@ impl OnnxNames {
         }
         merged.sort_by(|a, b| b.time_ms.total_cmp(&a.time_ms));
         merged
+    }
+}
+
+/// `name` without ORT's `_token_<n>` suffix.
+fn strip_token(name: &str) -> &str {
+    match name.rsplit_once("_token_") {
+        Some((base, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => base,
+        _ => name,
     }
 }
 
@@ -221,6 +236,10 @@ mod tests {
         ]);
         let names: Vec<&str> = out.iter().map(|t| t.layer.as_str()).collect();
         assert_eq!(names, ["stem+stem.relu", "pool", "ReorderOutput"]);
+        // A node ORT's QDQ transformer made (QLinearConv) carries the replaced node's name.
+        assert_eq!(n.name("stem_token_1"), "stem");
+        assert_eq!(n.name("Transpose_token_4"), "Transpose_token_4");
+        assert_eq!(n.name("stem_token_x"), "stem_token_x");
         assert_eq!(
             n.group("stem".into(), "Conv"),
             "stem",
