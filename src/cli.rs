@@ -271,7 +271,7 @@ pub struct EvalArgs {
     /// absorb each layer's mean shift, measured in the whole quantized model (full, as NNCF) or
     /// per layer, or none; full unless another brings the output closer to FP32 on the
     /// calibration images by more than the noise margin (2 standard errors over the images,
-    /// at least 1 dB). The log says which, the SQNR of each and the margin. Given alone, on.
+    /// at least 2 dB). The log says which, the SQNR of each and the margin. Given alone, on.
     #[arg(long, value_enum, num_args = 0..=1, default_missing_value = "on", value_name = "on|off")]
     pub bias_correction: Option<OnOffArg>,
     /// Cross-layer equalization of the model the INT8 engines are built from (FP32 rows keep

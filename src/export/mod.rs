@@ -160,29 +160,34 @@ fn check(
     // FP32 (see `ort_check::MIXED_TOLERANCE_REL`): rounding differences before a Q flip
     // quantization steps, and those flips are quantization noise of the same kind, never more
     // than quantization itself.
-    let quant_err = engine_input
+    let fp32 = engine_input
         .precision()
         .is_quantized()
         .then(|| {
-            let fp32 = BuildInput::Float {
+            let float = BuildInput::Float {
                 model: engine_input.model(),
                 precision: Precision::Fp32,
                 keep_fp32: &[],
             };
             crate::guard::catch("building the FP32 engine for the ORT check", || {
                 backend
-                    .build(fp32, BuildSpec { batch: 1, hw })
+                    .build(float, BuildSpec { batch: 1, hw })
                     .and_then(|mut e| e.run(input))
                     .map_err(|e| format!("{e:#}"))
             })
             .and_then(|r| r)
             .ok()
         })
-        .flatten()
+        .flatten();
+    let quant_err = fp32
+        .as_ref()
         .map(|f| ort_check::compare(&f.data, &ours, 0.0, "").max_abs_diff);
     match ort_check::run_onnxruntime(&out.file, input, &shape) {
         Ok(ort) => {
             let mut c = ort_check::compare(&ort, &ours, rel, &against);
+            c.quantized_sqnr_db = fp32
+                .as_ref()
+                .and_then(|f| ort_check::sqnr_db(&f.data, &ours));
             if let Some(q) = quant_err.filter(|q| q.is_finite() && *q > c.tolerance) {
                 c.tolerance = q;
                 c.within = c.max_abs_diff <= q;

@@ -60,12 +60,27 @@ pub struct OrtCheck {
     pub within: bool,
     /// What ONNX Runtime's output was compared with.
     pub against: String,
+    /// SQNR (dB) of ONNX Runtime's output against ours: how closely an independent runtime
+    /// reproduces our engine (None: identical, or the lengths differ).
+    #[serde(default)]
+    pub sqnr_db: Option<f64>,
+    /// For a quantized engine, SQNR (dB) of our output against our FP32 engine's on the same
+    /// input: the quantization's own error, which `sqnr_db` should sit well above.
+    #[serde(default)]
+    pub quantized_sqnr_db: Option<f64>,
 }
 
 impl OrtCheck {
     pub fn line(&self) -> String {
+        let agreement = match (self.sqnr_db, self.quantized_sqnr_db) {
+            (Some(a), Some(q)) => {
+                format!("; ORT's output against it: SQNR {a:.1} dB, its own against FP32 {q:.1} dB")
+            }
+            (Some(a), None) => format!("; ORT's output against it: SQNR {a:.1} dB"),
+            (None, _) => String::new(),
+        };
         format!(
-            "ORT check vs {}: max abs diff {:.3e}, {} tolerance {:.3e}",
+            "ORT check vs {}: max abs diff {:.3e}, {} tolerance {:.3e}{agreement}",
             self.against,
             self.max_abs_diff,
             if self.within { "within" } else { "OUTSIDE" },
@@ -115,6 +130,17 @@ pub fn run_onnxruntime(model: &Path, input: &[f32], shape: &[usize]) -> Result<V
         .collect())
 }
 
+/// SQNR (dB) of `test` against `reference`; None where they are identical or their lengths
+/// differ.
+pub fn sqnr_db(reference: &[f32], test: &[f32]) -> Option<f64> {
+    if reference.len() != test.len() {
+        return None;
+    }
+    let mut s = crate::eval::Sqnr::default();
+    s.add(reference, test);
+    s.db()
+}
+
 /// Compares ONNX Runtime's output with ours; `rel` scales the tolerance by ours' largest |v|.
 pub fn compare(ort: &[f32], ours: &[f32], rel: f64, against: &str) -> OrtCheck {
     let max_ref = ours.iter().fold(0f64, |m, v| m.max(v.abs() as f64));
@@ -135,6 +161,8 @@ pub fn compare(ort: &[f32], ours: &[f32], rel: f64, against: &str) -> OrtCheck {
         tolerance,
         within: max_abs_diff <= tolerance,
         against: against.to_string(),
+        sqnr_db: sqnr_db(ours, ort),
+        quantized_sqnr_db: None,
     }
 }
 
@@ -150,5 +178,10 @@ mod tests {
         assert!(!compare(&[1.1, -4.0, 2.0], &ours, 0.01, "x").within);
         assert!(!compare(&[1.0, -4.0], &ours, 0.01, "x").within);
         assert!(!compare(&[f32::NAN, -4.0, 2.0], &ours, 0.01, "x").within);
+        // 1 % noise on a signal: 40 dB.
+        let db = c.sqnr_db.expect("differs");
+        assert!((db - 20.0 * (4.0f64 / 0.01).log10()).abs() < 1.0, "{db}");
+        assert_eq!(compare(&ours, &ours, 0.01, "x").sqnr_db, None);
+        assert!(c.line().contains("SQNR"), "{}", c.line());
     }
 }

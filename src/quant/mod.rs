@@ -5,6 +5,7 @@ pub mod carried;
 pub mod centered;
 pub mod fp8;
 mod opset;
+pub mod rounding;
 pub mod testing;
 
 pub use opset::{ensure_opset13, ensure_opset19};
