@@ -404,8 +404,16 @@ fn engine_name() -> String {
 /// How much faster (as a ratio of times) the model as written must run to replace its CPU form.
 const FORM_MARGIN: f64 = 0.95;
 
+/// Per (Q/DQ model, input shape, threads), whether the CPU form won when this process timed
+/// it. The two forms round differently in the last bits, so a model built twice in one run
+/// (the run's engine and sensitivity's, the same model under two settings) must not take the
+/// other form because the machine was busier the second time.
+static FORM_CHOICES: std::sync::OnceLock<Mutex<std::collections::HashMap<u64, bool>>> =
+    std::sync::OnceLock::new();
+
 /// Times the Q/DQ model as written and its CPU form (best of a few runs each, after warm-up
-/// runs) and returns the faster, with a line saying which ran and by how much.
+/// runs) and returns the faster, with a line saying which ran and by how much; a model this
+/// process timed before takes the same form again.
 fn faster_form(
     as_written: &pb::ModelProto,
     cpu: &pb::ModelProto,
@@ -413,6 +421,36 @@ fn faster_form(
     shape: &[usize; 4],
     threads: usize,
 ) -> Result<(pb::ModelProto, String), String> {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    prost::Message::encode_to_vec(as_written).hash(&mut h);
+    (shape, threads).hash(&mut h);
+    let key = h.finish();
+    let choices = FORM_CHOICES.get_or_init(Default::default);
+    let earlier = choices.lock().ok().and_then(|c| c.get(&key).copied());
+    if let Some(cpu_form) = earlier {
+        let again = "the form this run timed faster for this model before";
+        return Ok(if cpu_form {
+            (cpu.clone(), format!("{what} ({again})"))
+        } else {
+            (as_written.clone(), format!("as written ({again})"))
+        });
+    }
+    let (model, note, cpu_form) = time_forms(as_written, cpu, what, shape, threads)?;
+    if let Ok(mut c) = choices.lock() {
+        c.insert(key, cpu_form);
+    }
+    Ok((model, note))
+}
+
+/// [`faster_form`]'s timing; also says whether the CPU form won.
+fn time_forms(
+    as_written: &pb::ModelProto,
+    cpu: &pb::ModelProto,
+    what: &str,
+    shape: &[usize; 4],
+    threads: usize,
+) -> Result<(pb::ModelProto, String, bool), String> {
     let x = vec![0.5f32; shape.iter().product()];
     let time = |p: &pb::ModelProto| -> Result<f64, String> {
         let mut s = session(
@@ -439,11 +477,13 @@ fn faster_form(
         (
             cpu.clone(),
             format!("{what}: {ours:.2} ms, against {written:.2} ms as written"),
+            true,
         )
     } else {
         (
             as_written.clone(),
             format!("as written: {written:.2} ms, against {ours:.2} ms with {what}"),
+            false,
         )
     })
 }
