@@ -263,7 +263,7 @@ pub struct EvalArgs {
     #[arg(long)]
     pub bgr: bool,
     /// The INT8 preparation: best (GPTQ weight rounding + bias correction, the most accurate
-    /// measured; on DeepLabV3 it costs about 2 minutes on 2 cores) or fast (calibration only).
+    /// measured; on DeepLabV3 it adds about 1 minute on 2 cores) or fast (calibration only).
     /// --weight-rounding and --bias-correction override its parts.
     #[arg(long, value_enum, default_value_t = RecipeArg::Best)]
     pub recipe: RecipeArg,

@@ -22,12 +22,12 @@ fn method_help(m: Method) -> &'static str {
     }
 }
 
-/// A recipe in the combo, with what it costs (measured on the 2-core AMD EPYC development
-/// machine with ONNX Runtime, README's accuracy section).
+/// A recipe in the combo, with what it costs (whole `eval` runs measured on the 2-core AMD
+/// EPYC development machine with ONNX Runtime, 18 and 74 s; README's accuracy section).
 fn recipe_label(r: Recipe) -> &'static str {
     match r {
-        Recipe::Fast => "fast: calibration only (DeepLabV3 257², 32 images: 23 s a run)",
-        Recipe::Best => "best: + GPTQ and bias correction (DeepLabV3: about 2 min more)",
+        Recipe::Fast => "fast: calibration only (DeepLabV3 257², 32 images: 18 s a run)",
+        Recipe::Best => "best: + GPTQ and bias correction (DeepLabV3: about 1 min more)",
     }
 }
 
