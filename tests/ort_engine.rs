@@ -242,6 +242,36 @@ fn int8_agrees_with_tract_within_one_step() {
     }
 }
 
+/// A model built twice in one process takes the INT8 form its first build timed faster: the two
+/// forms round differently in the last bits, and two builds of one model (the run's engine and
+/// sensitivity's) must compute the same values however busy the machine was.
+#[test]
+fn a_model_built_twice_takes_the_same_form() {
+    if !ort_here() {
+        return;
+    }
+    let (name, m) = models().remove(0);
+    let s = spec(&m);
+    let qdq = qdq_of(&m, s.hw);
+    let q = || BuildInput::Quantized {
+        model: &m,
+        qdq: &qdq,
+        keep_fp32: &[],
+    };
+    let mut a = build_ort(q(), s).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let mut b = build_ort(q(), s).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let x = input(&m, s.hw, 7);
+    assert_eq!(run(&mut a, &x), run(&mut b, &x), "{name}: the same values");
+    let note = b.info().engine.clone().unwrap_or_default();
+    // Without VNNI the INT8 engine runs exact fake quantization: no forms to time.
+    if !note.contains("exact fake quantization") {
+        assert!(
+            note.contains("timed faster for this model before"),
+            "{name}: {note}"
+        );
+    }
+}
+
 /// The CPU form of a Q/DQ model (activations as u8 with zero point 128, convs quantized before
 /// their ReLU / Clip) gives the model's outputs bit for bit on ONNX Runtime's exact path: the
 /// rewrites change codes and where they are taken, not values.
