@@ -178,9 +178,9 @@ mod tests {
         assert!(!compare(&[1.1, -4.0, 2.0], &ours, 0.01, "x").within);
         assert!(!compare(&[1.0, -4.0], &ours, 0.01, "x").within);
         assert!(!compare(&[f32::NAN, -4.0, 2.0], &ours, 0.01, "x").within);
-        // 1 % noise on a signal: 40 dB.
+        // Signal 1 + 16 + 4, noise 0.01²: 10 log10(21 / 1e-4) = 53.2 dB.
         let db = c.sqnr_db.expect("differs");
-        assert!((db - 20.0 * (4.0f64 / 0.01).log10()).abs() < 1.0, "{db}");
+        assert!((db - 10.0 * (21.0f64 / 1e-4).log10()).abs() < 0.1, "{db}");
         assert_eq!(compare(&ours, &ours, 0.01, "x").sqnr_db, None);
         assert!(c.line().contains("SQNR"), "{}", c.line());
     }
