@@ -425,11 +425,11 @@ pub struct Report {
     /// The FP16 overflow guard's lists (layers kept in FP32, and why) as the run measured them.
     #[serde(default, skip_serializing_if = "crate::fp16_guard::Guards::is_empty")]
     pub fp16_guard: crate::fp16_guard::Guards,
-    /// Models written for deployment (`--export`), with their trtexec lines and ORT checks.
     /// With an FP8 row: each quantized layer's rounding SQNR in int8 and FP8
     /// ([`crate::quant::rounding`]), what the FP8 row's note sums up.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub fp8_rounding: Vec<crate::quant::rounding::LayerRounding>,
+    /// Models written for deployment (`--export`), with their trtexec lines and ORT checks.
     #[serde(default)]
     pub exports: Vec<crate::export::ExportedModel>,
     /// The CPU engine that ran the CPU rows and the statistics passes: name, version, library
