@@ -93,6 +93,15 @@ fn qdq_of(m: &Model, hw: [usize; 2]) -> quant::QdqModel {
     quant::build_qdq(m, &plan, Some(&stats.ranges(Method::Max, 99.99))).expect("qdq")
 }
 
+/// The INT8 engine input of `m` with its Q/DQ model, every layer as placed.
+fn quantized<'a>(m: &'a Model, qdq: &'a quant::QdqModel) -> BuildInput<'a> {
+    BuildInput::Quantized {
+        model: m,
+        qdq,
+        keep_fp32: &[],
+    }
+}
+
 /// FP32 agreement: within 1e-4 of the reference's largest magnitude.
 fn assert_close(what: &str, ours: &[f32], reference: &[f32]) {
     let (err, max_ref) = common::max_err(ours, reference);
@@ -159,13 +168,10 @@ fn int8_agrees_with_tract_within_one_step() {
     for (name, m) in models() {
         let s = spec(&m);
         let qdq = qdq_of(&m, s.hw);
-        let q = || BuildInput::Quantized {
-            model: &m,
-            qdq: &qdq,
-            keep_fp32: &[],
-        };
-        let mut o = build_ort(q(), s).unwrap_or_else(|e| panic!("{name}: ort: {e}"));
-        let mut t = build_tract(q(), s).unwrap_or_else(|e| panic!("{name}: tract: {e}"));
+        let mut o =
+            build_ort(quantized(&m, &qdq), s).unwrap_or_else(|e| panic!("{name}: ort: {e}"));
+        let mut t =
+            build_tract(quantized(&m, &qdq), s).unwrap_or_else(|e| panic!("{name}: tract: {e}"));
         assert_eq!(
             o.info().int8_nodes,
             t.info().int8_nodes,
@@ -253,13 +259,8 @@ fn a_model_built_twice_takes_the_same_form() {
     let (name, m) = models().remove(0);
     let s = spec(&m);
     let qdq = qdq_of(&m, s.hw);
-    let q = || BuildInput::Quantized {
-        model: &m,
-        qdq: &qdq,
-        keep_fp32: &[],
-    };
-    let mut a = build_ort(q(), s).unwrap_or_else(|e| panic!("{name}: {e}"));
-    let mut b = build_ort(q(), s).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let mut a = build_ort(quantized(&m, &qdq), s).unwrap_or_else(|e| panic!("{name}: {e}"));
+    let mut b = build_ort(quantized(&m, &qdq), s).unwrap_or_else(|e| panic!("{name}: {e}"));
     let x = input(&m, s.hw, 7);
     assert_eq!(run(&mut a, &x), run(&mut b, &x), "{name}: the same values");
     let note = b.info().engine.clone().unwrap_or_default();
