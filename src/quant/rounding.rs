@@ -123,30 +123,30 @@ pub fn describe(layers: &[LayerRounding]) -> Option<String> {
     ))
 }
 
-/// SQNR (dB) of `values` rounded by `round`; None where exact or empty.
-fn sqnr_db(values: &[f32], rounded: impl Iterator<Item = f64>) -> Option<f64> {
-    let (mut signal, mut noise) = (0f64, 0f64);
-    for (&x, r) in values.iter().zip(rounded) {
-        signal += (x as f64) * (x as f64);
-        noise += (x as f64 - r) * (x as f64 - r);
-    }
-    (noise > 0.0 && signal > 0.0).then(|| 10.0 * (signal / noise).log10())
-}
-
 /// Per-channel int8 weights, as the INT8 engines quantize them.
 fn int8_weights_db(w: &proto::F32Tensor, axis: usize) -> Option<f64> {
     let (q, s) = super::quantize_weight(w, axis);
-    let values: Vec<f32> = q.iter().map(|&v| v as f32).collect();
-    let rounded = super::dequantize_per_axis(&values, &w.dims, axis, &s)?;
-    sqnr_db(&w.data, rounded.into_iter().map(f64::from))
+    weights_db(w, axis, q.iter().map(|&v| v as f32).collect(), &s)
 }
 
 /// Per-channel FP8 E4M3 weights, as the FP8 engines quantize them.
 fn fp8_weights_db(w: &proto::F32Tensor, axis: usize) -> Option<f64> {
     let (codes, s) = fp8::quantize_weight(w, axis);
-    let values: Vec<f32> = codes.iter().map(|&c| fp8::e4m3_to_f32(c)).collect();
-    let rounded = super::dequantize_per_axis(&values, &w.dims, axis, &s)?;
-    sqnr_db(&w.data, rounded.into_iter().map(f64::from))
+    weights_db(
+        w,
+        axis,
+        codes.iter().map(|&c| fp8::e4m3_to_f32(c)).collect(),
+        &s,
+    )
+}
+
+/// SQNR (dB) of `w` against its quantized `values` times the per-channel `scales`; None where
+/// exact.
+fn weights_db(w: &proto::F32Tensor, axis: usize, values: Vec<f32>, scales: &[f32]) -> Option<f64> {
+    let rounded = super::dequantize_per_axis(&values, &w.dims, axis, scales)?;
+    let mut s = crate::eval::Sqnr::default();
+    s.add(&w.data, &rounded);
+    s.db()
 }
 
 /// SQNR (dB) of the values `h` counted, each bin's values taken at its centre, rounded by
@@ -155,14 +155,14 @@ fn hist_sqnr_db(h: &Histogram, round: impl Fn(f64) -> f64) -> Option<f64> {
     if h.amax <= 0.0 || h.bin_width <= 0.0 {
         return None;
     }
-    let (mut signal, mut noise) = (0f64, 0f64);
+    let mut s = crate::eval::Sqnr::default();
     for (i, &c) in h.counts.iter().enumerate().filter(|(_, c)| **c > 0) {
         let x = ((i as f64 + 0.5) * h.bin_width as f64).min(h.amax as f64);
         let e = x - round(x);
-        signal += c as f64 * x * x;
-        noise += c as f64 * e * e;
+        s.signal += c as f64 * x * x;
+        s.noise += c as f64 * e * e;
     }
-    (noise > 0.0 && signal > 0.0).then(|| 10.0 * (signal / noise).log10())
+    s.db()
 }
 
 #[cfg(test)]
