@@ -428,64 +428,52 @@ fn faster_form(
     let key = h.finish();
     let choices = FORM_CHOICES.get_or_init(Default::default);
     let earlier = choices.lock().ok().and_then(|c| c.get(&key).copied());
-    if let Some(cpu_form) = earlier {
-        let again = "the form this run timed faster for this model before";
-        return Ok(if cpu_form {
-            (cpu.clone(), format!("{what} ({again})"))
-        } else {
-            (as_written.clone(), format!("as written ({again})"))
-        });
-    }
-    let (model, note, cpu_form) = time_forms(as_written, cpu, what, shape, threads)?;
-    if let Ok(mut c) = choices.lock() {
-        c.insert(key, cpu_form);
-    }
-    Ok((model, note))
+    let (cpu_form, why) = match earlier {
+        Some(cpu_form) => (
+            cpu_form,
+            "the form this run timed faster for this model before".to_string(),
+        ),
+        None => {
+            let (written, ours) = (
+                time_form(as_written, shape, threads)?,
+                time_form(cpu, shape, threads)?,
+            );
+            // The CPU form unless the model as written is clearly faster (by more than 5 %,
+            // as the tract engine's thread choice), so the form does not follow the noise.
+            let cpu_form = written >= FORM_MARGIN * ours;
+            if let Ok(mut c) = choices.lock() {
+                c.insert(key, cpu_form);
+            }
+            let times = format!("{ours:.2} ms with the CPU form, {written:.2} ms as written");
+            (cpu_form, times)
+        }
+    };
+    Ok(if cpu_form {
+        (cpu.clone(), format!("{what} ({why})"))
+    } else {
+        (as_written.clone(), format!("as written ({why})"))
+    })
 }
 
-/// [`faster_form`]'s timing; also says whether the CPU form won.
-fn time_forms(
-    as_written: &pb::ModelProto,
-    cpu: &pb::ModelProto,
-    what: &str,
-    shape: &[usize; 4],
-    threads: usize,
-) -> Result<(pb::ModelProto, String, bool), String> {
+/// Best of 4 timed runs of `p` (after 2 warm-up runs), in ms.
+fn time_form(p: &pb::ModelProto, shape: &[usize; 4], threads: usize) -> Result<f64, String> {
     let x = vec![0.5f32; shape.iter().product()];
-    let time = |p: &pb::ModelProto| -> Result<f64, String> {
-        let mut s = session(
-            &prost::Message::encode_to_vec(p),
-            Optimisation::Full,
-            threads,
-            Use::Engine,
-            None,
-        )?;
-        let mut best = f64::INFINITY;
-        for i in 0..6 {
-            let t = std::time::Instant::now();
-            run_session(&mut s, shape, &x, &[])?;
-            if i >= 2 {
-                best = best.min(t.elapsed().as_secs_f64() * 1e3);
-            }
+    let mut s = session(
+        &prost::Message::encode_to_vec(p),
+        Optimisation::Full,
+        threads,
+        Use::Engine,
+        None,
+    )?;
+    let mut best = f64::INFINITY;
+    for i in 0..6 {
+        let t = std::time::Instant::now();
+        run_session(&mut s, shape, &x, &[])?;
+        if i >= 2 {
+            best = best.min(t.elapsed().as_secs_f64() * 1e3);
         }
-        Ok(best)
-    };
-    let (written, ours) = (time(as_written)?, time(cpu)?);
-    // The CPU form unless the model as written is clearly faster (by more than 5 %, as the
-    // tract engine's thread choice), so the form does not follow the machine's noise.
-    Ok(if written >= FORM_MARGIN * ours {
-        (
-            cpu.clone(),
-            format!("{what}: {ours:.2} ms, against {written:.2} ms as written"),
-            true,
-        )
-    } else {
-        (
-            as_written.clone(),
-            format!("as written: {written:.2} ms, against {ours:.2} ms with {what}"),
-            false,
-        )
-    })
+    }
+    Ok(best)
 }
 
 /// The reference interpreter's ORT side: `graph` with `tensors` exposed as extra outputs.
