@@ -142,6 +142,16 @@ pub struct OutputArgs {
     /// (IEEE FP32, what the CPU computes) [default: tf32]. The CPU backend is always strict.
     #[arg(long, value_enum)]
     pub fp32_math: Option<crate::backend::Fp32Math>,
+    /// How hard the GPU builder searches each conv's implementation, as TensorRT's builder
+    /// optimization level: fast (nothing timed: each conv takes the first implementation a
+    /// fixed order offers, cuDNN's heuristic pick where cuDNN runs it), default (every
+    /// candidate timed once per conv shape; a conv shaped like one already timed takes its
+    /// choice) or exhaustive (every candidate of every conv timed) [default: default]. Timed
+    /// choices are cached per model, GPU, precision, batch and size, so a second build of the
+    /// same engine skips the timing (fast and default; exhaustive ignores the cache). The CPU
+    /// backend has nothing to search.
+    #[arg(long, value_enum)]
+    pub build_effort: Option<crate::backend::BuildEffort>,
     /// Threads for the CPU engines and the calibration passes [default: every core]. An engine
     /// that runs faster on one thread (timed when it is built; tract threads small int8
     /// products at a loss) keeps one; each row says the threads it ran on.
@@ -655,6 +665,9 @@ impl OutputArgs {
         if let Some(m) = self.fp32_math {
             e.fp32_math = m;
         }
+        if let Some(b) = self.build_effort {
+            e.build_effort = b;
+        }
         if let Some(t) = self.threads {
             e.threads = t;
         }
@@ -1148,5 +1161,40 @@ fn dispatch(cli: Cli) -> Result<u8> {
             }
             Ok(code)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+    use crate::backend::BuildEffort;
+
+    /// `--build-effort` reaches the experiment (and its file); without it, the default.
+    #[test]
+    fn build_effort_flag_reaches_the_experiment() {
+        let effort = |flags: &[&str]| {
+            let argv = ["quantscope", "eval", "--model", "m.onnx"]
+                .iter()
+                .chain(flags);
+            let Some(Command::Eval(a)) = Cli::try_parse_from(argv).expect("flags").command else {
+                panic!("not eval");
+            };
+            let e = a.to_experiment();
+            let back = Experiment::from_ron(&e.to_ron()).expect("round trip");
+            assert_eq!(back.build_effort, e.build_effort);
+            e.build_effort
+        };
+        assert_eq!(effort(&[]), BuildEffort::Default);
+        assert_eq!(effort(&["--build-effort", "fast"]), BuildEffort::Fast);
+        assert_eq!(
+            effort(&["--build-effort", "exhaustive"]),
+            BuildEffort::Exhaustive
+        );
+        assert!(
+            Cli::try_parse_from(["quantscope", "eval", "--build-effort", "quick"]).is_err(),
+            "an unknown effort is refused"
+        );
     }
 }

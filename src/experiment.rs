@@ -127,6 +127,9 @@ pub struct Experiment {
     /// How the GPU's FP32 engines compute: TF32 tensor cores (default, as PyTorch and
     /// TensorRT) or strict FP32 (`--fp32-math`). The CPU's FP32 is always strict.
     pub fp32_math: crate::backend::Fp32Math,
+    /// How hard the GPU builder searches each conv's implementation (`--build-effort`):
+    /// fast (untimed, by rule), default (timed once per conv shape) or exhaustive.
+    pub build_effort: crate::backend::BuildEffort,
     pub bench: BenchSpec,
     /// Threads the CPU engines (and the calibration and layer passes) use; 0 = every core.
     pub threads: usize,
@@ -227,6 +230,7 @@ impl Default for Experiment {
             precisions: vec![Precision::Fp32, Precision::Int8],
             backend: BackendKind::Cpu,
             fp32_math: Default::default(),
+            build_effort: Default::default(),
             bench: BenchSpec::default(),
             threads: 0,
             cpu_engine: Default::default(),

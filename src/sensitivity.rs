@@ -322,7 +322,7 @@ pub fn run_with_cache(
     let cpu_engine = crate::backend::cpu::set_engine(exp.cpu_engine).map_err(err)?;
     sink.log(&format!("CPU engine: {}", cpu_engine.summary()));
     crate::backend::cpu::set_threads(exp.threads);
-    let backend = backend::backend_with(exp.backend, exp.fp32_math);
+    let backend = backend::backend_with(exp.backend, exp.fp32_math, exp.build_effort);
     backend.check().map_err(|why| {
         err(format!(
             "backend `{}` cannot run here: {why}",

@@ -17,7 +17,7 @@ use common::max_err;
 
 use quantscope::backend::cpu::CpuBackend;
 use quantscope::backend::cuda::CudaBackend;
-use quantscope::backend::{Backend, BuildInput, BuildSpec, Engine, Precision};
+use quantscope::backend::{Backend, BuildEffort, BuildInput, BuildSpec, Engine, Precision};
 use quantscope::model::Model;
 use quantscope::model::proto;
 use quantscope::model::testing::{GraphBuilder, residual_classifier, values};
@@ -509,7 +509,7 @@ fn forced_engine(
     family: &str,
 ) -> (quantscope::backend::cuda::engine::CudaEngine, usize, usize) {
     use quantscope::backend::cuda::cache::Choices;
-    use quantscope::backend::cuda::engine::{CudaEngine, Device};
+    use quantscope::backend::cuda::engine::{BuildHow, CudaEngine, Device};
     use quantscope::backend::cuda::plan::Step;
     let convs: Vec<String> = pl
         .steps
@@ -527,7 +527,13 @@ fn forced_engine(
         ..Default::default()
     };
     let dev = Device::new().expect("device");
-    let (eng, got) = CudaEngine::build(dev, pl.clone(), precision, false, batch, &forced)
+    let how = BuildHow {
+        precision,
+        tf32: false,
+        batch,
+        effort: BuildEffort::Default,
+    };
+    let (eng, got) = CudaEngine::build(dev, pl.clone(), how, &forced, &|_, _| {})
         .unwrap_or_else(|e| panic!("{precision} [{family}]: {e}"));
     let applied = convs
         .iter()
@@ -1357,5 +1363,76 @@ fn models_lower_to_plans_without_a_gpu() {
             pl.float_nodes.len()
         );
         assert!(!pl.int8_nodes.is_empty());
+    }
+}
+
+/// A stem, four identical 3x3 conv + ReLU blocks (16 -> 16 channels), and the head: four
+/// convs of one shape for the default build effort to time once.
+fn repeated_blocks() -> Model {
+    let mut b = GraphBuilder::new(&[1, 3, 16, 16]);
+    let mut x = b.conv("stem", "x", 3, 16, 3);
+    for i in 0..4 {
+        let c = b.conv(&format!("block{i}.conv"), &x, 16, 16, 3);
+        x = b.op("Relu", &format!("block{i}.relu"), &[&c]);
+    }
+    let y = b.head(&x, 16, 10);
+    b.output(&y);
+    b.model()
+}
+
+/// Every build effort builds FP16 and INT8 engines that match the CPU; the default effort
+/// times the repeated shape once and reuses its choice, the fast one times nothing, the
+/// exhaustive one times every conv (or each engine names the choice cache, where one is on).
+#[test]
+fn build_efforts_match_cpu_and_say_how_convs_were_chosen() {
+    let Some(_) = gpu() else { return };
+    let m = repeated_blocks();
+    let hw = [16, 16];
+    for effort in [
+        BuildEffort::Fast,
+        BuildEffort::Default,
+        BuildEffort::Exhaustive,
+    ] {
+        let g = CudaBackend {
+            effort,
+            ..CudaBackend::strict()
+        };
+        let e16 = float_err(&g, &m, Precision::Fp16, 2, hw);
+        eprintln!("{} fp16 max rel err {e16:.3e}", effort.name());
+        assert!(e16 <= 2e-2, "{}: fp16 rel err {e16}", effort.name());
+        check_int8(
+            &format!("repeated_blocks {}", effort.name()),
+            int8_scores(&g, &m, hw, 8, 8),
+        );
+        let qdq = max_qdq(&m, hw, 4).expect("qdq");
+        let eng = g
+            .build(
+                BuildInput::Quantized {
+                    model: &m,
+                    qdq: &qdq,
+                    keep_fp32: &[],
+                },
+                BuildSpec { batch: 8, hw },
+            )
+            .expect("int8 engine");
+        let device = eng.info().engine.clone().unwrap_or_default();
+        eprintln!("{}: {device}", effort.name());
+        assert!(
+            device.contains(&format!("build effort {}", effort.name())),
+            "{device}"
+        );
+        let cached = device.contains("from the choice cache");
+        match effort {
+            BuildEffort::Fast => assert!(
+                cached
+                    || device.contains("by the fast order, untimed") && !device.contains(" timed"),
+                "{device}"
+            ),
+            BuildEffort::Default => assert!(
+                cached || device.contains("reused for a repeated shape"),
+                "{device}"
+            ),
+            BuildEffort::Exhaustive => assert!(!cached && !device.contains("reused"), "{device}"),
+        }
     }
 }

@@ -16,6 +16,10 @@
 #   writes OUT_DIR/bench.json (and the quantscope reports next to it). Split the models, and
 #   with COMPILE_BATCHES the compiled batch sizes, over several runs where one would not fit a
 #   time limit (one model's two compiles plus our engines took more than 10 minutes).
+#   QS_MODELS (comma-separated ONNX paths, inputs in [-1, 1], e.g. ../shared's DeepLab) are
+#   timed by quantscope alone at batch 1. The table's ratios: INT8 over its own FP16, over
+#   torch.compile FP16 and over torch eager FP16 from a CUDA graph, INT8 µs per image, and for
+#   ResNet-50 that over TensorRT's MLPerf offline figure on one H100 (11.3 µs per image).
 set -euo pipefail
 QS=${1:?quantscope binary}; OUT=${2:?out dir}; COMPILE=${3:-}
 PY=${PYTHON:-/opt/torch/.venv/bin/python}
@@ -23,19 +27,13 @@ PY=${PYTHON:-/opt/torch/.venv/bin/python}
 HERE=$(cd "$(dirname "$0")" && pwd)
 WORK=$(mktemp -d)
 mkdir -p "$OUT" "$WORK/noise"
-"$PY" - "$WORK/noise" <<'PYEOF'
-import sys, numpy as np
-from PIL import Image
-rng = np.random.default_rng(0)
-for i in range(4):
-    Image.fromarray(rng.integers(0, 256, (256, 256, 3), dtype=np.uint8)).save(f"{sys.argv[1]}/noise{i}.png")
-PYEOF
+"$PY" "$HERE/noise_images.py" "$WORK/noise" 4
 MODELS=${BENCH_MODELS:-resnet50,mobilenet_v2,efficientnet_b0,deeplabv3_resnet50}
 "$PY" "$HERE/bench_torch.py" --out "$OUT/torch.json" --export "$WORK" --export-only --models "$MODELS"
 for name in ${MODELS//,/ }; do
   bs=32; [ "$name" = deeplabv3_resnet50 ] && bs=1
   "$QS" eval --model "$WORK/$name.onnx" --calib "$WORK/noise" --precisions "${BENCH_PRECISIONS:-fp32,fp16,int8,fp8}" \
-    --methods max --backend cuda --batch "$bs" --min-runs 20 --min-time-ms 300 \
+    --methods max --recipe fast --backend cuda --batch "$bs" --min-runs 20 --min-time-ms 300 \
     --mean 0.485,0.456,0.406 --std 0.229,0.224,0.225 \
     --report "$OUT/quantscope_$name.json" 2>&1 | grep -E "^(fp|int8)|ERROR|error" | tail -n 10 || true
   "$QS" eval --model "$WORK/$name.onnx" --calib "$WORK/noise" --precisions fp32 --fp32-math strict \
@@ -47,10 +45,20 @@ done
   --compile-budget-s "${COMPILE_BUDGET_S:-480}" \
   --compile-models "${COMPILE_MODELS:-resnet50,mobilenet_v2,efficientnet_b0}" \
   --compile-batches "${COMPILE_BATCHES:-1,32}"
-"$PY" - "$OUT" "$MODELS" <<'PYEOF'
+EXTRA=()
+QSM=${QS_MODELS:-}
+for m in ${QSM//,/ }; do
+  # An ONNX file of the user's (inputs in [-1, 1]), timed by quantscope alone at batch 1.
+  name=$(basename "$m" .onnx); EXTRA+=("$name")
+  "$QS" eval --model "$m" --calib "$WORK/noise" --precisions "${BENCH_PRECISIONS:-fp32,fp16,int8,fp8}" \
+    --methods max --recipe fast --backend cuda --batch 1 --min-runs 20 --min-time-ms 300 \
+    --scale 0.0078431373 --offset -1 --report "$OUT/quantscope_$name.json" 2>&1 | grep -E "^(fp|int8)|ERROR|error" | tail -n 10 || true
+done
+"$PY" - "$OUT" "$MODELS" "${EXTRA[@]}" <<'PYEOF'
 import json, sys, datetime, os
 out = sys.argv[1]
 models = sys.argv[2].split(",")
+TRT_MLPERF_RESNET50_US = 11.3
 t = json.load(open(f"{out}/torch.json"))
 rows = []
 for name in models:
@@ -80,11 +88,26 @@ for name in models:
         row["int8_over_own_fp16"] = i8 / f16 if i8 and f16 else None
         f8 = row["qs_fp8_ms"]
         row["fp8_over_int8"] = f8 / i8 if f8 and i8 else None
+        g16 = row["torch_eager_fp16_graph_ms"]
+        row["int8_over_torch_eager_fp16_graph"] = i8 / g16 if i8 and g16 else None
+        row["int8_us_per_image"] = i8 * 1e3 / bs if i8 else None
+        # TensorRT's MLPerf ResNet-50 offline result on one H100: about 88,700 img/s.
+        if name == "resnet50" and i8:
+            row["int8_us_per_image_over_trt_mlperf"] = i8 * 1e3 / bs / TRT_MLPERF_RESNET50_US
         rows.append(row)
 f = lambda v: "-" if v is None else (f"{v:.3f}" if isinstance(v, float) else str(v))
-cols = ["model", "batch", "torch_eager_fp32_ms", "torch_eager_fp32_graph_ms", "torch_eager_fp16_graph_ms", "torch_compile_fp16_ms", "qs_fp32_tf32_ms", "qs_fp32_strict_ms", "qs_fp16_ms", "qs_int8_ms", "qs_fp8_ms", "fp32_tf32_over_torch_eager_fp32_graph", "int8_over_compile_fp16", "int8_over_own_fp16", "fp8_over_int8"]
+cols = ["model", "batch", "torch_eager_fp32_ms", "torch_eager_fp32_graph_ms", "torch_eager_fp16_graph_ms", "torch_compile_fp16_ms", "qs_fp32_tf32_ms", "qs_fp32_strict_ms", "qs_fp16_ms", "qs_int8_ms", "qs_fp8_ms", "fp32_tf32_over_torch_eager_fp32_graph", "int8_over_compile_fp16", "int8_over_own_fp16", "fp8_over_int8", "int8_over_torch_eager_fp16_graph", "int8_us_per_image", "int8_us_per_image_over_trt_mlperf"]
+for extra in sys.argv[3:]:
+    # Models timed by quantscope alone (QS_MODELS): no PyTorch counterpart.
+    q = json.load(open(f"{out}/quantscope_{extra}.json"))
+    qs = {r.get("precision"): r["latency_ms"]["median"] for r in q["rows"] if r.get("latency_ms")}
+    i8, f16 = qs.get("int8"), qs.get("fp16")
+    rows.append({"model": extra, "batch": 1, "qs_fp32_tf32_ms": qs.get("fp32"), "qs_fp16_ms": f16,
+                 "qs_int8_ms": i8, "qs_fp8_ms": qs.get("fp8"),
+                 "int8_over_own_fp16": i8 / f16 if i8 and f16 else None,
+                 "int8_us_per_image": i8 * 1e3 if i8 else None})
 print(" | ".join(cols))
-for r in rows: print(" | ".join(f(r[c]) for c in cols))
+for r in rows: print(" | ".join(f(r.get(c)) for c in cols))
 json.dump({"date": datetime.date.today().isoformat(), "gpu": t["gpu"], "torch": t["torch"],
            "torch_cudnn_allow_tf32": t.get("cudnn_allow_tf32"), "torch_matmul_allow_tf32": t.get("matmul_allow_tf32"),
            "rows": rows},

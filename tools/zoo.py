@@ -34,6 +34,8 @@ MODELS = {
     "maxvit_t": ("tv:maxvit_t", (1, 3, 224, 224), 17, False),
     "shufflenet_v2_x1_0": ("tv:shufflenet_v2_x1_0", (1, 3, 224, 224), 17, False),
     "squeezenet1_0": ("tv:squeezenet1_0", (1, 3, 224, 224), 17, False),
+    "squeezenet1_1": ("tv:squeezenet1_1", (1, 3, 224, 224), 17, False),
+    "efficientnet_v2_s": ("tv:efficientnet_v2_s", (1, 3, 224, 224), 17, False),
     "densenet121": ("tv:densenet121", (1, 3, 224, 224), 17, False),
     "googlenet": ("tv:googlenet", (1, 3, 224, 224), 17, False),
     "mnasnet1_0": ("tv:mnasnet1_0", (1, 3, 224, 224), 17, False),

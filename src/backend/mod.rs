@@ -29,6 +29,34 @@ pub enum Fp32Math {
     Strict,
 }
 
+/// How hard a GPU builder searches for each convolution's implementation: the counterpart of
+/// TensorRT's builder optimization level. The CPU backends have nothing to search.
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, Default, clap::ValueEnum,
+)]
+#[serde(rename_all = "lowercase")]
+pub enum BuildEffort {
+    /// No timing: each conv takes the implementation a fixed preference order names first
+    /// among those that apply, cuDNN's heuristic choice where cuDNN runs it.
+    Fast,
+    /// Every candidate timed, once per distinct conv shape: a layer shaped like one already
+    /// timed in the same engine takes its choice and sets up only that implementation.
+    #[default]
+    Default,
+    /// Every candidate of every conv timed, repeated shapes included.
+    Exhaustive,
+}
+
+impl BuildEffort {
+    pub fn name(self) -> &'static str {
+        match self {
+            BuildEffort::Fast => "fast",
+            BuildEffort::Default => "default",
+            BuildEffort::Exhaustive => "exhaustive",
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize, Default)]
 #[serde(rename_all = "lowercase")]
 pub enum BackendKind {
@@ -216,18 +244,35 @@ pub trait Backend {
         input: BuildInput<'_>,
         spec: BuildSpec,
     ) -> Result<Box<dyn Engine>, BackendError>;
+    /// `build`, telling `progress` (layers done, layers in all) as a backend that builds
+    /// layer by layer (CUDA: each conv's implementation chosen) goes; the others build in
+    /// one go.
+    fn build_with_progress(
+        &self,
+        input: BuildInput<'_>,
+        spec: BuildSpec,
+        progress: &dyn Fn(usize, usize),
+    ) -> Result<Box<dyn Engine>, BackendError> {
+        let _ = progress;
+        self.build(input, spec)
+    }
 }
 
-/// The backend of `kind`, a GPU's FP32 engines on TF32 (the default [`Fp32Math`]).
+/// The backend of `kind`, a GPU's FP32 engines on TF32 (the default [`Fp32Math`]), built with
+/// the default [`BuildEffort`].
 pub fn backend(kind: BackendKind) -> Box<dyn Backend> {
-    backend_with(kind, Fp32Math::default())
+    backend_with(kind, Fp32Math::default(), BuildEffort::default())
 }
 
 /// The backend of `kind`; `fp32_math` says how a GPU's FP32 engines compute (the CPU's are
-/// always strict FP32).
-pub fn backend_with(kind: BackendKind, fp32_math: Fp32Math) -> Box<dyn Backend> {
+/// always strict FP32), `effort` how hard a GPU builder searches.
+pub fn backend_with(
+    kind: BackendKind,
+    fp32_math: Fp32Math,
+    effort: BuildEffort,
+) -> Box<dyn Backend> {
     match kind {
         BackendKind::Cpu => Box::new(cpu::CpuBackend),
-        BackendKind::Cuda => Box::new(cuda::CudaBackend { fp32_math }),
+        BackendKind::Cuda => Box::new(cuda::CudaBackend { fp32_math, effort }),
     }
 }

@@ -277,7 +277,12 @@ impl RowCtx<'_> {
         };
         let file = self.p.model.path.display();
         let what = format!("building the {label} engine for {file}");
-        match crate::guard::catch(&what, || self.backend.build(input, spec)) {
+        // A GPU build reports each conv chosen: the bar moves through a build of a minute.
+        let stage = format!("building {label}");
+        let progress = |done: usize, total: usize| self.sink.progress(&stage, done, total);
+        match crate::guard::catch(&what, || {
+            self.backend.build_with_progress(input, spec, &progress)
+        }) {
             Ok(Ok(engine)) => Ok(engine),
             Ok(Err(e)) => Err(BuildFailure {
                 cause: e.to_string(),
@@ -849,7 +854,7 @@ pub fn int8_settings(exp: &Experiment) -> crate::prepare::Settings<'_> {
 
 /// The experiment's backend, if it can run on this machine.
 fn usable_backend(exp: &Experiment) -> Result<Box<dyn backend::Backend>, PipelineError> {
-    let backend = backend::backend_with(exp.backend, exp.fp32_math);
+    let backend = backend::backend_with(exp.backend, exp.fp32_math, exp.build_effort);
     match backend.check() {
         Ok(_) => Ok(backend),
         Err(why) => Err(PipelineError::Config(format!(

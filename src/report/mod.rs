@@ -220,10 +220,17 @@ impl Row {
             (None, None, true) => "simulated on CPU".into(),
             _ => String::new(),
         };
+        // A fast GPU build's convs were chosen untimed: its latency is not the engine's best.
+        let fast_build = self
+            .engine
+            .as_deref()
+            .is_some_and(|e| e.contains("build effort fast"))
+            .then(|| "built at --build-effort fast (convs chosen untimed)".to_string());
         let parts: Vec<String> = [
             Some(base),
             self.budget.as_ref().map(|b| b.describe()),
             self.fp32_layers_note(),
+            fast_build,
         ]
         .into_iter()
         .flatten()

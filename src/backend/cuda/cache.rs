@@ -27,7 +27,9 @@ pub struct Choices {
 /// take a new version, so that engines cached before them are timed again).
 /// 4: `mmar` came.
 /// 5: `mmas` / `mmas64` came.
-pub const VERSION: u32 = 5;
+/// 6: `cudnng:<i>` indexes cuDNN's heuristic list, not the plans that finalized, so that a
+/// known choice finalizes its plan alone.
+pub const VERSION: u32 = 6;
 
 /// `~/.cache/quantscope/cuda` (or `$XDG_CACHE_HOME/quantscope/cuda`); QUANTSCOPE_CUDA_CACHE
 /// overrides the folder, `QUANTSCOPE_CUDA_CACHE=off` disables the cache.

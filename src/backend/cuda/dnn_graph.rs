@@ -87,11 +87,23 @@ pub struct ConvSpec {
     pub out: Dt,
 }
 
+/// Which execution plans a conv's graph finalizes, by their index in the heuristic's list.
+/// Each finalize compiles cuDNN's fused kernel (tens of ms on an H200, more where the driver
+/// has not compiled it before): most of a conv's set-up.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum PlanPick {
+    /// The first `n` that finalize.
+    First(usize),
+    /// Index `k` alone (a choice already known).
+    Only(usize),
+}
+
 /// Every descriptor built for one conv, destroyed together (plans refer to the others).
 pub struct ConvGraph {
     owned: Vec<Desc>,
-    /// Finalized execution plans, best heuristic first, with their workspace bytes.
-    pub plans: Vec<(Desc, usize)>,
+    /// Finalized execution plans, best heuristic first: each one's index in the heuristic's
+    /// list (what `cudnng:<i>` names), the plan, and its workspace bytes.
+    pub plans: Vec<(usize, Desc, usize)>,
     residual: bool,
     scale: bool,
 }
@@ -244,14 +256,14 @@ impl ConvGraph {
         Ok(op)
     }
 
-    /// Builds the graph of `spec` for `g` and finalizes up to `max_plans` execution plans
-    /// that need at most `max_workspace` bytes.
+    /// Builds the graph of `spec` for `g` and finalizes the execution plans `pick` says that
+    /// need at most `max_workspace` bytes.
     pub fn new(
         handle: dnn::cudnnHandle_t,
         g: Geometry,
         spec: ConvSpec,
         max_workspace: usize,
-        max_plans: usize,
+        pick: PlanPick,
     ) -> CudaResult<ConvGraph> {
         let mut s = ConvGraph {
             owned: vec![],
@@ -405,9 +417,11 @@ impl ConvGraph {
         let mut last_err = CudaError::Unsupported(format!(
             "no engine for this graph ({count} heuristic results)"
         ));
-        for &cfg in cfgs.iter().take(got.max(0) as usize) {
-            if s.plans.len() >= max_plans {
-                break;
+        for (i, &cfg) in cfgs.iter().enumerate().take(got.max(0) as usize) {
+            match pick {
+                PlanPick::First(n) if s.plans.len() >= n => break,
+                PlanPick::Only(k) if i != k => continue,
+                _ => {}
             }
             let plan = s.make(D::CUDNN_BACKEND_EXECUTION_PLAN_DESCRIPTOR)?;
             let r = set(
@@ -438,7 +452,7 @@ impl ConvGraph {
                 "workspace size",
             )?;
             if ws as usize <= max_workspace {
-                s.plans.push((plan, ws as usize));
+                s.plans.push((i, plan, ws as usize));
             }
         }
         if s.plans.is_empty() {
@@ -447,11 +461,18 @@ impl ConvGraph {
         Ok(s)
     }
 
-    /// Runs plan `i` on the stream bound to `handle`.
+    /// The finalized plan of heuristic index `i` and its workspace bytes.
+    pub fn plan(&self, i: usize) -> Option<(Desc, usize)> {
+        self.plans
+            .iter()
+            .find(|(k, _, _)| *k == i)
+            .map(|&(_, plan, ws)| (plan, ws))
+    }
+
+    /// Runs the plan of heuristic index `i` on the stream bound to `handle`.
     pub fn execute(&self, handle: dnn::cudnnHandle_t, i: usize, p: &Ptrs) -> CudaResult<()> {
-        let (plan, _) = *self
-            .plans
-            .get(i)
+        let (plan, _) = self
+            .plan(i)
             .ok_or_else(|| CudaError::Internal("no such cuDNN plan".into()))?;
         let mut ids = vec![X, W, Y, B];
         let mut ptrs = vec![p.x, p.w, p.y, p.bias];

@@ -26,6 +26,8 @@ use error::{CudaError, CudaResult};
 #[derive(Clone, Copy, Debug, Default)]
 pub struct CudaBackend {
     pub fp32_math: super::Fp32Math,
+    /// How hard the builder searches each conv's implementation.
+    pub effort: super::BuildEffort,
 }
 
 impl CudaBackend {
@@ -33,6 +35,7 @@ impl CudaBackend {
     pub fn strict() -> CudaBackend {
         CudaBackend {
             fp32_math: super::Fp32Math::Strict,
+            ..Default::default()
         }
     }
 }
@@ -156,12 +159,21 @@ impl Backend for CudaBackend {
         input: BuildInput<'_>,
         spec: BuildSpec,
     ) -> Result<Box<dyn Engine>, BackendError> {
+        self.build_with_progress(input, spec, &|_, _| {})
+    }
+
+    fn build_with_progress(
+        &self,
+        input: BuildInput<'_>,
+        spec: BuildSpec,
+        progress: &dyn Fn(usize, usize),
+    ) -> Result<Box<dyn Engine>, BackendError> {
         let precision = input.precision();
         Self::status().map_err(|why| BackendError::Unavailable {
             backend: "cuda",
             why,
         })?;
-        self.build_engine(&input, spec, precision)
+        self.build_engine(&input, spec, precision, progress)
             .map_err(|e| e.at_build(precision))
     }
 }
@@ -173,6 +185,7 @@ impl CudaBackend {
         input: &BuildInput<'_>,
         spec: BuildSpec,
         precision: Precision,
+        progress: &dyn Fn(usize, usize),
     ) -> CudaResult<Box<dyn Engine>> {
         let model = input.model();
         if model.info.layout != crate::model::Layout::Nchw {
@@ -250,10 +263,20 @@ impl CudaBackend {
             spec.batch,
             spec.hw,
         );
-        let cached = cache::load(&name);
-        let (eng, choices) =
-            engine::CudaEngine::build(dev, plan, precision, tf32, spec.batch, &cached)?;
-        if choices != cached {
+        // Exhaustive searches anew; the fast effort's untimed choices are not stored, so a
+        // later build at another effort still times what the cache does not hold.
+        let cached = match self.effort {
+            super::BuildEffort::Exhaustive => cache::Choices::default(),
+            _ => cache::load(&name),
+        };
+        let how = engine::BuildHow {
+            precision,
+            tf32,
+            batch: spec.batch,
+            effort: self.effort,
+        };
+        let (eng, choices) = engine::CudaEngine::build(dev, plan, how, &cached, progress)?;
+        if choices != cached && self.effort != super::BuildEffort::Fast {
             cache::store(&name, &choices);
         }
         Ok(Box::new(eng))

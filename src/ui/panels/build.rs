@@ -2,7 +2,7 @@
 //! precisions, TF32 or strict FP32 on the GPU, batch size, timed iterations; Run and Cancel
 //! with the progress bar.
 
-use crate::backend::{BackendKind, Fp32Math, Precision};
+use crate::backend::{BackendKind, BuildEffort, Fp32Math, Precision};
 use crate::experiment::Experiment;
 use crate::ui::{Command, Workbench, chrome::progress_ui};
 use eframe::egui;
@@ -92,6 +92,42 @@ pub fn build_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
         } else {
             Fp32Math::Strict
         };
+        ui.end_row();
+        let name = ui.label("GPU build effort");
+        ui.add_enabled_ui(exp.backend == BackendKind::Cuda, |ui| {
+            egui::ComboBox::from_id_salt("build.effort")
+                .selected_text(exp.build_effort.name())
+                .show_ui(ui, |ui| {
+                    for (e, tip) in [
+                        (
+                            BuildEffort::Fast,
+                            "Nothing timed: each conv takes the first implementation a fixed \
+                             order offers (cuDNN's heuristic pick where cuDNN runs it). Builds \
+                             in seconds; the engine ran 1.1-1.3x slower on an H200",
+                        ),
+                        (
+                            BuildEffort::Default,
+                            "Every candidate timed once per conv shape: a conv shaped like one \
+                             already timed takes its choice",
+                        ),
+                        (
+                            BuildEffort::Exhaustive,
+                            "Every candidate of every conv timed, the choice cache ignored",
+                        ),
+                    ] {
+                        ui.selectable_value(&mut exp.build_effort, e, e.name())
+                            .on_hover_text(tip);
+                    }
+                })
+                .response
+                .labelled_by(name.id)
+                .on_hover_text(
+                    "How hard the CUDA builder searches each conv's implementation, as \
+                     TensorRT's builder optimization level. Timed choices are cached: a second \
+                     build of the same engine (fast or default) sets up only the chosen ones",
+                )
+                .on_disabled_hover_text("The CPU backend has nothing to search");
+        });
         ui.end_row();
         ui.label("Batch size");
         ui.add(egui::DragValue::new(&mut exp.bench.batch).range(1..=256))

@@ -1,13 +1,23 @@
-//! Choosing how each conv runs: every family that applies sets the layer up and offers its
-//! candidates; a candidate the choice cache names is taken as it is, otherwise all are timed
-//! in rounds (each as a captured CUDA graph of back-to-back launches, as the engine runs) and
-//! the fastest median is kept. Everything the other candidates set up is dropped.
+//! Choosing how each conv runs, as the build effort says. A key known before any timing (the
+//! choice cache's, or, at the default effort, the choice of an identically shaped conv timed
+//! earlier in the same build) sets up only the family that offers it and takes it. Otherwise,
+//! at the default and exhaustive efforts, every family that applies sets the layer up and the
+//! candidates are timed in rounds (each as a captured CUDA graph of back-to-back launches, as
+//! the engine runs) and the fastest median is kept; at the fast effort the families are set
+//! up in `FAST_ORDER` with their heuristic first choice only, and the first that offers a
+//! candidate gives it, untimed. Everything the other candidates set up is dropped.
 
+use std::collections::HashMap;
 use std::time::Instant;
 
-use super::conv::{ConvFamily, ConvImpl, ConvSetup, DIRECT, DIRECT_MAX_MACS, F16_WAY, FAMILIES};
+use super::conv::{
+    ConvFamily, ConvImpl, ConvSetup, DIRECT, DIRECT_MAX_MACS, F16_WAY, FAMILIES, FAST_ORDER,
+    family_of, family_token,
+};
 use super::{CudaEngine, log_msg};
+use crate::backend::BuildEffort;
 use crate::backend::cuda::cache::Choices;
+use crate::backend::cuda::dnn_graph::PlanPick;
 use crate::backend::cuda::error::{CudaResult, drv, have};
 
 /// Rounds in which every conv candidate is timed once; the median of its rounds decides.
@@ -17,45 +27,153 @@ const CHOICE_BATCH_MS: f64 = 0.2;
 /// ... and at most this many times.
 const CHOICE_MAX_LAUNCHES: usize = 20;
 
+/// What one build chose so far: each timed conv shape's choice, and how every conv got its
+/// implementation (the build log's summary).
+#[derive(Default)]
+pub(super) struct Seen {
+    by_shape: HashMap<String, String>,
+    cached: usize,
+    reused: usize,
+    timed: usize,
+    ruled: usize,
+    only: usize,
+    setup_ms: f64,
+    timing_ms: f64,
+}
+
+impl Seen {
+    /// How the convs got their implementations, for the engine's description.
+    pub(super) fn brief(&self) -> String {
+        let parts: Vec<String> = [
+            (self.timed, "timed"),
+            (self.reused, "reused for a repeated shape"),
+            (self.cached, "from the choice cache"),
+            (self.ruled, "by the fast order, untimed"),
+            (self.only, "with one candidate"),
+        ]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, what)| format!("{n} {what}"))
+        .collect();
+        format!("convs {}", parts.join(", "))
+    }
+    /// The build log's line: every count, and where the time went.
+    pub(super) fn summary(&self) -> String {
+        format!(
+            "conv choices: {} from the cache, {} timed, {} reused from a conv of the same shape, {} by the fast order, {} the only candidate; set-up {:.0} ms, timing {:.0} ms",
+            self.cached,
+            self.timed,
+            self.reused,
+            self.ruled,
+            self.only,
+            self.setup_ms,
+            self.timing_ms
+        )
+    }
+}
+
+/// What decides which implementation a conv's candidates are timed against: its shapes and
+/// types, its kernel geometry, its epilogue, and the float type it computes in. Two convs
+/// alike in all of it time alike (their weights and scales do not change the work).
+fn shape_key(cx: &super::device::Launch, l: &super::conv::ConvLayer) -> String {
+    let c = &l.step;
+    let (xd, od) = (cx.td(c.input), cx.td(c.out));
+    format!(
+        "{:?}",
+        (
+            (
+                &xd.shape, xd.dtype, xd.layout, &od.shape, od.dtype, od.layout
+            ),
+            c.residual.map(|r| cx.td(r).dtype),
+            (c.cin, c.cout, c.k, c.stride, c.pads, c.dilation, c.groups),
+            (c.act, c.quant.as_ref().map(|q| q.dtype), l.float, l.tf32),
+        )
+    )
+}
+
 impl CudaEngine {
-    /// Sets up conv step `si` in every way that applies and keeps one: the cached choice, the
-    /// only candidate, or the fastest.
-    pub(super) fn choose_conv(&mut self, si: usize, cached: &Choices) -> CudaResult<ConvImpl> {
+    /// Sets up conv step `si` and keeps one implementation: the one a known key names, the
+    /// only candidate, the fastest, or (fast effort) the first by rule.
+    pub(super) fn choose_conv(
+        &mut self,
+        si: usize,
+        cached: &Choices,
+        effort: BuildEffort,
+        seen: &mut Seen,
+    ) -> CudaResult<ConvImpl> {
         let setup_start = Instant::now();
-        let setups = self.set_up_conv(si)?;
-        let rt = self.convs.get_mut(&si).expect("conv");
-        for s in setups {
-            rt.add(s);
-        }
-        let mut cands = rt.candidates();
-        let name = rt.layer.step.name.clone();
-        // A diagnosis knob: QUANTSCOPE_CUDA_AVOID=gemm,cudnng leaves out the candidates whose
-        // key starts with one of them (where another is left), to find which implementation
-        // a wrong engine comes from (tests/cuda_zoo.rs, QUANTSCOPE_ZOO_DIAGNOSE).
-        if let Ok(avoid) = std::env::var("QUANTSCOPE_CUDA_AVOID") {
-            let avoided = |c: &ConvImpl| {
-                let key = c.key();
-                avoid
-                    .split(',')
-                    .any(|a| !a.trim().is_empty() && key.starts_with(a.trim()))
-            };
-            if cands.iter().any(|(_, c)| !avoided(c)) {
-                cands.retain(|(_, c)| !avoided(c));
+        let (name, shape) = {
+            let rt = have(self.convs.get(&si), "conv layer")?;
+            (
+                rt.layer.step.name.clone(),
+                shape_key(&self.launch_cx(si), &rt.layer),
+            )
+        };
+        let reusable = effort != BuildEffort::Exhaustive;
+        let known = match cached.convs.get(&name) {
+            Some(k) => Some((k.clone(), true)),
+            None => seen
+                .by_shape
+                .get(&shape)
+                .filter(|_| reusable)
+                .map(|k| (k.clone(), false)),
+        };
+        // The family a known key names, set up alone; the others only where it offers
+        // nothing that answers the key (a cached plan index cuDNN no longer returns).
+        let mut named_family: Option<&str> = None;
+        if let Some((key, from_cache)) = &known {
+            let token = family_token(key);
+            named_family = Some(token);
+            // `cudnng:k` needs plan k finalized, no other.
+            self.convs.get_mut(&si).expect("conv").layer.graph_pick = key
+                .strip_prefix("cudnng:")
+                .and_then(|k| k.parse::<usize>().ok())
+                .map(PlanPick::Only);
+            self.add_setups(si, |f| f.tokens().contains(&token))?;
+            let rt = self.convs.get_mut(&si).expect("conv");
+            if rt.candidates().is_empty() {
+                // It could not set the known plan up: the family is timed with the others.
+                named_family = None;
+            }
+            // A key without its algorithm (`gemmf`, `f16+cudnn`) picks the first of that
+            // family, which is how the tests force an implementation.
+            if let Some((setup, pick)) = rt.candidates().into_iter().find(|(_, c)| c.answers(key)) {
+                rt.keep(setup, pick.clone());
+                if *from_cache {
+                    seen.cached += 1;
+                } else {
+                    seen.reused += 1;
+                }
+                seen.setup_ms += setup_start.elapsed().as_secs_f64() * 1e3;
+                return Ok(pick);
             }
         }
-        // A cached key picks its candidate; a key without its algorithm (`gemmf`,
-        // `f16+cudnn`) picks the first of that family, which is how the tests force an
-        // implementation.
-        let cached_pick = cached
-            .convs
-            .get(&name)
-            .and_then(|k| cands.iter().find(|(_, c)| c.answers(k)));
-        let (setup, pick) = match (cached_pick, cands.as_slice()) {
-            (Some(c), _) => c.clone(),
-            (None, [only]) => only.clone(),
-            (None, _) => {
-                let setup_ms = setup_start.elapsed().as_secs_f64() * 1e3;
-                self.fastest(si, &name, &cands, setup_ms)?
+        self.convs.get_mut(&si).expect("conv").layer.graph_pick = None;
+        if effort == BuildEffort::Fast {
+            let pick = self.first_by_rule(si)?;
+            seen.ruled += 1;
+            seen.setup_ms += setup_start.elapsed().as_secs_f64() * 1e3;
+            return Ok(pick);
+        }
+        self.add_setups(si, |f| {
+            named_family.is_none_or(|t| !f.tokens().contains(&t))
+        })?;
+        let rt = self.convs.get_mut(&si).expect("conv");
+        let cands = avoid_filter(rt.candidates());
+        let setup_ms = setup_start.elapsed().as_secs_f64() * 1e3;
+        seen.setup_ms += setup_ms;
+        let (setup, pick) = match cands.as_slice() {
+            [only] => {
+                seen.only += 1;
+                only.clone()
+            }
+            _ => {
+                let timing_start = Instant::now();
+                let fastest = self.fastest(si, &name, &cands, setup_ms)?;
+                seen.timing_ms += timing_start.elapsed().as_secs_f64() * 1e3;
+                seen.timed += 1;
+                seen.by_shape.insert(shape, fastest.1.key());
+                fastest
             }
         };
         let rt = self.convs.get_mut(&si).expect("conv");
@@ -63,33 +181,93 @@ impl CudaEngine {
         Ok(pick)
     }
 
-    /// Every applicable family's setup of conv step `si`, in `FAMILIES` order, then the FP16
-    /// way, then the direct kernel where nothing else applies or the layer is small. A
-    /// library that cannot set the layer up is left out with a note (QUANTSCOPE_CUDA_VERBOSE).
-    fn set_up_conv(&self, si: usize) -> CudaResult<Vec<Box<dyn ConvSetup>>> {
-        let cx = self.launch_cx(si);
-        let layer = &have(self.convs.get(&si), "conv layer")?.layer;
-        let step = &layer.step;
-        let mut setups: Vec<Box<dyn ConvSetup>> = vec![];
-        let families: Vec<&dyn ConvFamily> = FAMILIES.iter().copied().chain([F16_WAY]).collect();
-        for fam in families {
-            if !fam.applies(&cx, layer) {
+    /// The fast effort's choice: the key families of `FAST_ORDER` (or of the diagnosis knob
+    /// QUANTSCOPE_CUDA_FAST_ORDER, comma-separated), each family set up once with its
+    /// heuristic first choice only, until one offers a candidate of that key family; the
+    /// direct kernel where none does.
+    fn first_by_rule(&mut self, si: usize) -> CudaResult<ConvImpl> {
+        self.convs.get_mut(&si).expect("conv").layer.untimed = true;
+        let knob = std::env::var("QUANTSCOPE_CUDA_FAST_ORDER").ok();
+        let order: Vec<&str> = match &knob {
+            Some(k) => k.split(',').map(str::trim).collect(),
+            None => FAST_ORDER.to_vec(),
+        };
+        let mut set_up: Vec<&'static str> = vec![];
+        for token in order {
+            let Some(fam) = family_of(token) else {
                 continue;
+            };
+            let first = fam.tokens()[0];
+            if !set_up.contains(&first) {
+                set_up.push(first);
+                self.add_setups(si, |f| f.tokens() == fam.tokens())?;
             }
-            match fam.prepare(&cx, layer) {
-                Ok(s) => setups.extend(s),
-                Err(e) if fam.optional() => {
-                    log_msg(&format!("{}: no {} ({e})", step.name, fam.name()));
+            let rt = self.convs.get_mut(&si).expect("conv");
+            if let Some((setup, pick)) = avoid_filter(rt.candidates())
+                .into_iter()
+                .find(|(_, c)| family_token(&c.key()) == token)
+            {
+                rt.keep(setup, pick.clone());
+                return Ok(pick);
+            }
+        }
+        self.add_direct(si)?;
+        let rt = self.convs.get_mut(&si).expect("conv");
+        let (setup, pick) = have(rt.candidates().pop(), "the direct kernel's candidate")?;
+        rt.keep(setup, pick.clone());
+        Ok(pick)
+    }
+
+    /// Adds to conv step `si` the setups of the families `wanted` picks that apply to it, in
+    /// `FAMILIES` order, then the FP16 way; then the direct kernel where no family offers a
+    /// candidate or the layer is small (where every family was wanted). A library that
+    /// cannot set the layer up is left out with a note (QUANTSCOPE_CUDA_VERBOSE).
+    fn add_setups(
+        &mut self,
+        si: usize,
+        wanted: impl Fn(&dyn ConvFamily) -> bool,
+    ) -> CudaResult<()> {
+        let setups = {
+            let cx = self.launch_cx(si);
+            let layer = &have(self.convs.get(&si), "conv layer")?.layer;
+            let mut setups: Vec<Box<dyn ConvSetup>> = vec![];
+            for fam in FAMILIES.iter().copied().chain([F16_WAY]) {
+                if !wanted(fam) || !fam.applies(&cx, layer) {
+                    continue;
                 }
-                Err(e) => return Err(e),
+                match fam.prepare(&cx, layer) {
+                    Ok(s) => setups.extend(s),
+                    Err(e) if fam.optional() => {
+                        log_msg(&format!("{}: no {} ({e})", layer.step.name, fam.name()));
+                    }
+                    Err(e) => return Err(e),
+                }
             }
+            setups
+        };
+        let rt = self.convs.get_mut(&si).expect("conv");
+        for s in setups {
+            rt.add(s);
         }
-        let offered = setups.iter().any(|s| !s.candidates(layer).is_empty());
-        let macs = (layer.m * step.cout * step.reduction()) as f64;
-        if !offered || macs < DIRECT_MAX_MACS {
-            setups.extend(DIRECT.prepare(&cx, layer)?);
+        let layer = &rt.layer;
+        let macs = (layer.m * layer.step.cout * layer.step.reduction()) as f64;
+        let direct_wanted = wanted(&DIRECT);
+        if direct_wanted && (rt.candidates().is_empty() || macs < DIRECT_MAX_MACS) {
+            self.add_direct(si)?;
         }
-        Ok(setups)
+        Ok(())
+    }
+
+    /// Adds the direct kernel's setup to conv step `si`: it runs every conv.
+    fn add_direct(&mut self, si: usize) -> CudaResult<()> {
+        let setup = {
+            let cx = self.launch_cx(si);
+            DIRECT.prepare(&cx, &have(self.convs.get(&si), "conv layer")?.layer)?
+        };
+        if let Some(s) = setup {
+            self.convs.get_mut(&si).expect("conv").add(s);
+        }
+        Ok(())
     }
 
     /// Times `cands` of conv step `si` in CHOICE_ROUNDS rounds, each round every candidate
@@ -180,4 +358,22 @@ impl CudaEngine {
             Err(_) => timed(&eager, n),
         }
     }
+}
+
+/// Leaves out the candidates of a diagnosis knob: QUANTSCOPE_CUDA_AVOID=gemm,cudnng drops those
+/// whose key starts with one of them (where another is left), to find which implementation
+/// a wrong engine comes from (tests/cuda_zoo.rs, QUANTSCOPE_ZOO_DIAGNOSE).
+fn avoid_filter(mut cands: Vec<(usize, ConvImpl)>) -> Vec<(usize, ConvImpl)> {
+    if let Ok(avoid) = std::env::var("QUANTSCOPE_CUDA_AVOID") {
+        let avoided = |c: &ConvImpl| {
+            let key = c.key();
+            avoid
+                .split(',')
+                .any(|a| !a.trim().is_empty() && key.starts_with(a.trim()))
+        };
+        if cands.iter().any(|(_, c)| !avoided(c)) {
+            cands.retain(|(_, c)| !avoided(c));
+        }
+    }
+    cands
 }

@@ -41,7 +41,7 @@ use super::cache::Choices;
 use super::error::{CudaError, CudaResult, drv, have};
 use super::plan::{ConvStep, DType, Plan, Step, assign_buffers, float_type};
 use super::streams::schedule;
-use crate::backend::{BackendError, Engine, EngineInfo, Output, Precision};
+use crate::backend::{BackendError, BuildEffort, Engine, EngineInfo, Output, Precision};
 
 /// Workspace offered to cuDNN and cuBLASLt.
 const LIB_WORKSPACE_BYTES: usize = 64 << 20;
@@ -59,6 +59,16 @@ fn aux_streams() -> usize {
         .ok()
         .and_then(|v| v.parse().ok())
         .map_or(0, |n: usize| n.min(AUX_STREAMS))
+}
+
+/// What an engine is built for, and how hard its builder searches.
+#[derive(Clone, Copy, Debug)]
+pub struct BuildHow {
+    pub precision: Precision,
+    /// An FP32 engine's convolutions and GEMMs may use TF32 tensor cores.
+    pub tf32: bool,
+    pub batch: usize,
+    pub effort: BuildEffort,
 }
 
 pub struct CudaEngine {
@@ -86,16 +96,21 @@ pub struct CudaEngine {
 unsafe impl Send for CudaEngine {}
 
 impl CudaEngine {
-    /// Builds the engine: buffers, weights, per-conv choice (timed, or from `cached`). `tf32`:
-    /// an FP32 engine's convolutions and GEMMs may use TF32 tensor cores.
+    /// Builds the engine: buffers, weights, per-conv choice (from `cached`, timed, or by
+    /// rule, as `how.effort` says), telling `progress` how many convs are chosen.
     pub fn build(
         dev: Device,
         plan: Plan,
-        precision: Precision,
-        tf32: bool,
-        batch: usize,
+        how: BuildHow,
         cached: &Choices,
+        progress: &dyn Fn(usize, usize),
     ) -> CudaResult<(CudaEngine, Choices)> {
+        let BuildHow {
+            precision,
+            tf32,
+            batch,
+            effort,
+        } = how;
         // One build at a time in the process (see `device::build_lock`).
         let _one_at_a_time = device::build_lock();
         drv(dev.ctx.bind_to_thread(), "binding the context")?;
@@ -109,7 +124,7 @@ impl CudaEngine {
         let tf32 = tf32 && float == DType::F32;
         let mut eng = CudaEngine::allocate(dev, plan, float, tf32, batch)?;
         let choose_start = std::time::Instant::now();
-        let choices = eng.choose_convs(cached)?;
+        let (choices, seen) = eng.choose_convs(cached, effort, progress)?;
         drv(eng.dev.stream.synchronize(), "synchronize")?;
         eng.first_run()?;
         let profile_start = std::time::Instant::now();
@@ -156,7 +171,11 @@ impl CudaEngine {
             workspace_bytes: eng.mem.scratch_bytes() + eng.lanes.workspace_bytes(),
             device_mem_bytes: Some(free_before.saturating_sub(free_after) as u64),
             layer_times,
-            engine: None,
+            engine: Some(format!(
+                "quantscope cuda, build effort {}: {}",
+                effort.name(),
+                seen.brief()
+            )),
         };
         Ok((eng, choices))
     }
@@ -203,19 +222,28 @@ impl CudaEngine {
         })
     }
 
-    /// Chooses each conv's implementation, in execution order (inputs exist by then);
-    /// returns the choices for the cache.
-    fn choose_convs(&mut self, cached: &Choices) -> CudaResult<Choices> {
+    /// Chooses each conv's implementation, in execution order (inputs exist by then), as
+    /// `effort` says; returns the choices for the cache.
+    fn choose_convs(
+        &mut self,
+        cached: &Choices,
+        effort: BuildEffort,
+        progress: &dyn Fn(usize, usize),
+    ) -> CudaResult<(Choices, choose::Seen)> {
         let mut choices = Choices::default();
         let mut conv_ids: Vec<usize> = self.convs.keys().copied().collect();
         conv_ids.sort();
-        for si in conv_ids {
-            let chosen = self.choose_conv(si, cached)?;
+        let mut seen = choose::Seen::default();
+        for (done, si) in conv_ids.iter().enumerate() {
+            progress(done, conv_ids.len());
+            let chosen = self.choose_conv(*si, cached, effort, &mut seen)?;
             choices
                 .convs
-                .insert(self.convs[&si].layer.step.name.clone(), chosen.key());
+                .insert(self.convs[si].layer.step.name.clone(), chosen.key());
         }
-        Ok(choices)
+        progress(conv_ids.len(), conv_ids.len());
+        log_msg(&seen.summary());
+        Ok((choices, seen))
     }
 
     /// A first run on the main stream, which also tells which steps take the main stream's

@@ -25,11 +25,21 @@ impl ConvFamily for Cudnn {
     fn optional(&self) -> bool {
         true
     }
+    fn tokens(&self) -> &'static [&'static str] {
+        &["cudnn"]
+    }
     fn applies(&self, _cx: &Launch, l: &ConvLayer) -> bool {
         l.step.quant.is_none() && symmetric_pads(&l.step)
     }
     fn prepare(&self, cx: &Launch, l: &ConvLayer) -> CudaResult<Option<Box<dyn ConvSetup>>> {
-        let s = setup(cx, &l.step, l.float, l.tf32, cx.ptr(l.step.input))?;
+        let s = setup(
+            cx,
+            &l.step,
+            l.float,
+            l.tf32,
+            cx.ptr(l.step.input),
+            !l.untimed,
+        )?;
         Ok(Some(Box::new(s)))
     }
 }
@@ -56,13 +66,15 @@ impl Drop for CudnnSetup {
 }
 
 /// cuDNN convolution of `c` in `float` (FP32 or FP16), its algorithms found by timing them on
-/// the input at `x_ptr`. The FP16 way sets up its own on the dequantized layer.
+/// the input at `x_ptr` (`find`), or in the order cuDNN's heuristics rank them, untimed. The
+/// FP16 way sets up its own on the dequantized layer.
 pub(super) fn setup(
     cx: &Launch,
     c: &ConvStep,
     float: DType,
     tf32: bool,
     x_ptr: u64,
+    find: bool,
 ) -> CudaResult<CudnnSetup> {
     let t = if float == DType::F16 {
         dnn::cudnnDataType_t::CUDNN_DATA_HALF
@@ -146,24 +158,40 @@ pub(super) fn setup(
         dnn_ok(dnn::cudnnSetConvolutionMathType(s.conv, math), "math type")?;
         let mut perf: Vec<dnn::cudnnConvolutionFwdAlgoPerf_t> = vec![std::mem::zeroed(); 8];
         let mut got = 0i32;
-        dnn_ok(
-            dnn::cudnnFindConvolutionForwardAlgorithmEx(
-                cx.dev.cudnn,
-                s.x,
-                x_ptr as *const c_void,
-                s.w_desc,
-                s.w.ptr as *const c_void,
-                s.conv,
-                s.y,
-                cx.raw_ptr() as *mut c_void,
-                8,
-                &mut got,
-                perf.as_mut_ptr(),
-                cx.ws().0 as *mut c_void,
-                LIB_WORKSPACE_BYTES,
-            ),
-            "cudnnFindConvolutionForwardAlgorithmEx",
-        )?;
+        if !find {
+            dnn_ok(
+                dnn::cudnnGetConvolutionForwardAlgorithm_v7(
+                    cx.dev.cudnn,
+                    s.x,
+                    s.w_desc,
+                    s.conv,
+                    s.y,
+                    8,
+                    &mut got,
+                    perf.as_mut_ptr(),
+                ),
+                "cudnnGetConvolutionForwardAlgorithm_v7",
+            )?;
+        } else {
+            dnn_ok(
+                dnn::cudnnFindConvolutionForwardAlgorithmEx(
+                    cx.dev.cudnn,
+                    s.x,
+                    x_ptr as *const c_void,
+                    s.w_desc,
+                    s.w.ptr as *const c_void,
+                    s.conv,
+                    s.y,
+                    cx.raw_ptr() as *mut c_void,
+                    8,
+                    &mut got,
+                    perf.as_mut_ptr(),
+                    cx.ws().0 as *mut c_void,
+                    LIB_WORKSPACE_BYTES,
+                ),
+                "cudnnFindConvolutionForwardAlgorithmEx",
+            )?;
+        }
         s.algos = perf
             .iter()
             .take(got.max(0) as usize)

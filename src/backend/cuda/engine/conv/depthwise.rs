@@ -27,6 +27,9 @@ impl ConvFamily for Depthwise {
     fn optional(&self) -> bool {
         false
     }
+    fn tokens(&self) -> &'static [&'static str] {
+        if self.rows { &["dwr"] } else { &["dw"] }
+    }
     fn applies(&self, cx: &Launch, l: &ConvLayer) -> bool {
         if self.rows {
             rows_kernel(cx, &l.step).is_some()

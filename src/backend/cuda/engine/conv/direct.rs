@@ -22,6 +22,9 @@ impl ConvFamily for Direct {
     fn optional(&self) -> bool {
         false
     }
+    fn tokens(&self) -> &'static [&'static str] {
+        &["direct"]
+    }
     fn applies(&self, _cx: &Launch, _l: &ConvLayer) -> bool {
         true
     }

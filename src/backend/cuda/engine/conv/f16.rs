@@ -23,6 +23,9 @@ impl ConvFamily for F16Way {
     fn optional(&self) -> bool {
         true
     }
+    fn tokens(&self) -> &'static [&'static str] {
+        &["f16"]
+    }
     fn applies(&self, _cx: &Launch, l: &ConvLayer) -> bool {
         l.step.quant.is_some()
     }
@@ -47,7 +50,14 @@ impl ConvFamily for F16Way {
             None
         };
         let cudnn = if symmetric_pads(c) {
-            Some(cudnn::setup(cx, &fs, DType::F16, l.tf32, cx.f16_in_ptr())?)
+            Some(cudnn::setup(
+                cx,
+                &fs,
+                DType::F16,
+                l.tf32,
+                cx.f16_in_ptr(),
+                !l.untimed,
+            )?)
         } else {
             None
         };

@@ -34,6 +34,9 @@ impl ConvFamily for Gemm {
     fn optional(&self) -> bool {
         true
     }
+    fn tokens(&self) -> &'static [&'static str] {
+        if self.fused { &["gemmf"] } else { &["gemm"] }
+    }
     fn applies(&self, cx: &Launch, l: &ConvLayer) -> bool {
         let c = &l.step;
         let int8 = c.quant.as_ref().is_some_and(|q| q.is_int8());

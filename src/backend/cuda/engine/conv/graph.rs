@@ -9,7 +9,7 @@ use super::super::args::{FastDiv, PadArgs};
 use super::super::device::{DevBuf, Launch};
 use super::super::kernels::{launch, round_up};
 use super::{ConvFamily, ConvImpl, ConvLayer, ConvSetup, ConvWay, epilogue, halves, padded_rows};
-use crate::backend::cuda::dnn_graph::{ConvGraph, ConvSpec, Geometry, GraphAct, Ptrs};
+use crate::backend::cuda::dnn_graph::{ConvGraph, ConvSpec, Geometry, GraphAct, PlanPick, Ptrs};
 use crate::backend::cuda::error::{CudaError, CudaResult};
 use crate::backend::cuda::plan::{Act, ConvStep, DType};
 
@@ -30,6 +30,9 @@ impl ConvFamily for Graph {
     }
     fn optional(&self) -> bool {
         true
+    }
+    fn tokens(&self) -> &'static [&'static str] {
+        &["cudnng"]
     }
     /// An int8 layer (int8 or FP16 output), an FP8 one (FP8 or FP16 output) or an FP16 one
     /// (FP16 output), ReLU, clip, SiLU or no activation, a residual of int8 or FP16 (or FP8,
@@ -62,7 +65,13 @@ impl ConvFamily for Graph {
             && !fp16_residual_batch1
     }
     fn prepare(&self, cx: &Launch, l: &ConvLayer) -> CudaResult<Option<Box<dyn ConvSetup>>> {
-        Ok(Some(Box::new(setup(cx, &l.step)?)))
+        // Untimed (fast effort), the heuristic's first plan is the one taken.
+        let pick = match l.graph_pick {
+            Some(p) => p,
+            None if l.untimed => PlanPick::First(1),
+            None => PlanPick::First(DNN_PLANS),
+        };
+        Ok(Some(Box::new(setup(cx, &l.step, pick)?)))
     }
 }
 
@@ -115,10 +124,10 @@ struct DnnConv {
     split: Option<(DevBuf, DevBuf)>,
 }
 
-/// The cuDNN graph conv of a layer: its execution plans, weights as they are (OHWI is cuDNN's
+/// The cuDNN graph conv of a layer: the execution plans `pick` says, weights as they are (OHWI is cuDNN's
 /// KRSC; FP16 for a float layer), and for an int8 layer the scale; scale and bias in output
 /// units (a float output's unit is 1).
-fn setup(cx: &Launch, c: &ConvStep) -> CudaResult<DnnConv> {
+fn setup(cx: &Launch, c: &ConvStep, pick: PlanPick) -> CudaResult<DnnConv> {
     let (xd, od) = (cx.td(c.input), cx.td(c.out));
     let hw = |s: &[usize]| if s.len() == 4 { (s[2], s[3]) } else { (1, 1) };
     let ((h, w), (oh, ow)) = (hw(&xd.shape), hw(&od.shape));
@@ -164,7 +173,7 @@ fn setup(cx: &Launch, c: &ConvStep) -> CudaResult<DnnConv> {
         act,
         out: dt(if split { DType::F16 } else { od.dtype }),
     };
-    let graph = ConvGraph::new(cx.dev.cudnn, g, spec, LIB_WORKSPACE_BYTES, DNN_PLANS)?;
+    let graph = ConvGraph::new(cx.dev.cudnn, g, spec, LIB_WORKSPACE_BYTES, pick)?;
     let bias: Vec<f32> = c.bias.iter().map(|b| b / unit).collect();
     let (w, scale) = match &c.quant {
         Some(q) => {
@@ -197,8 +206,10 @@ fn setup(cx: &Launch, c: &ConvStep) -> CudaResult<DnnConv> {
 
 impl ConvSetup for DnnConv {
     fn candidates(&self, _l: &ConvLayer) -> Vec<ConvImpl> {
-        (0..self.graph.plans.len())
-            .map(|plan| ConvImpl::CudnnGraph { plan })
+        self.graph
+            .plans
+            .iter()
+            .map(|&(plan, _, _)| ConvImpl::CudnnGraph { plan })
             .collect()
     }
 
@@ -252,7 +263,7 @@ impl ConvSetup for DnnConv {
 
     fn workspace_bytes(&self, imp: &ConvImpl) -> usize {
         match imp {
-            ConvImpl::CudnnGraph { plan } => self.graph.plans.get(*plan).map_or(0, |p| p.1),
+            ConvImpl::CudnnGraph { plan } => self.graph.plan(*plan).map_or(0, |p| p.1),
             _ => 0,
         }
     }

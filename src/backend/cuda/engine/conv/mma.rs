@@ -28,6 +28,9 @@ impl ConvFamily for Mma {
     fn optional(&self) -> bool {
         false
     }
+    fn tokens(&self) -> &'static [&'static str] {
+        &["mma", "mmas", "mmar"]
+    }
     /// An int8 conv of one group reading int8 (NHWC, or rows for a 1x1 one), a tap's input
     /// channels in whole 16-byte copies, output rows of 4-byte groups, 32-bit row indices
     /// and input offsets and row tiles within the grid's y limit, on a GPU of compute

@@ -44,6 +44,40 @@ pub(super) const FAMILIES: [&dyn ConvFamily; 8] = [
 /// The FP16 way of int8 and FP8 layers, timed after every family above.
 pub(super) const F16_WAY: &dyn ConvFamily = &f16::F16_WAY;
 
+/// The fast build effort's order, by key family (`family_token`): each conv takes the first
+/// candidate of the first family here that offers one, untimed (the direct kernel where none
+/// does). Chosen on the candidate times of exhaustive builds of ResNet-50, EfficientNet-B0,
+/// SqueezeNet 1.1 and MaxViT-T on an H200 (FP16 and INT8, batch 1): of the orders tried, this
+/// one's picks summed closest to the fastest candidates' (the int8 depthwise and tensor-core
+/// kernels where they apply, then cuBLASLt's fused GEMM, which wins most FP16 layers, then
+/// cuDNN's graph conv, which wins most int8 ones cuBLASLt cannot take). cuBLASLt and the
+/// kernels set up in milliseconds; a cuDNN graph plan takes tens.
+pub(super) const FAST_ORDER: [&str; 11] = [
+    "dwr", "dw", "mmas", "mmar", "gemmf", "cudnng", "mma", "cudnn", "gemm", "pww", "pw",
+];
+
+/// The family whose candidates have keys of family `token`.
+pub(super) fn family_of(token: &str) -> Option<&'static dyn ConvFamily> {
+    FAMILIES
+        .iter()
+        .copied()
+        .chain([F16_WAY, &DIRECT as &dyn ConvFamily])
+        .find(|f| f.tokens().contains(&token))
+}
+
+/// The family part of a choice key, which one family's `tokens` hold: what comes before a
+/// `+` (`f16` of `f16+cudnn:1`, the FP16 way), else the letters before the algorithm or
+/// the tile size (`gemmf` of `gemmf:0:rows`, `mmas` of `mmas64`).
+pub(super) fn family_token(key: &str) -> &str {
+    if let Some((way, _)) = key.split_once('+') {
+        return way;
+    }
+    let end = key
+        .find(|c: char| !c.is_ascii_alphabetic())
+        .unwrap_or(key.len());
+    &key[..end]
+}
+
 /// One way of running convolutions: a library or a kernel family.
 pub(super) trait ConvFamily: Sync {
     /// What the builder's log calls it where it cannot set a layer up.
@@ -52,6 +86,9 @@ pub(super) trait ConvFamily: Sync {
     /// algorithm for the shape) instead of failing the build (a kernel family's weights that
     /// cannot be uploaded: the device is out of memory).
     fn optional(&self) -> bool;
+    /// The family parts of the keys its candidates have (`family_token`), so that a known
+    /// key sets up its family alone.
+    fn tokens(&self) -> &'static [&'static str];
     /// Whether it can run layer `l` at all: its types, shape, activation, the GPU.
     fn applies(&self, cx: &Launch, l: &ConvLayer) -> bool;
     /// Its setup for `l` (weights in its layout, descriptors, algorithms); `None` where it
@@ -89,6 +126,12 @@ pub(super) struct ConvLayer {
     /// The engine's float type, and whether its FP32 convs may use TF32 tensor cores.
     pub float: DType,
     pub tf32: bool,
+    /// The builder takes a family's first candidate untimed (fast effort): families that
+    /// find or finalize several library algorithms set up only their heuristic first.
+    pub untimed: bool,
+    /// cuDNN graph execution plans to finalize where not the family's default: plan k alone
+    /// where a known key (`cudnng:k`) names it.
+    pub graph_pick: Option<crate::backend::cuda::dnn_graph::PlanPick>,
 }
 
 impl ConvLayer {
@@ -118,6 +161,8 @@ impl ConvLayer {
             ow,
             float,
             tf32,
+            untimed: false,
+            graph_pick: None,
         })
     }
 
@@ -285,7 +330,8 @@ pub enum ConvImpl {
         algo: i32,
     },
     /// cuDNN graph-API conv with (scale,) bias, residual, ReLU or clip and the output
-    /// conversion fused (`dnn_graph`); `plan` indexes its execution plans.
+    /// conversion fused (`dnn_graph`); `plan` is the execution plan's index in cuDNN's
+    /// heuristic list (the same for every conv of the same graph).
     CudnnGraph {
         plan: usize,
     },
@@ -417,4 +463,82 @@ pub(super) fn halves(v: &[f32]) -> Vec<half::f16> {
 /// cuDNN's 2-D convolution takes one padding per axis.
 pub(super) fn symmetric_pads(c: &ConvStep) -> bool {
     c.pads[0] == c.pads[2] && c.pads[1] == c.pads[3]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A known key sets up its family alone: each key family belongs to one family, and the
+    /// fast order names only families that exist.
+    #[test]
+    fn key_families_name_one_family_each() {
+        let all: Vec<&dyn ConvFamily> = FAMILIES
+            .iter()
+            .copied()
+            .chain([F16_WAY, &DIRECT as &dyn ConvFamily])
+            .collect();
+        let mut tokens: Vec<&str> = all
+            .iter()
+            .flat_map(|f| f.tokens().iter().copied())
+            .collect();
+        let n = tokens.len();
+        tokens.sort();
+        tokens.dedup();
+        assert_eq!(tokens.len(), n, "a key family claimed twice: {tokens:?}");
+        for t in FAST_ORDER {
+            assert!(family_of(t).is_some(), "fast order names {t}");
+        }
+        let keys = [
+            (
+                ConvImpl::GemmFused {
+                    algo: 2,
+                    im2col: false,
+                },
+                "gemmf",
+                "fused-epilogue cuBLASLt GEMM",
+            ),
+            (
+                ConvImpl::Gemm {
+                    algo: 0,
+                    im2col: true,
+                },
+                "gemm",
+                "cuBLASLt GEMM",
+            ),
+            (
+                ConvImpl::MmaStream { bm: 64 },
+                "mmas",
+                "int8 tensor-core kernel",
+            ),
+            (
+                ConvImpl::Mma { bm: MMA_BM },
+                "mma",
+                "int8 tensor-core kernel",
+            ),
+            (
+                ConvImpl::CudnnGraph { plan: 1 },
+                "cudnng",
+                "cuDNN graph conv",
+            ),
+            (ConvImpl::Cudnn { algo: 1 }, "cudnn", "cuDNN conv"),
+            (
+                ConvImpl::DepthwiseRows { kernel: 0 },
+                "dwr",
+                "row-window depthwise kernel",
+            ),
+            (ConvImpl::PointwiseWord, "pww", "pointwise kernel"),
+            (
+                ConvImpl::AsF16(Box::new(ConvImpl::Cudnn { algo: 1 })),
+                "f16",
+                "FP16 way",
+            ),
+            (ConvImpl::Direct, "direct", "direct kernel"),
+        ];
+        for (imp, token, family) in keys {
+            let key = imp.key();
+            assert_eq!(family_token(&key), token, "{key}");
+            assert_eq!(family_of(token).map(|f| f.name()), Some(family), "{key}");
+        }
+    }
 }

@@ -22,6 +22,9 @@ impl ConvFamily for Pointwise {
     fn optional(&self) -> bool {
         false
     }
+    fn tokens(&self) -> &'static [&'static str] {
+        &["pw", "pww"]
+    }
     /// An int8 1x1 conv (or Gemm / MatMul) reading int8, 4-byte rows in and out, and 32-bit
     /// indices (`m` rows).
     fn applies(&self, cx: &Launch, l: &ConvLayer) -> bool {
