@@ -158,21 +158,7 @@ pub(super) fn setup(
         dnn_ok(dnn::cudnnSetConvolutionMathType(s.conv, math), "math type")?;
         let mut perf: Vec<dnn::cudnnConvolutionFwdAlgoPerf_t> = vec![std::mem::zeroed(); 8];
         let mut got = 0i32;
-        if !find {
-            dnn_ok(
-                dnn::cudnnGetConvolutionForwardAlgorithm_v7(
-                    cx.dev.cudnn,
-                    s.x,
-                    s.w_desc,
-                    s.conv,
-                    s.y,
-                    8,
-                    &mut got,
-                    perf.as_mut_ptr(),
-                ),
-                "cudnnGetConvolutionForwardAlgorithm_v7",
-            )?;
-        } else {
+        if find {
             dnn_ok(
                 dnn::cudnnFindConvolutionForwardAlgorithmEx(
                     cx.dev.cudnn,
@@ -190,6 +176,20 @@ pub(super) fn setup(
                     LIB_WORKSPACE_BYTES,
                 ),
                 "cudnnFindConvolutionForwardAlgorithmEx",
+            )?;
+        } else {
+            dnn_ok(
+                dnn::cudnnGetConvolutionForwardAlgorithm_v7(
+                    cx.dev.cudnn,
+                    s.x,
+                    s.w_desc,
+                    s.conv,
+                    s.y,
+                    8,
+                    &mut got,
+                    perf.as_mut_ptr(),
+                ),
+                "cudnnGetConvolutionForwardAlgorithm_v7",
             )?;
         }
         s.algos = perf
