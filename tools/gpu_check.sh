@@ -3,7 +3,7 @@
 # elsewhere (the GPU machine has no Rust). Usage, from the repository root:
 #   tools/gpu_check.sh CARRY OUT
 # CARRY holds `<name>.xz` executables (quantscope, and test binaries named after their test
-# file: cuda_backend, cuda_ops, cuda_zoo) and any `*.onnx` to time (inputs in [-1, 1]), with
+# file: cuda_backend, cuda_conv_choice, cuda_ops, cuda_zoo) and any `*.onnx` to time (inputs in [-1, 1]), with
 # `calib/` images for them. ZOO_MODELS (names of tools/zoo.py) are exported there for the zoo
 # test. Writes OUT/tests.txt, OUT/bench.txt and the reports (packed into OUT/reports.tar.xz). GPU_TESTS / GPU_BENCH=0 skip a
 # part; BENCH_MODELS (tools/bench_gpu.sh's torchvision models, none by default) and
@@ -27,7 +27,7 @@ fi
 # The zoo test's per-model, per-precision records (bench/results/ keeps them).
 export QUANTSCOPE_ZOO_JSON="$OUT/zoo.json"
 if [ "${GPU_TESTS:-1}" != 0 ]; then
-  for t in cuda_backend cuda_ops cuda_zoo; do
+  for t in cuda_backend cuda_conv_choice cuda_ops cuda_zoo; do
     [ -x "$BIN/$t" ] || continue
     echo "== $t" >>"$OUT/tests.txt"
     "$BIN/$t" --test-threads=1 >>"$OUT/tests.txt" 2>&1

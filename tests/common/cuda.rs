@@ -1,13 +1,15 @@
 //! Helpers of the CUDA tests: the GPU (or why there is none), the error measure, random
 //! inputs, a max-calibrated Q/DQ model for building CPU and CUDA INT8 engines from one plan,
-//! and the CPU INT8 engine's output the CUDA ones are held to.
+//! the CPU INT8 engine's output the CUDA ones are held to, the FP16 and INT8 comparisons
+//! with the CPU, engines with an implementation forced, and the small blocks they run on.
 
 use quantscope::backend::cpu::CpuBackend;
 use quantscope::backend::cuda::CudaBackend;
-use quantscope::backend::{Backend, BuildInput, BuildSpec, Engine, Output};
+use quantscope::backend::{Backend, BuildEffort, BuildInput, BuildSpec, Engine, Output, Precision};
 use quantscope::calib::{Method, Stats};
 use quantscope::model::Model;
-use quantscope::model::testing::values;
+use quantscope::model::proto;
+use quantscope::model::testing::{GraphBuilder, values};
 use quantscope::quant;
 
 /// The CUDA backend when it can run here (FP32 engines in strict FP32, for parity with the
@@ -112,4 +114,300 @@ pub fn cpu_fp32_run(m: &Model, spec: BuildSpec, x: &[f32]) -> Output {
         )
         .and_then(|mut e| e.run(x))
         .expect("cpu fp32")
+}
+
+/// FP32 / FP16 of `m` on both backends: the max relative error.
+pub fn float_err(gpu: &CudaBackend, m: &Model, p: Precision, batch: usize, hw: [usize; 2]) -> f64 {
+    let spec = BuildSpec { batch, hw };
+    let mut cpu = CpuBackend
+        .build(
+            BuildInput::Float {
+                model: m,
+                precision: Precision::Fp32,
+                keep_fp32: &[],
+            },
+            spec,
+        )
+        .expect("cpu engine");
+    let mut cuda = gpu
+        .build(
+            BuildInput::Float {
+                model: m,
+                precision: p,
+                keep_fp32: &[],
+            },
+            spec,
+        )
+        .unwrap_or_else(|e| panic!("cuda {p} engine: {e}"));
+    let x = input_for(m, batch, hw, 7);
+    let a = cuda.run(&x).expect("cuda run");
+    let b = cpu.run(&x).expect("cpu run");
+    assert_eq!(a.shape, b.shape);
+    let info = cuda.info();
+    eprintln!(
+        "  {} layers timed, weights {} B, activations {} B, workspace {} B, device mem {:?} B, device {}",
+        info.layer_times.len(),
+        info.weights_bytes,
+        info.activations_bytes,
+        info.workspace_bytes,
+        info.device_mem_bytes,
+        info.device
+    );
+    let t = cuda.timed_run(&x).expect("timed run");
+    assert!(t > 0.0);
+    rel_err(&a.data, &b.data)
+}
+
+pub fn argmaxes(shape: &[usize], d: &[f32]) -> Vec<usize> {
+    let (c, inner) = if shape.len() == 4 {
+        (shape[1], shape[2] * shape[3])
+    } else {
+        (shape[1], 1)
+    };
+    let mut out = vec![];
+    for n in 0..shape[0] {
+        for p in 0..inner {
+            out.push(
+                (0..c)
+                    .max_by(|&i, &j| {
+                        d[(n * c + i) * inner + p].total_cmp(&d[(n * c + j) * inner + p])
+                    })
+                    .unwrap_or(0),
+            );
+        }
+    }
+    out
+}
+
+/// INT8 on both backends from the same Q/DQ model, scored against the CPU FP32 engine's
+/// argmax (top-1 per image, or pixel accuracy for segmentation): (CUDA INT8 score, CPU INT8
+/// score, images/pixels scored, CUDA-vs-CPU INT8 argmax agreement, max rel err).
+pub fn int8_scores(
+    gpu: &CudaBackend,
+    m: &Model,
+    hw: [usize; 2],
+    batch: usize,
+    runs: usize,
+) -> (f64, f64, usize, f64, f64) {
+    let qdq = max_qdq(m, hw, 4).expect("qdq");
+    let spec = BuildSpec { batch, hw };
+    let mut cuda = gpu
+        .build(
+            BuildInput::Quantized {
+                model: m,
+                qdq: &qdq,
+                keep_fp32: &[],
+            },
+            spec,
+        )
+        .unwrap_or_else(|e| panic!("cuda int8 engine: {e}"));
+    int8_scores_of(cuda.as_mut(), m, &qdq, hw, batch, runs)
+}
+
+/// `int8_scores` for a CUDA INT8 engine built from `qdq`.
+pub fn int8_scores_of(
+    cuda: &mut dyn Engine,
+    m: &Model,
+    qdq: &quant::QdqModel,
+    hw: [usize; 2],
+    batch: usize,
+    runs: usize,
+) -> (f64, f64, usize, f64, f64) {
+    let spec = BuildSpec { batch, hw };
+    let mut cpu = cpu_int8_engine(m, qdq, spec).expect("cpu int8");
+    let mut cpu32 = CpuBackend
+        .build(
+            BuildInput::Float {
+                model: m,
+                precision: Precision::Fp32,
+                keep_fp32: &[],
+            },
+            spec,
+        )
+        .expect("cpu fp32");
+    eprintln!(
+        "  int8 nodes {}, float nodes {}",
+        cuda.info().int8_nodes,
+        cuda.info().float_nodes.len()
+    );
+    let (mut ok_gpu, mut ok_cpu, mut agree, mut total, mut err) =
+        (0usize, 0usize, 0usize, 0usize, 0f64);
+    for r in 0..runs {
+        let x = input_for(m, batch, hw, 500 + r as u64);
+        let a = cuda.run(&x).expect("cuda run");
+        let b = cpu.run(&x).expect("cpu run");
+        let f = cpu32.run(&x).expect("cpu fp32 run");
+        err = err.max(rel_err(&a.data, &b.data));
+        let (ga, cb, lf) = (
+            argmaxes(&a.shape, &a.data),
+            argmaxes(&b.shape, &b.data),
+            argmaxes(&f.shape, &f.data),
+        );
+        for k in 0..lf.len() {
+            ok_gpu += (ga[k] == lf[k]) as usize;
+            ok_cpu += (cb[k] == lf[k]) as usize;
+            agree += (ga[k] == cb[k]) as usize;
+            total += 1;
+        }
+    }
+    let t = total as f64;
+    (
+        ok_gpu as f64 / t,
+        ok_cpu as f64 / t,
+        total,
+        agree as f64 / t,
+        err,
+    )
+}
+
+/// The INT8 criterion: the CUDA score no more than 0.5 pt below the CPU INT8 score (plus one
+/// sample's worth where few are scored). One-sided: on the MobileNetV2 DeepLab the CUDA engine
+/// (exact i32 accumulation, f32 requantization) lands closer to FP32 than tract's QLinearConv.
+pub fn check_int8(name: &str, s: (f64, f64, usize, f64, f64)) {
+    let (g, c, n, agree, err) = s;
+    eprintln!(
+        "{name} int8: score vs FP32 argmax cuda {:.2}% / cpu {:.2}% over {n} (diff {:.2} pt), cuda-vs-cpu int8 agreement {:.2}%, max rel err {err:.3e}",
+        g * 100.0,
+        c * 100.0,
+        (g - c).abs() * 100.0,
+        agree * 100.0
+    );
+    assert!(
+        (g - c).abs() <= 0.005 + 1.0 / n as f64,
+        "{name}: int8 score {g} vs cpu {c}"
+    );
+}
+
+/// A MobileNetV2 block and a ResNet tail on [1, 16, 14, 14]: 1x1 expansion (to 24 channels:
+/// the int8 pointwise kernel's 4-byte reads and a partial block of output channels) + ReLU6 (Clip),
+/// 3x3 depthwise + ReLU6, 1x1 projection + the block's residual, then a 3x3 conv + ReLU.
+/// Every fused epilogue the builder has (bias, clip, ReLU, residual) and the depthwise path.
+pub fn mobilenet_block() -> GraphBuilder {
+    let mut b = GraphBuilder::new(&[1, 16, 14, 14]);
+    let lo = b.constant("zero", &[], &[0.0]);
+    let hi = b.constant("six", &[], &[6.0]);
+    let e = b.conv("expand", "x", 16, 24, 1);
+    let e6 = b.op("Clip", "expand.relu6", &[&e, &lo, &hi]);
+    let dw = depthwise_3x3(&mut b, &e6, 24);
+    let d6 = b.op("Clip", "dw.relu6", &[&dw, &lo, &hi]);
+    let pr = b.conv("project", &d6, 24, 16, 1);
+    let add = b.op("Add", "block.add", &[&pr, "x"]);
+    let c = b.conv("tail", &add, 16, 16, 3);
+    let y = b.op("Relu", "tail.relu", &[&c]);
+    b.output(&y);
+    b
+}
+
+/// A 3x3 depthwise conv "dw" (pads 1, random weights and bias) over `c` channels of `x`.
+pub fn depthwise_3x3(b: &mut GraphBuilder, x: &str, c: usize) -> String {
+    let w = b.random("dw.w", &[c, 1, 3, 3], 0.5);
+    let bias = b.random("dw.b", &[c], 0.1);
+    b.node(
+        "Conv",
+        "dw",
+        &[x, &w, &bias],
+        vec![
+            proto::ints_attr("pads", &[1, 1, 1, 1]),
+            proto::int_attr("group", c as i64),
+        ],
+    )
+}
+
+/// Builds `plan` with every conv forced to `family` where it applies: the engine and how
+/// many convs took it.
+pub fn forced_engine(
+    pl: &quantscope::backend::cuda::plan::Plan,
+    precision: Precision,
+    batch: usize,
+    family: &str,
+) -> (quantscope::backend::cuda::engine::CudaEngine, usize, usize) {
+    use quantscope::backend::cuda::cache::Choices;
+    use quantscope::backend::cuda::engine::{BuildHow, CudaEngine, Device};
+    use quantscope::backend::cuda::plan::Step;
+    let convs: Vec<String> = pl
+        .steps
+        .iter()
+        .filter_map(|s| match s {
+            Step::Conv(c) => Some(c.name.clone()),
+            _ => None,
+        })
+        .collect();
+    let forced = Choices {
+        convs: convs
+            .iter()
+            .map(|c| (c.clone(), family.to_string()))
+            .collect(),
+        ..Default::default()
+    };
+    let dev = Device::new().expect("device");
+    let how = BuildHow {
+        precision,
+        tf32: false,
+        batch,
+        effort: BuildEffort::Default,
+    };
+    let (eng, got) = CudaEngine::build(dev, pl.clone(), how, &forced, &|_, _| {})
+        .unwrap_or_else(|e| panic!("{precision} [{family}]: {e}"));
+    let applied = convs
+        .iter()
+        .filter(|c| {
+            got.convs.get(*c).is_some_and(|k| {
+                k == family || k.strip_prefix(family).is_some_and(|r| r.starts_with(':'))
+            })
+        })
+        .count();
+    (eng, applied, convs.len())
+}
+
+/// A ResNet bottleneck on [1, 48, 14, 14]: 1x1 48 -> 64 + ReLU, 3x3 stride 2 64 -> 64 + ReLU,
+/// 1x1 64 -> 96, plus the 1x1 stride-2 shortcut 48 -> 96, then ReLU.
+pub fn bottleneck_block() -> GraphBuilder {
+    let mut b = GraphBuilder::new(&[1, 48, 14, 14]);
+    let strided = |b: &mut GraphBuilder, name: &str, x: &str, cin: usize, cout: usize, k: usize| {
+        let w = b.random(
+            &format!("{name}.w"),
+            &[cout, cin, k, k],
+            3.0 / (cin * k * k) as f32,
+        );
+        let bias = b.random(&format!("{name}.b"), &[cout], 0.1);
+        let p = (k / 2) as i64;
+        b.node(
+            "Conv",
+            name,
+            &[x, &w, &bias],
+            vec![
+                proto::ints_attr("pads", &[p, p, p, p]),
+                proto::ints_attr("strides", &[2, 2]),
+            ],
+        )
+    };
+    let c1 = b.conv("reduce", "x", 48, 64, 1);
+    let r1 = b.op("Relu", "reduce.relu", &[&c1]);
+    let c2 = strided(&mut b, "mid", &r1, 64, 64, 3);
+    let r2 = b.op("Relu", "mid.relu", &[&c2]);
+    let c3 = b.conv("expand", &r2, 64, 96, 1);
+    let sc = strided(&mut b, "shortcut", "x", 48, 96, 1);
+    let add = b.op("Add", "block.add", &[&c3, &sc]);
+    let y = b.op("Relu", "block.relu", &[&add]);
+    b.output(&y);
+    b
+}
+
+/// The int8 reference for `m` on `x`: its Q/DQ model (max calibration on 4 images) with the
+/// input fixed at `spec`, the CPU INT8 engine's output, and one output step (the largest
+/// output over 127).
+pub fn int8_reference(
+    m: &Model,
+    spec: BuildSpec,
+    x: &[f32],
+) -> (tract_onnx::pb::ModelProto, quantscope::backend::Output, f32) {
+    let qdq = max_qdq(m, spec.hw, 4).expect("qdq");
+    let q = Model {
+        proto: qdq.proto.clone(),
+        ..m.clone()
+    }
+    .with_fixed_input(spec.batch, spec.hw);
+    let cpu8 = cpu_int8_run(m, &qdq, spec, x).expect("cpu int8");
+    let step = cpu8.data.iter().fold(0f32, |a, v| a.max(v.abs())) / 127.0;
+    (q, cpu8, step)
 }

@@ -53,7 +53,7 @@ impl ConvFamily for Graph {
         // GhostNet's 1x1 shortcut conv (40 -> 80 channels at 14x14, the block's output added)
         // wrote values unrelated to the conv (0.92 relative error against the CPU), where the
         // same layer at batch 2, and every other implementation, matched
-        // (tests/cuda_backend.rs, the ghost block). Those layers take the other families.
+        // (tests/cuda_conv_choice.rs, the ghost block). Those layers take the other families.
         let fp16_residual_batch1 =
             c.quant.is_none() && c.residual.is_some() && cx.td(c.out).shape.first() == Some(&1);
         c.groups == 1

@@ -1,0 +1,487 @@
+//! How the CUDA builder chooses each conv's implementation, against the CPU engines, on a GPU
+//! machine: every implementation forced in turn on every layer it applies to (float and int8,
+//! on MobileNet, EfficientNet, bottleneck, ghost and stem blocks), and every build effort.
+//! Without a usable GPU every test prints why it skips and passes. Tolerances as in
+//! `cuda_backend.rs`.
+
+mod common;
+
+use std::path::Path;
+
+use common::cuda::{
+    bottleneck_block, check_int8, cpu_fp32_run, depthwise_3x3, float_err, forced_engine, gpu,
+    input_for, int8_reference, int8_scores, int8_scores_of, max_qdq, mobilenet_block, rel_err,
+};
+use common::max_err;
+
+use quantscope::backend::cuda::CudaBackend;
+use quantscope::backend::{Backend, BuildEffort, BuildInput, BuildSpec, Engine, Precision};
+use quantscope::model::testing::GraphBuilder;
+use quantscope::model::{Model, proto};
+
+/// Each way the builder can run an int8 conv, forced on every conv it applies to (a cached
+/// choice naming only the family), against the CPU INT8 engine on the bundled classifier:
+/// the cuDNN graph int8 conv, the fused int8-out cuBLASLt GEMM, the raw int32 GEMM +
+/// epilogue, the FP16 way through cuDNN and through cuBLASLt, and the direct kernel (its
+/// convs take no int8 pointwise kernel: the MobileNet block's test forces that one).
+#[test]
+fn every_int8_conv_implementation_matches_cpu() {
+    use quantscope::backend::cuda::ops as plan;
+    let Some(_) = gpu() else { return };
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("sample_models/fashion_resnet.onnx");
+    let m = Model::load(&path).expect("sample model loads");
+    let hw = m.input_hw(None).expect("fixed input size");
+    let batch = 4;
+    let qdq = max_qdq(&m, hw, 4).expect("qdq");
+    let p = Model {
+        proto: qdq.proto.clone(),
+        ..m.clone()
+    }
+    .with_fixed_input(batch, hw);
+    let pl = plan::lower(&p, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
+    for family in ["cudnng", "gemmf", "gemm", "f16+cudnn", "f16+gemm", "direct"] {
+        let (mut eng, applied, n) = forced_engine(&pl, Precision::Int8, batch, family);
+        eprintln!("{family}: forced on {applied} of {n} convs");
+        assert!(applied > 0, "{family} applied to no conv");
+        let s = int8_scores_of(&mut eng, &m, &qdq, hw, batch, 8);
+        check_int8(&format!("fashion_resnet int8 [{family}]"), s);
+        assert!(s.3 >= 0.9, "{family}: agreement with CPU INT8 {}", s.3);
+    }
+}
+
+/// An EfficientNet block on [1, 16, 14, 14]: 1x1 expansion to 32 channels + SiLU (as PyTorch
+/// exports it: Sigmoid and Mul), 3x3 depthwise + SiLU, 1x1 projection + the block's residual.
+/// SiLU is fused into each conv, the cuDNN graph's as Swish.
+fn efficientnet_block() -> GraphBuilder {
+    let mut b = GraphBuilder::new(&[1, 16, 14, 14]);
+    let silu = |b: &mut GraphBuilder, x: &str, name: &str| {
+        let s = b.op("Sigmoid", &format!("{name}.sigmoid"), &[x]);
+        b.op("Mul", &format!("{name}.silu"), &[x, &s])
+    };
+    let e = b.conv("expand", "x", 16, 32, 1);
+    let e = silu(&mut b, &e, "expand");
+    let dw = depthwise_3x3(&mut b, &e, 32);
+    let d = silu(&mut b, &dw, "dw");
+    let pr = b.conv("project", &d, 32, 16, 1);
+    let y = b.op("Add", "block.add", &[&pr, "x"]);
+    b.output(&y);
+    b
+}
+
+/// A GhostNet bottleneck with a strided shortcut, at the shapes of timm's ghostnet_100
+/// blocks.5.0 ([1, 40, 28, 28] -> [1, 80, 14, 14]): each ghost module a 1x1 primary conv and
+/// a cheap 3x3 depthwise conv of its output, concatenated and sliced to the module's width;
+/// the shortcut a strided depthwise conv and a 1x1 conv, added to the second module's output
+/// (the Add fuses into the shortcut's 1x1 conv as its residual).
+fn ghost_block() -> GraphBuilder {
+    let mut b = GraphBuilder::new(&[1, 40, 28, 28]);
+    fn dw(b: &mut GraphBuilder, name: &str, x: &str, c: usize, stride: i64) -> String {
+        let w = b.random(&format!("{name}.w"), &[c, 1, 3, 3], 0.5);
+        let bias = b.random(&format!("{name}.b"), &[c], 0.1);
+        b.node(
+            "Conv",
+            name,
+            &[x, &w, &bias],
+            vec![
+                proto::ints_attr("pads", &[1, 1, 1, 1]),
+                proto::ints_attr("strides", &[stride, stride]),
+                proto::int_attr("group", c as i64),
+            ],
+        )
+    }
+    fn ghost(
+        b: &mut GraphBuilder,
+        name: &str,
+        x: &str,
+        cin: usize,
+        out: usize,
+        relu: bool,
+    ) -> String {
+        let half = out / 2;
+        let mut p = b.conv(&format!("{name}.primary"), x, cin, half, 1);
+        if relu {
+            p = b.op("Relu", &format!("{name}.primary.relu"), &[&p]);
+        }
+        let mut c = dw(b, &format!("{name}.cheap"), &p, half, 1);
+        if relu {
+            c = b.op("Relu", &format!("{name}.cheap.relu"), &[&c]);
+        }
+        let cat = b.node(
+            "Concat",
+            &format!("{name}.concat"),
+            &[&p, &c],
+            vec![proto::int_attr("axis", 1)],
+        );
+        let starts = b.ints(&format!("{name}.starts"), &[1], &[0]);
+        let ends = b.ints(&format!("{name}.ends"), &[1], &[out as i64]);
+        let axes = b.ints(&format!("{name}.axes"), &[1], &[1]);
+        b.op(
+            "Slice",
+            &format!("{name}.slice"),
+            &[&cat, &starts, &ends, &axes],
+        )
+    }
+    let g1 = ghost(&mut b, "ghost1", "x", 40, 240, true);
+    let d = dw(&mut b, "conv_dw", &g1, 240, 2);
+    let g2 = ghost(&mut b, "ghost2", &d, 240, 80, false);
+    let s = dw(&mut b, "shortcut.0", "x", 40, 2);
+    let s = b.conv("shortcut.2", &s, 40, 80, 1);
+    let y = b.op("Add", "block.add", &[&g2, &s]);
+    b.output(&y);
+    b
+}
+
+/// The ghost block in FP16 and FP32 with every conv forced to each float implementation in
+/// turn, at batch 1 and 2, against the CPU's FP32 (GhostNet's FP16 engine read 10 dB SQNR
+/// where the CPU's FP16 numerics read 57 dB, and left the cuDNN graph conv out it read 55:
+/// the graph conv of the shortcut, its residual fused, at batch 1). Forced where it no longer
+/// applies, a family takes no conv and is skipped.
+#[test]
+fn every_float_conv_implementation_matches_cpu_on_a_ghost_block() {
+    use quantscope::backend::cuda::ops as plan;
+    let Some(_) = gpu() else { return };
+    let m = ghost_block().model();
+    let hw = [28, 28];
+    let mut bad = vec![];
+    for batch in [1, 2] {
+        let p = m.with_fixed_input(batch, hw);
+        let x = input_for(&m, batch, hw, 11);
+        let reference = cpu_fp32_run(&m, BuildSpec { batch, hw }, &x);
+        for (precision, tol) in [(Precision::Fp16, 2e-2), (Precision::Fp32, 1e-3)] {
+            let pl = plan::lower(&p, m.input_shape(batch, hw), precision).expect("float plan");
+            for family in FLOAT_FAMILIES {
+                let (mut eng, applied, n) = forced_engine(&pl, precision, batch, family);
+                if applied == 0 {
+                    continue;
+                }
+                let out = eng.run(&x).expect("cuda run");
+                let err = rel_err(&out.data, &reference.data);
+                eprintln!(
+                    "ghost block batch {batch} {precision} [{family}]: forced on {applied} of {n} convs, rel err {err:.2e}"
+                );
+                if !(err <= tol) {
+                    bad.push(format!(
+                        "batch {batch} {precision} [{family}]: rel err {err:.2e}"
+                    ));
+                }
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{bad:?}");
+}
+
+/// Each way of running a float conv (the cuDNN graph conv with its epilogue fused, the
+/// cuBLASLt GEMM writing the output from its epilogue, the GEMM + epilogue kernel, cuDNN's
+/// legacy conv, the depthwise kernel, the direct kernel), forced on every conv it applies to
+/// in FP16 and strict FP32 engines, against the CPU FP32 engine; then each way of running an
+/// int8 conv (both pointwise kernels too) against the CPU INT8 engine on the same block
+/// (within two output steps).
+#[test]
+fn every_conv_implementation_matches_cpu_on_a_mobilenet_block() {
+    let Some(_) = gpu() else { return };
+    let int8 = [
+        &["cudnng", "gemmf", "gemm", "f16+cudnn", "dw", "dwr"][..],
+        &INT8_KERNELS,
+    ]
+    .concat();
+    every_conv_implementation_matches_cpu(mobilenet_block(), false, &FLOAT_FAMILIES, &int8);
+}
+
+/// The same on an EfficientNet block: every implementation with SiLU as its fused activation;
+/// the FP16 cuDNN graph takes both dense convs (the expansion's SiLU as Swish). No int8
+/// layer here writes int8 through cuBLASLt's own epilogue: the expansion ends in SiLU, and
+/// the projection, its residual fused, writes the graph's float output. The streaming 1x1
+/// kernels (`mmas`, `mmas64`) take the expansion, SiLU in their register epilogue.
+#[test]
+fn every_conv_implementation_matches_cpu_on_an_efficientnet_block() {
+    let Some(_) = gpu() else { return };
+    let int8 = [
+        &["cudnng", "gemm", "f16+cudnn", "dw", "dwr", "mmas", "mmas64"][..],
+        &INT8_KERNELS,
+    ]
+    .concat();
+    every_conv_implementation_matches_cpu(efficientnet_block(), true, &FLOAT_FAMILIES, &int8);
+}
+
+/// The same on a ResNet bottleneck with a strided shortcut, for the int8 tensor-core conv
+/// kernel's edges: 48 input channels (less than a tile of the reduction), 96 output channels
+/// (a tile and a half), row counts that are no whole tile, a padded 3x3 stride-2 conv and a
+/// 1x1 stride-2 one; the streaming 1x1 kernels on the reduction and on the expansion with its
+/// residual and ReLU.
+#[test]
+fn every_conv_implementation_matches_cpu_on_a_bottleneck_block() {
+    let Some(_) = gpu() else { return };
+    let float = ["cudnng", "gemmf", "gemm", "cudnn", "direct"];
+    let int8 = [
+        &["cudnng", "gemm", "f16+cudnn", "mmas", "mmas64"][..],
+        &INT8_KERNELS,
+    ]
+    .concat();
+    every_conv_implementation_matches_cpu(bottleneck_block(), false, &float, &int8);
+}
+
+/// The streaming 1x1 tensor-core kernels (`mmas`, `mmas64`) where each block steps over
+/// several pixel tiles, its copies of the next tile beside the current one's work: ResNet
+/// layer1's expansion at batch 16 (50,176 pixels, 64 -> 256 channels: 392 tiles of 128 pixels
+/// for a grid of about 132 blocks on an H100 or H200), one 1x1 conv with no residual and one
+/// with it and ReLU, then a 256 -> 64 reduction (reduction 256: the 64-pixel kernel only) and
+/// a float head, forced on every conv, against the CPU INT8 engine within two output steps.
+#[test]
+fn streaming_1x1_kernels_match_cpu_over_many_tiles() {
+    use quantscope::backend::cuda::ops as plan;
+    let Some(_) = gpu() else { return };
+    let mut b = GraphBuilder::new(&[1, 64, 56, 56]);
+    let s = b.conv("shortcut", "x", 64, 256, 1);
+    let e = b.conv("expand", "x", 64, 256, 1);
+    let add = b.op("Add", "block.add", &[&e, &s]);
+    let r = b.op("Relu", "block.relu", &[&add]);
+    let c = b.conv("reduce", &r, 256, 64, 1);
+    let c = b.op("Relu", "reduce.relu", &[&c]);
+    // A head whose float output (the graph's) no streaming kernel writes.
+    let y = b.conv("head", &c, 64, 16, 1);
+    b.output(&y);
+    let m = b.model();
+    let (batch, hw) = (16, [56, 56]);
+    let x = input_for(&m, batch, hw, 13);
+    let (q, cpu8, step) = int8_reference(&m, BuildSpec { batch, hw }, &x);
+    let pl = plan::lower(&q, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
+    for (family, takes) in [("mmas", 2), ("mmas64", 3)] {
+        let (mut eng, applied, n) = forced_engine(&pl, Precision::Int8, batch, family);
+        let out = eng.run(&x).expect("cuda run");
+        let (abs, _) = max_err(&out.data, &cpu8.data);
+        eprintln!(
+            "int8 [{family}]: forced on {applied} of {n} convs, max abs err {abs:.3e}, step {step:.3e}"
+        );
+        assert_eq!(applied, takes, "int8: {family} on the convs it applies to");
+        assert!(
+            abs <= 2.0 * step,
+            "int8 [{family}]: max abs err {abs} over two steps of {step}"
+        );
+    }
+}
+
+/// Every conv implementation against the CPU, as on the blocks above, on two stems of a
+/// [1, 3, 50, 50] image, concatenated: ResNet's 7x7 stride-2 3 -> 64 and MobileNet's 3x3
+/// stride-2 3 -> 32 (each + ReLU). The planner regroups them into 4x4 and 2x2 stride-1 convs
+/// over 16 channels, which the row-at-a-time tensor-core kernel (`mmar`) takes: rows of 25
+/// output pixels (a 16-pixel tile and a partial one), padded edges, 32 output channels (half
+/// a tile of channels).
+#[test]
+fn every_conv_implementation_matches_cpu_on_stems() {
+    let Some(_) = gpu() else { return };
+    let mut b = GraphBuilder::new(&[1, 3, 50, 50]);
+    let stem = |b: &mut GraphBuilder, name: &str, cout: usize, k: usize| {
+        let w = b.random(
+            &format!("{name}.w"),
+            &[cout, 3, k, k],
+            3.0 / (3 * k * k) as f32,
+        );
+        let bias = b.random(&format!("{name}.b"), &[cout], 0.1);
+        let p = (k / 2) as i64;
+        let c = b.node(
+            "Conv",
+            name,
+            &["x", &w, &bias],
+            vec![
+                proto::ints_attr("pads", &[p, p, p, p]),
+                proto::ints_attr("strides", &[2, 2]),
+            ],
+        );
+        b.op("Relu", &format!("{name}.relu"), &[&c])
+    };
+    let r7 = stem(&mut b, "stem7", 64, 7);
+    let r3 = stem(&mut b, "stem3", 32, 3);
+    let y = b.node(
+        "Concat",
+        "cat",
+        &[&r7, &r3],
+        vec![proto::int_attr("axis", 1)],
+    );
+    b.output(&y);
+    every_conv_implementation_matches_cpu(b, false, &["direct"], &["mmar", "mma", "direct"]);
+}
+
+/// The same on a chain of depthwise convs, one of each kernel size and stride the int8
+/// row-window kernels have (`dwr`), against the depthwise kernel they stand beside (`dw`)
+/// and the direct one: padded edges, and rows of 14 and 7 outputs (partial groups of four).
+#[test]
+fn every_depthwise_implementation_matches_cpu_at_each_row_kernel_shape() {
+    let Some(_) = gpu() else { return };
+    every_conv_implementation_matches_cpu(
+        depthwise_chain(),
+        false,
+        &["dw", "direct"],
+        &["dw", "dwr", "direct"],
+    );
+}
+
+/// Depthwise convs on [1, 24, 14, 14], pads k / 2: 3x3 stride 1 + ReLU, 3x3 stride 2 +
+/// ReLU6 (Clip), 5x5 stride 1 + SiLU, 5x5 stride 2, 7x7 stride 1 + ReLU (14 -> 14 -> 7 -> 7
+/// -> 4 -> 4 pixels a side).
+fn depthwise_chain() -> GraphBuilder {
+    let c = 24;
+    let mut b = GraphBuilder::new(&[1, c, 14, 14]);
+    let lo = b.constant("zero", &[], &[0.0]);
+    let hi = b.constant("six", &[], &[6.0]);
+    let mut x = "x".to_string();
+    for (i, (k, s)) in [(3, 1), (3, 2), (5, 1), (5, 2), (7, 1)]
+        .into_iter()
+        .enumerate()
+    {
+        let name = format!("dw{i}");
+        let w = b.random(&format!("{name}.w"), &[c, 1, k, k], 2.0 / (k * k) as f32);
+        let bias = b.random(&format!("{name}.b"), &[c], 0.1);
+        let p = (k / 2) as i64;
+        let y = b.node(
+            "Conv",
+            &name,
+            &[&x, &w, &bias],
+            vec![
+                proto::ints_attr("pads", &[p, p, p, p]),
+                proto::ints_attr("strides", &[s, s]),
+                proto::int_attr("group", c as i64),
+            ],
+        );
+        x = match i {
+            1 => b.op("Clip", &format!("{name}.relu6"), &[&y, &lo, &hi]),
+            2 => {
+                let sg = b.op("Sigmoid", &format!("{name}.sigmoid"), &[&y]);
+                b.op("Mul", &format!("{name}.silu"), &[&y, &sg])
+            }
+            3 => y,
+            _ => b.op("Relu", &format!("{name}.relu"), &[&y]),
+        };
+    }
+    b.output(&x);
+    b
+}
+
+/// The float ways of running a conv that the MobileNet and EfficientNet blocks each reach.
+const FLOAT_FAMILIES: [&str; 6] = ["cudnng", "gemmf", "gemm", "cudnn", "dw", "direct"];
+
+/// The NVRTC kernels for int8 convs that each block test forces: both `__dp4a` pointwise
+/// kernels, the tensor-core kernel in both tile heights and the direct one.
+const INT8_KERNELS: [&str; 5] = ["pw", "pww", "mma", "mma64", "direct"];
+
+/// `dense_on_cudnng`: the FP16 cuDNN graph must take every conv but the depthwise one;
+/// `float_families`, `int8_families`: the float and int8 ways each applying to some conv of
+/// the block. Batch 2 at the block's own input size.
+fn every_conv_implementation_matches_cpu(
+    b: GraphBuilder,
+    dense_on_cudnng: bool,
+    float_families: &[&str],
+    int8_families: &[&str],
+) {
+    use quantscope::backend::cuda::ops as plan;
+    let m = b.model();
+    let (batch, hw) = (2, m.input_hw(None).expect("the block's input size"));
+    let p = m.with_fixed_input(batch, hw);
+    let x = input_for(&m, batch, hw, 11);
+    let spec = BuildSpec { batch, hw };
+    let reference = cpu_fp32_run(&m, spec, &x);
+    for (precision, tol) in [(Precision::Fp16, 2e-2), (Precision::Fp32, 1e-3)] {
+        let pl = plan::lower(&p, m.input_shape(batch, hw), precision).expect("float plan");
+        for &family in float_families {
+            if precision == Precision::Fp32 && family == "cudnng" {
+                continue; // FP16 and int8 layers only
+            }
+            let (mut eng, applied, n) = forced_engine(&pl, precision, batch, family);
+            let out = eng.run(&x).expect("cuda run");
+            let err = rel_err(&out.data, &reference.data);
+            eprintln!(
+                "{precision} [{family}]: forced on {applied} of {n} convs, rel err {err:.2e}"
+            );
+            assert!(applied > 0, "{precision}: {family} applied to no conv");
+            if dense_on_cudnng && family == "cudnng" {
+                assert_eq!(applied, n - 1, "{precision}: the cuDNN graph's dense convs");
+            }
+            assert!(err <= tol, "{precision} [{family}]: rel err {err}");
+        }
+    }
+    let (q, cpu8, step) = int8_reference(&m, spec, &x);
+    let pl = plan::lower(&q, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
+    for &family in int8_families {
+        let (mut eng, applied, n) = forced_engine(&pl, Precision::Int8, batch, family);
+        let out = eng.run(&x).expect("cuda run");
+        let (abs, _) = max_err(&out.data, &cpu8.data);
+        eprintln!(
+            "int8 [{family}]: forced on {applied} of {n} convs, max abs err {abs:.3e}, step {step:.3e}"
+        );
+        assert!(applied > 0, "int8: {family} applied to no conv");
+        assert!(
+            abs <= 2.0 * step,
+            "int8 [{family}]: max abs err {abs} over two steps of {step}"
+        );
+    }
+}
+
+/// A stem, four identical 3x3 conv + ReLU blocks (16 -> 16 channels), and the head: four
+/// convs of one shape for the default build effort to time once.
+fn repeated_blocks() -> Model {
+    let mut b = GraphBuilder::new(&[1, 3, 16, 16]);
+    let mut x = b.conv("stem", "x", 3, 16, 3);
+    for i in 0..4 {
+        let c = b.conv(&format!("block{i}.conv"), &x, 16, 16, 3);
+        x = b.op("Relu", &format!("block{i}.relu"), &[&c]);
+    }
+    let y = b.head(&x, 16, 10);
+    b.output(&y);
+    b.model()
+}
+
+/// Every build effort builds FP16 and INT8 engines that match the CPU; the default effort
+/// times the repeated shape once and reuses its choice, the fast one times nothing, the
+/// exhaustive one times every conv (or each engine names the choice cache, where one is on).
+#[test]
+fn build_efforts_match_cpu_and_say_how_convs_were_chosen() {
+    let Some(_) = gpu() else { return };
+    let m = repeated_blocks();
+    let hw = [16, 16];
+    for effort in [
+        BuildEffort::Fast,
+        BuildEffort::Default,
+        BuildEffort::Exhaustive,
+    ] {
+        let g = CudaBackend {
+            effort,
+            ..CudaBackend::strict()
+        };
+        let e16 = float_err(&g, &m, Precision::Fp16, 2, hw);
+        eprintln!("{} fp16 max rel err {e16:.3e}", effort.name());
+        assert!(e16 <= 2e-2, "{}: fp16 rel err {e16}", effort.name());
+        check_int8(
+            &format!("repeated_blocks {}", effort.name()),
+            int8_scores(&g, &m, hw, 8, 8),
+        );
+        let qdq = max_qdq(&m, hw, 4).expect("qdq");
+        let eng = g
+            .build(
+                BuildInput::Quantized {
+                    model: &m,
+                    qdq: &qdq,
+                    keep_fp32: &[],
+                },
+                BuildSpec { batch: 8, hw },
+            )
+            .expect("int8 engine");
+        let device = eng.info().engine.clone().unwrap_or_default();
+        eprintln!("{}: {device}", effort.name());
+        assert!(
+            device.contains(&format!("build effort {}", effort.name())),
+            "{device}"
+        );
+        let cached = device.contains("from the choice cache");
+        match effort {
+            BuildEffort::Fast => assert!(
+                cached
+                    || device.contains("by the fast order, untimed") && !device.contains(" timed"),
+                "{device}"
+            ),
+            BuildEffort::Default => assert!(
+                cached || device.contains("reused for a repeated shape"),
+                "{device}"
+            ),
+            BuildEffort::Exhaustive => assert!(!cached && !device.contains("reused"), "{device}"),
+        }
+    }
+}
