@@ -57,15 +57,11 @@ impl Seen {
         .collect();
         format!("convs {}", parts.join(", "))
     }
-    /// The build log's line: every count, and where the time went.
+    /// The build log's line: how the convs were chosen, and where the time went.
     pub(super) fn summary(&self) -> String {
         format!(
-            "conv choices: {} from the cache, {} timed, {} reused from a conv of the same shape, {} by the fast order, {} the only candidate; set-up {:.0} ms, timing {:.0} ms",
-            self.cached,
-            self.timed,
-            self.reused,
-            self.ruled,
-            self.only,
+            "conv choices: {}; set-up {:.0} ms, timing {:.0} ms",
+            self.brief(),
             self.setup_ms,
             self.timing_ms
         )
