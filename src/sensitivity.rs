@@ -353,7 +353,7 @@ pub fn run_with_cache(
     };
     let probe_eval = &samples[..opts.probe_eval_images.min(samples.len())];
     let plan = quant::plan(&q.model, &exp.exclude);
-    let (stats, _, _) = pipeline::calibrate(&q, &plan, cache, sink, cancel)?;
+    let (stats, _, _) = pipeline::calibrate(&q, &plan, backend.as_ref(), cache, sink, cancel)?;
     let probe_inputs = q.source().inputs(opts.probe_images)?;
 
     let fp32 = cx.metric(

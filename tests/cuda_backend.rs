@@ -525,6 +525,93 @@ fn bundled_and_shared_models_match_cpu() {
     }
 }
 
+/// The calibration statistics pass on the GPU (an FP32 engine that copies out the tensors
+/// calibration reads) reads what the CPU's reference interpreter reads, a smaller batch padded
+/// to the engine's included, and so gives the same ranges by every method.
+#[test]
+fn statistics_pass_on_the_gpu_matches_the_cpus() {
+    use quantscope::backend::reference;
+    use quantscope::calib::{Method, Stats};
+    let Some(g) = gpu() else { return };
+    let mut models = vec![(
+        "residual_classifier".to_string(),
+        residual_classifier(5).model(),
+    )];
+    for f in model_files() {
+        models.push((
+            f.display().to_string(),
+            Model::load(&f).expect("model loads"),
+        ));
+    }
+    for (name, m) in &models {
+        let hw = m.input_hw(None).unwrap_or([224, 224]);
+        let tensors = quantscope::quant::plan(m, &[]).tensors();
+        let gpu_pass = g
+            .statistics_probe(m, hw, &tensors)
+            .expect("the CUDA backend has a statistics engine")
+            .unwrap_or_else(|e| panic!("{name}: the statistics engine builds: {e}"));
+        let cpu_pass = reference::open_model(m, hw, &tensors).expect("the CPU interpreter opens");
+        // Fewer images than the GPU engine's batch where it takes more than one: padded.
+        let images = 3
+            .min(cpu_pass.max_batch())
+            .min(gpu_pass.max_batch().saturating_sub(1).max(1));
+        let x = input_for(m, images, hw, 7);
+        let (gout, gacts) = gpu_pass.run_batch(&x, images).expect("gpu pass runs");
+        let (cout, cacts) = cpu_pass.run_batch(&x, images).expect("cpu pass runs");
+        assert_eq!(gout.data.len(), cout.data.len(), "{name}: output size");
+        assert_eq!(
+            gacts.len(),
+            tensors.len(),
+            "{name}: one activation per tensor"
+        );
+        let mut worst = (0f64, String::new());
+        let (mut gs, mut cs) = (
+            Stats::new("gpu".into(), &tensors),
+            Stats::new("cpu".into(), &tensors),
+        );
+        for (t, (ga, ca)) in tensors.iter().zip(gacts.iter().zip(&cacts)) {
+            let e = rel_err(ga.as_ref(), ca.as_ref());
+            if e > worst.0 {
+                worst = (e, t.clone());
+            }
+        }
+        for k in 0..images {
+            let one = |acts: &[reference::Activation]| -> Vec<Vec<f32>> {
+                acts.iter().map(|a| a.image(k, images).to_vec()).collect()
+            };
+            gs.add(&tensors, &one(&gacts));
+            cs.add(&tensors, &one(&cacts));
+        }
+        eprintln!(
+            "{name}: {} tensors, {images} images (GPU batch {}), largest rel err {:.2e} ({})",
+            tensors.len(),
+            gpu_pass.max_batch(),
+            worst.0,
+            worst.1
+        );
+        assert!(
+            worst.0 <= 1e-3,
+            "{name}: tensor {} rel err {}",
+            worst.1,
+            worst.0
+        );
+        for method in Method::ALL {
+            let (gr, cr) = (gs.ranges(method, 99.99), cs.ranges(method, 99.99));
+            let d = tensors
+                .iter()
+                .map(|t| {
+                    let (a, b) = (gr.amax[t] as f64, cr.amax[t] as f64);
+                    (a - b).abs() / b.abs().max(1e-12)
+                })
+                .fold(0f64, f64::max);
+            eprintln!("{name}: {method} ranges differ by at most {d:.2e} (relative)");
+            // Max is exact up to rounding; the histogram methods may move by a bin.
+            let allowed = if method == Method::Max { 1e-3 } else { 2e-2 };
+            assert!(d <= allowed, "{name}: {method} ranges differ by {d}");
+        }
+    }
+}
+
 struct Quiet;
 impl quantscope::pipeline::Sink for Quiet {
     fn progress(&self, _: &str, _: usize, _: usize) {}

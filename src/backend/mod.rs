@@ -256,6 +256,18 @@ pub trait Backend {
         let _ = progress;
         self.build(input, spec)
     }
+    /// An interpreter on this backend's device for the calibration statistics pass, reading
+    /// `tensors` of `model` at input size `hw` after each batch; `None` where the CPU's
+    /// reference interpreter does that pass (the CPU backend).
+    fn statistics_probe(
+        &self,
+        model: &Model,
+        hw: [usize; 2],
+        tensors: &[String],
+    ) -> Option<Result<Box<dyn reference::Interpreter>, BackendError>> {
+        let _ = (model, hw, tensors);
+        None
+    }
 }
 
 /// The backend of `kind`, a GPU's FP32 engines on TF32 (the default [`Fp32Math`]), built with

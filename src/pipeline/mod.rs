@@ -125,10 +125,13 @@ pub struct Sample {
     geometry: Geometry,
 }
 
-/// Collects (or loads) calibration statistics for the plan's tensors.
+/// Collects (or loads) calibration statistics for the plan's tensors, on `backend`'s device
+/// where it has a statistics engine (CUDA), else on the CPU's reference interpreter. Either
+/// way the statistics are the same FP32 values, cached under one key.
 pub fn calibrate(
     p: &Prepared,
     plan: &QuantPlan,
+    backend: &dyn backend::Backend,
     cache: &StatsCache,
     sink: &dyn Sink,
     cancel: &CancelToken,
@@ -157,13 +160,28 @@ pub fn calibrate(
         ));
     }
     let t0 = Instant::now();
-    let probe = backend::reference::open_model(&p.model, p.hw, &tensors).map_err(|e| {
-        PipelineError::Config(format!(
-            "{}: cannot run the model for calibration: {e}. `quantscope inspect` lists its ops; \
-             --exclude keeps a failing layer in float",
-            p.model.path.display()
-        ))
-    })?;
+    let on_cpu = || {
+        backend::reference::open_model(&p.model, p.hw, &tensors).map_err(|e| {
+            PipelineError::Config(format!(
+                "{}: cannot run the model for calibration: {e}. `quantscope inspect` lists its \
+                 ops; --exclude keeps a failing layer in float",
+                p.model.path.display()
+            ))
+        })
+    };
+    sink.progress("calibrating (FP32 pass)", 0, p.calib_images.len());
+    let probe = match backend.statistics_probe(&p.model, p.hw, &tensors) {
+        Some(Ok(probe)) => probe,
+        Some(Err(e)) => {
+            sink.log(&format!(
+                "the calibration pass runs on the CPU: the {} backend's FP32 engine cannot \
+                 read the tensors it needs ({e})",
+                backend.kind().name()
+            ));
+            on_cpu()?
+        }
+        None => on_cpu()?,
+    };
     let mut stats = Stats::new(key, &tensors);
     let n = p.calib_images.len();
     // Histograms are filled on a second thread while the next batch runs. Each image is added

@@ -69,7 +69,8 @@ impl Rows<'_> {
         if exp.methods.is_empty() {
             return Ok(vec![]);
         }
-        let (stats, hit, pass_ms) = calibrate(p, plan, cache, sink, self.ctx.cancel)?;
+        let (stats, hit, pass_ms) =
+            calibrate(p, plan, self.ctx.backend, cache, sink, self.ctx.cancel)?;
         let t = Instant::now();
         let mut all: Vec<Ranges> = Method::ALL
             .iter()
@@ -234,7 +235,7 @@ impl Rows<'_> {
                 return quant::build_qdq_as(&p.model, &plan, None, quant::QFormat::Fp8E4M3)
                     .map_err(|e| PipelineError::Config(e.to_string()));
             }
-            let (stats, _, _) = calibrate(p, &plan, cache, sink, cancel)?;
+            let (stats, _, _) = calibrate(p, &plan, self.ctx.backend, cache, sink, cancel)?;
             let ranges = stats.ranges(Method::Max, exp.percentile);
             rounding = quant::rounding::per_layer(&p.model, &plan, &stats);
             quant::build_qdq_as(&p.model, &plan, Some(&ranges), quant::QFormat::Fp8E4M3)

@@ -4,7 +4,8 @@
 //! (`engine`): NHWC activations, conv + bias + residual + activation fused, INT8 layers where
 //! the Q/DQ plan puts them (each also timed in FP16, the faster kept), float layers of INT8
 //! engines in FP16, per-layer implementation chosen by timing (cached on disk, `cache`),
-//! replayed as a CUDA graph.
+//! replayed as a CUDA graph. `probe` builds the FP32 engine the calibration statistics pass
+//! runs on, with the tensors it reads copied out after each batch.
 
 pub mod cache;
 mod dnn_graph;
@@ -14,12 +15,14 @@ mod kernel_source;
 pub mod libs;
 pub mod ops;
 pub mod plan;
+mod probe;
 mod streams;
 
 use std::sync::OnceLock;
 
 use prost::Message;
 
+use super::reference::Interpreter;
 use super::{Backend, BackendError, BackendKind, BuildInput, BuildSpec, Engine, Precision};
 use error::{CudaError, CudaResult};
 
@@ -173,20 +176,36 @@ impl Backend for CudaBackend {
             backend: "cuda",
             why,
         })?;
-        self.build_engine(&input, spec, precision, progress)
+        self.build_engine(&input, spec, precision, progress, &[])
+            .map(|e| Box::new(e) as Box<dyn Engine>)
             .map_err(|e| e.at_build(precision))
+    }
+
+    fn statistics_probe(
+        &self,
+        model: &crate::model::Model,
+        hw: [usize; 2],
+        tensors: &[String],
+    ) -> Option<Result<Box<dyn Interpreter>, BackendError>> {
+        Some(
+            probe::open(model, hw, tensors)
+                .map(|p| Box::new(p) as Box<dyn Interpreter>)
+                .map_err(|e| e.at_build(Precision::Fp32)),
+        )
     }
 }
 
 impl CudaBackend {
     /// Lowers the model (`plan`), then builds the device engine, with the choice cache.
+    /// `taps`: tensors the engine keeps for the host to read after each run (`Plan::taps`).
     fn build_engine(
         &self,
         input: &BuildInput<'_>,
         spec: BuildSpec,
         precision: Precision,
         progress: &dyn Fn(usize, usize),
-    ) -> CudaResult<Box<dyn Engine>> {
+        taps: &[String],
+    ) -> CudaResult<engine::CudaEngine> {
         let model = input.model();
         if model.info.layout != crate::model::Layout::Nchw {
             return Err(CudaError::Unsupported(
@@ -214,8 +233,8 @@ impl CudaBackend {
         let target = ops::Target {
             int8_mma: dev.compute >= engine::MMA_COMPUTE,
         };
-        let plan =
-            ops::lower_for(&p, shape, precision, target, input.keep_fp32()).map_err(|first| {
+        let plan = ops::lower_for(&p, shape, precision, target, input.keep_fp32(), taps).map_err(
+            |first| {
                 // Name every node the backend cannot take, not only the first, so one run tells
                 // the user the whole gap.
                 let all = ops::survey(&p, shape, precision).unwrap_or_default();
@@ -235,7 +254,8 @@ impl CudaBackend {
                 } else {
                     first
                 })
-            })?;
+            },
+        )?;
         if precision == Precision::Fp8 && dev.compute < FP8_COMPUTE {
             return Err(CudaError::Unsupported(format!(
                 "{} has compute capability {}.{}: FP8 (E4M3) tensor cores need {}.{} or newer \
@@ -248,11 +268,12 @@ impl CudaBackend {
         let tf32 = precision == Precision::Fp32
             && self.fp32_math == super::Fp32Math::Tf32
             && dev.compute >= (8, 0);
-        // The choices belong to the plan: the model, and the layers the guard keeps in FP32.
+        // The choices belong to the plan: the model, the layers the guard keeps in FP32, and
+        // the taps (a tapped tensor is not fused away, so its convs' epilogues differ).
         let mut hasher = blake3::Hasher::new();
         hasher.update(&p.encode_to_vec());
-        for k in input.keep_fp32() {
-            hasher.update(k.node.as_bytes());
+        for name in input.keep_fp32().iter().map(|k| &k.node).chain(taps) {
+            hasher.update(name.as_bytes());
             hasher.update(b"\0");
         }
         let fingerprint = hasher.finalize().to_hex()[..16].to_string();
@@ -279,7 +300,7 @@ impl CudaBackend {
         if choices != cached && self.effort != super::BuildEffort::Fast {
             cache::store(&name, &choices);
         }
-        Ok(Box::new(eng))
+        Ok(eng)
     }
 }
 

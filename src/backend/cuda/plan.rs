@@ -731,10 +731,20 @@ pub struct Plan {
     pub input: usize,
     /// The f32 output in ONNX order (Plain, f32).
     pub output: usize,
+    /// Tensors the host reads after a run besides the output, each f32 in ONNX order (Plain):
+    /// a statistics engine's requested tensors. Each keeps a buffer of its own, as the output.
+    pub taps: Vec<usize>,
     pub int8_nodes: Vec<String>,
     pub float_nodes: Vec<FloatNode>,
     /// Nodes lowered in FP32 in an FP16 engine: the overflow guard's, as it gave them.
     pub fp32_layers: Vec<crate::fp16_guard::KeptFp32>,
+}
+
+impl Plan {
+    /// The tensors the host reads after a run: the output, then the taps.
+    pub fn host_read(&self) -> impl Iterator<Item = usize> + '_ {
+        std::iter::once(self.output).chain(self.taps.iter().copied())
+    }
 }
 
 pub type PlanResult<T> = Result<T, String>;
@@ -827,9 +837,9 @@ pub fn squeeze_dims(input: &[usize], axes: &[i64], squeeze: bool) -> Option<Vec<
     }
 }
 
-/// Drops steps whose output nothing reads (the plan's output aside), last first so a chain
-/// of them goes: copies a reader that converts as it reads made redundant (the stem's input
-/// layout copy). A tensor read through an alias counts as read.
+/// Drops steps whose output nothing reads (the plan's output and taps aside), last first so a
+/// chain of them goes: copies a reader that converts as it reads made redundant (the stem's
+/// input layout copy). A tensor read through an alias counts as read.
 pub fn prune_dead(plan: &mut Plan) {
     let root = |t: usize| plan.tensors[t].alias_of.unwrap_or(t);
     let mut readers = vec![0usize; plan.tensors.len()];
@@ -838,10 +848,14 @@ pub fn prune_dead(plan: &mut Plan) {
             readers[root(t)] += 1;
         }
     }
+    // The host reads these.
+    for t in plan.host_read() {
+        readers[root(t)] += 1;
+    }
     let mut keep = vec![true; plan.steps.len()];
     for si in (0..plan.steps.len()).rev() {
         let out = root(plan.steps[si].output());
-        if readers[out] == 0 && out != root(plan.output) {
+        if readers[out] == 0 {
             keep[si] = false;
             for t in plan.steps[si].inputs() {
                 readers[root(t)] -= 1;
@@ -883,7 +897,7 @@ pub fn fold_casts(plan: &mut Plan) {
                 && plain(i)
                 && plain(o)
                 && i != plan.input
-                && i != plan.output
+                && !plan.host_read().any(|h| h == i)
                 && ti.shape == to.shape
                 && ti.layout == to.layout;
             let p = producer[i].filter(|&p| {
@@ -916,7 +930,7 @@ pub fn fold_casts(plan: &mut Plan) {
 
 /// Buffer assignment: tensors whose lifetimes do not overlap share a buffer. Returns the slot
 /// of every tensor (aliases share their root's) and each slot's size in bytes. `pinned`
-/// tensors (the host input and output) get slots of their own for the whole run.
+/// tensors (the host input, output and taps) get slots of their own for the whole run.
 ///
 /// `ordered(a, b)`: step `a` (before `b` in plan order) finishes before step `b` starts. On one
 /// stream that always holds; where steps run on several (`streams::schedule`), a buffer goes
@@ -937,7 +951,10 @@ pub fn assign_buffers(
         }
         users[root(step.output())].push(s);
     }
-    let pinned = [root(plan.input), root(plan.output)];
+    let pinned: Vec<usize> = std::iter::once(plan.input)
+        .chain(plan.host_read())
+        .map(root)
+        .collect();
     let mut slot_of = vec![usize::MAX; nt];
     let mut sizes: Vec<usize> = vec![];
     // Free slots, with the steps that used the tensor they last held.

@@ -3,7 +3,8 @@
 //! memory (the plan's tensors and one scratch), the auxiliary streams, and `Launch`, the
 //! narrow context a launch gets instead of the whole engine.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use cudarc::cublaslt::sys as lt;
@@ -12,6 +13,7 @@ use cudarc::driver::{CudaContext, CudaEvent, CudaStream, result, sys};
 
 use super::kernels::{Kernels, mma_residual_fits, ptx};
 use super::{LIB_WORKSPACE_BYTES, log_msg};
+use crate::backend::cuda::dnn_graph::{ConvGraph, PlanPick};
 use crate::backend::cuda::error::{CudaError, CudaResult, dnn_ok, drv, lt_err};
 use crate::backend::cuda::plan::{Operand, Plan, TensorDesc};
 use crate::backend::cuda::streams::{Schedule, schedule};
@@ -31,12 +33,34 @@ pub struct Device {
     /// Multiprocessors, and bytes of shared memory each (the row-at-a-time kernel's grid).
     pub(super) sms: usize,
     smem_per_sm: usize,
+    /// cuDNN graph convs finalized so far, shared by the convs of one geometry and epilogue
+    /// (`conv::graph`); the device owns them so they go before its cuDNN handle.
+    pub(super) conv_graphs: RefCell<Vec<SharedGraph>>,
+}
+
+/// A finalized cuDNN graph conv the engine's convs share: what it computes (geometry and
+/// spec), the plans it was asked for, and the graph.
+pub(super) struct SharedGraph {
+    pub key: String,
+    pub pick: PlanPick,
+    pub graph: Rc<ConvGraph>,
+}
+
+impl Device {
+    /// Forgets the shared graphs no conv kept (those of candidates that lost).
+    pub(super) fn drop_unused_graphs(&self) {
+        self.conv_graphs
+            .borrow_mut()
+            .retain(|s| Rc::strong_count(&s.graph) > 1);
+    }
 }
 
 impl Drop for Device {
     fn drop(&mut self) {
         unsafe {
             let _ = self.stream.synchronize();
+            // Graph descriptors before the handle they were made with.
+            self.conv_graphs.borrow_mut().clear();
             dnn::cudnnDestroy(self.cudnn);
             lt::cublasLtDestroy(self.lt);
         }
@@ -123,6 +147,7 @@ impl Device {
             mma_residual: mma_residual_fits(smem_per_sm),
             sms,
             smem_per_sm,
+            conv_graphs: RefCell::new(vec![]),
         })
     }
 

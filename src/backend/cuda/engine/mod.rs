@@ -125,6 +125,7 @@ impl CudaEngine {
         let mut eng = CudaEngine::allocate(dev, plan, float, tf32, batch)?;
         let choose_start = std::time::Instant::now();
         let (choices, seen) = eng.choose_convs(cached, effort, progress)?;
+        eng.dev.drop_unused_graphs();
         drv(eng.dev.stream.synchronize(), "synchronize")?;
         eng.first_run()?;
         let profile_start = std::time::Instant::now();
@@ -344,26 +345,49 @@ impl CudaEngine {
     }
 
     fn run_once(&mut self, input: &[f32]) -> CudaResult<Output> {
+        Ok(self.run_reading(input, false)?.0)
+    }
+
+    /// Runs one batch and copies back the output and every tap (`Plan::taps`, in order): the
+    /// statistics pass's run.
+    pub fn run_tapped(&mut self, input: &[f32]) -> CudaResult<(Output, Vec<Vec<f32>>)> {
+        self.run_reading(input, true)
+    }
+
+    /// Runs one batch and copies back the output, and the taps where `taps`.
+    fn run_reading(&mut self, input: &[f32], taps: bool) -> CudaResult<(Output, Vec<Vec<f32>>)> {
         drv(self.dev.ctx.bind_to_thread(), "bind")?;
         self.upload_input(input)?;
         self.launch_all()?;
-        let n = self.plan.tensors[self.plan.output].numel();
-        let mut out = vec![0f32; n];
-        drv(
-            unsafe {
-                result::memcpy_dtoh_async(
-                    &mut out,
-                    self.mem.ptr(self.plan.output),
-                    self.dev.stream.cu_stream(),
-                )
-            },
-            "copying the output",
-        )?;
+        let read = |t: usize| -> CudaResult<Vec<f32>> {
+            let mut v = vec![0f32; self.plan.tensors[t].numel()];
+            drv(
+                unsafe {
+                    result::memcpy_dtoh_async(&mut v, self.mem.ptr(t), self.dev.stream.cu_stream())
+                },
+                "copying a tensor to the host",
+            )?;
+            Ok(v)
+        };
+        let out = read(self.plan.output)?;
+        let tapped = if taps {
+            self.plan
+                .taps
+                .iter()
+                .map(|&t| read(t))
+                .collect::<CudaResult<Vec<_>>>()?
+        } else {
+            vec![]
+        };
+        // The copies land in pageable memory: they are complete once the stream is.
         drv(self.dev.stream.synchronize(), "synchronize")?;
-        Ok(Output {
-            shape: self.out_shape.clone(),
-            data: out,
-        })
+        Ok((
+            Output {
+                shape: self.out_shape.clone(),
+                data: out,
+            },
+            tapped,
+        ))
     }
 
     fn time_once(&mut self, input: &[f32]) -> CudaResult<f64> {

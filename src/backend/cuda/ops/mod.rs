@@ -131,6 +131,8 @@ pub struct Builder<'a> {
     /// Nodes lowered (or being lowered, or fused into another node's step).
     pub(crate) skip: HashSet<usize>,
     pub(crate) target: Target,
+    /// Tensors the host reads after each run besides the output (`Plan::taps`).
+    taps: Vec<String>,
 }
 
 pub(crate) fn err(n: &pb::NodeProto, why: impl std::fmt::Display) -> String {
@@ -145,20 +147,39 @@ pub fn lower(
     input_shape: [usize; 4],
     precision: Precision,
 ) -> PlanResult<Plan> {
-    lower_for(p, input_shape, precision, Target::default(), &[])
+    lower_for(p, input_shape, precision, Target::default(), &[], &[])
 }
 
 /// `lower` for a `target` GPU.
 /// `keep_fp32`: the FP16 overflow guard's nodes, computed in FP32 where the engine's float
 /// layers are FP16 (casts at their edges); `plan.fp32_layers` lists those lowered.
+/// `taps`: tensors the host reads after each run (`plan.taps`, in this order), for statistics.
 pub fn lower_for(
     p: &pb::ModelProto,
     input_shape: [usize; 4],
     precision: Precision,
     target: Target,
     keep_fp32: &[KeptFp32],
+    taps: &[String],
 ) -> PlanResult<Plan> {
+    // A tapped tensor is lowered as a graph output is: no step fuses it away (a conv's output
+    // into its ReLU) and it keeps a buffer of its own.
+    let tapped;
+    let p = if taps.is_empty() {
+        p
+    } else {
+        let mut q = p.clone();
+        let g = q.graph.as_mut().ok_or("the model has no graph")?;
+        for t in taps {
+            if !g.output.iter().any(|o| &o.name == t) {
+                g.output.push(proto::float_value_info(t, None));
+            }
+        }
+        tapped = q;
+        &tapped
+    };
     let mut b = Builder::new(p, input_shape, precision, target)?;
+    b.taps = taps.to_vec();
     if b.engine_float != DType::F32 {
         b.keep_fp32 = keep_fp32
             .iter()
@@ -248,6 +269,7 @@ impl<'a> Builder<'a> {
             converted: HashMap::new(),
             skip: HashSet::new(),
             target,
+            taps: vec![],
         };
         let in_name = &gp.input.first().ok_or("the graph has no input")?.name;
         let host_in = b.tensor(
@@ -301,34 +323,42 @@ impl<'a> Builder<'a> {
         let gp = self.model.graph.as_ref().ok_or("the model has no graph")?;
         let out_name = &gp.output.first().ok_or("the graph has no output")?.name;
         let out = self.float_tensor_of(out_name, "output")?;
-        // The host reads f32 in ONNX order.
-        let desc = self.plan.tensors[out].clone();
-        let plain = self.to_layout(out, Layout::Plain, "output")?;
-        let fin = if self.plan.tensors[plain].dtype == DType::F32
-            && (plain != out || desc.alias_of.is_none())
-            && plain != self.plan.input
-        {
-            plain
-        } else {
-            let o = self.tensor(
-                &format!("{out_name}.f32"),
-                desc.shape.clone(),
-                Layout::Plain,
-                DType::F32,
-                1.0,
-            );
-            self.plan.steps.push(Step::Unary {
-                name: "output.cast".into(),
-                input: plain,
-                out: o,
-                act: Act::None,
-            });
-            o
-        };
-        self.plan.output = fin;
+        self.plan.output = self.host_f32(out, out_name, "output")?;
+        for name in std::mem::take(&mut self.taps) {
+            let t = self.float_tensor_of(&name, "read for statistics")?;
+            let tap = self.host_f32(t, &name, &format!("tap {name}"))?;
+            self.plan.taps.push(tap);
+        }
         crate::backend::cuda::plan::prune_dead(&mut self.plan);
         crate::backend::cuda::plan::fold_casts(&mut self.plan);
         Ok(self.plan)
+    }
+
+    /// `t` as the host reads it: f32 in ONNX order, in a tensor of its own (not a view, not
+    /// the input), converted where it is not.
+    fn host_f32(&mut self, t: usize, name: &str, step: &str) -> PlanResult<usize> {
+        let desc = self.plan.tensors[t].clone();
+        let plain = self.to_layout(t, Layout::Plain, step)?;
+        if self.plan.tensors[plain].dtype == DType::F32
+            && (plain != t || desc.alias_of.is_none())
+            && plain != self.plan.input
+        {
+            return Ok(plain);
+        }
+        let o = self.tensor(
+            &format!("{name}.f32"),
+            desc.shape.clone(),
+            Layout::Plain,
+            DType::F32,
+            1.0,
+        );
+        self.plan.steps.push(Step::Unary {
+            name: format!("{step}.cast"),
+            input: plain,
+            out: o,
+            act: Act::None,
+        });
+        Ok(o)
     }
 
     /// Lowers node `i`: host evaluation when every input is a constant, else its family.

@@ -57,6 +57,7 @@ fn int8_plan_for(b: &GraphBuilder, shape: [usize; 4], amax: f32, target: Target)
         Precision::Int8,
         target,
         &[],
+        &[],
     )
     .expect("int8 lowers")
 }
@@ -152,6 +153,74 @@ fn residual_classifier_fuses_conv_bias_add_relu() {
         (t.layout, t.shape.clone()),
         (Layout::Nhwc, vec![2, 8, 16, 16])
     );
+}
+
+/// The statistics engine's taps: a tapped tensor is not fused away, reads back as f32 in
+/// ONNX order, and keeps its own buffer for the whole run.
+#[test]
+fn tapped_tensors_stay_unfused_and_read_back_in_onnx_order() {
+    let b = residual_classifier(5);
+    let m = b.model();
+    let shape = [2, 3, 16, 16];
+    let g = m.proto.graph.as_ref().expect("graph");
+    // The block's second conv output (before its Add) and the stem's ReLU output.
+    let conv2_out = g
+        .node
+        .iter()
+        .find(|n| n.name == "block.conv2")
+        .expect("conv2")
+        .output[0]
+        .clone();
+    let taps = vec![conv2_out, "stem.relu.out".to_string(), "x".to_string()];
+    let tapped = lower_for(
+        &m.with_fixed_input(2, [16, 16]),
+        shape,
+        Precision::Fp32,
+        Target::default(),
+        &[],
+        &taps,
+    )
+    .expect("lowers with taps");
+    assert_eq!(tapped.taps.len(), 3);
+    for &t in &tapped.taps {
+        let d = &tapped.tensors[t];
+        assert_eq!(
+            (d.layout, d.dtype),
+            (Layout::Plain, DType::F32),
+            "{}",
+            d.name
+        );
+        assert!(
+            d.alias_of.is_none() && t != tapped.input,
+            "{} has its own buffer",
+            d.name
+        );
+    }
+    assert_eq!(tapped.tensors[tapped.taps[0]].shape, vec![2, 8, 16, 16]);
+    // Untapped, conv2 takes the Add and the ReLU; tapped, its own output must exist.
+    let c2 = conv_steps(&tapped)
+        .into_iter()
+        .find(|c| c.name == "block.conv2")
+        .expect("conv2")
+        .clone();
+    assert!(
+        c2.residual.is_none() && c2.act == Act::None,
+        "{:?}",
+        c2.fused
+    );
+    // Taps and output are pinned: no other tensor shares their slots.
+    let (slot_of, _) = assign_buffers(&tapped, |a, b| a < b);
+    for &t in tapped.taps.iter().chain([&tapped.output]) {
+        let shared = (0..tapped.tensors.len())
+            .filter(|&u| {
+                slot_of[u] == slot_of[t] && tapped.tensors[u].alias_of != Some(t) && u != t
+            })
+            .count();
+        assert_eq!(shared, 0, "{} shares its buffer", tapped.tensors[t].name);
+    }
+    // Nothing changes for the engines' own plans.
+    let plain = plan_of(&b, shape, Precision::Fp32);
+    assert!(plain.taps.is_empty());
 }
 
 #[test]

@@ -2,11 +2,13 @@
 //! requantization, FP8, or FP16; scale, bias, residual, ReLU / clip / SiLU and the output
 //! conversion in one launch.
 
+use std::rc::Rc;
+
 use cudarc::cudnn::sys as dnn;
 
 use super::super::LIB_WORKSPACE_BYTES;
 use super::super::args::{FastDiv, PadArgs};
-use super::super::device::{DevBuf, Launch};
+use super::super::device::{DevBuf, Device, Launch, SharedGraph};
 use super::super::kernels::{launch, round_up};
 use super::{ConvFamily, ConvImpl, ConvLayer, ConvSetup, ConvWay, epilogue, halves, padded_rows};
 use crate::backend::cuda::dnn_graph::{ConvGraph, ConvSpec, Geometry, GraphAct, PlanPick, Ptrs};
@@ -110,7 +112,8 @@ pub(in super::super) fn graph_cin(cin: usize, t: DType) -> usize {
 /// A cuDNN graph conv with its weights (KRSC) and scale (int8 layers) and bias, in output
 /// units.
 struct DnnConv {
-    graph: ConvGraph,
+    /// Shared with the engine's other convs of the same geometry and epilogue.
+    graph: Rc<ConvGraph>,
     w: DevBuf,
     /// Per-channel scale in output units (int8 layers).
     scale: Option<DevBuf>,
@@ -173,7 +176,7 @@ fn setup(cx: &Launch, c: &ConvStep, pick: PlanPick) -> CudaResult<DnnConv> {
         act,
         out: dt(if split { DType::F16 } else { od.dtype }),
     };
-    let graph = ConvGraph::new(cx.dev.cudnn, g, spec, LIB_WORKSPACE_BYTES, pick)?;
+    let graph = shared_graph(cx.dev, g, spec, pick)?;
     let bias: Vec<f32> = c.bias.iter().map(|b| b / unit).collect();
     let (w, scale) = match &c.quant {
         Some(q) => {
@@ -202,6 +205,44 @@ fn setup(cx: &Launch, c: &ConvStep, pick: PlanPick) -> CudaResult<DnnConv> {
         cin_pad,
         split,
     })
+}
+
+/// The engine's graph for `g` and `spec` holding the plans `pick` asks for: the one finalized
+/// for an earlier conv of the same geometry, types and epilogue where there is one (a plan
+/// executes on whatever pointers it is given), else a new one, kept for the convs after it.
+/// Finalizing compiles cuDNN's fused kernel, most of a conv's set-up: ResNet-50's 3x3 convs
+/// repeat in every stage.
+fn shared_graph(
+    dev: &Device,
+    g: Geometry,
+    spec: ConvSpec,
+    pick: PlanPick,
+) -> CudaResult<Rc<ConvGraph>> {
+    let key = format!("{g:?} {spec:?}");
+    let mut graphs = dev.conv_graphs.borrow_mut();
+    let holds = |built: PlanPick, graph: &ConvGraph| match pick {
+        PlanPick::Only(i) => graph.plans.iter().any(|p| p.0 == i),
+        PlanPick::First(_) => built == pick,
+    };
+    if let Some(shared) = graphs
+        .iter()
+        .find(|s| s.key == key && holds(s.pick, &s.graph))
+    {
+        return Ok(shared.graph.clone());
+    }
+    let graph = Rc::new(ConvGraph::new(
+        dev.cudnn,
+        g,
+        spec,
+        LIB_WORKSPACE_BYTES,
+        pick,
+    )?);
+    graphs.push(SharedGraph {
+        key,
+        pick,
+        graph: graph.clone(),
+    });
+    Ok(graph)
 }
 
 impl ConvSetup for DnnConv {
