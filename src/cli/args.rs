@@ -110,7 +110,9 @@ pub struct OutputArgs {
     /// Cap the number of evaluation images.
     #[arg(long)]
     pub eval_count: Option<usize>,
-    /// Backend: cpu (tract, everywhere) or cuda (NVIDIA GPU).
+    /// Backend: cpu (ONNX Runtime where it is found, else tract: runs everywhere) or cuda
+    /// (NVIDIA GPU; the calibration statistics pass then runs on the GPU too, in strict FP32,
+    /// sharing the statistics cache with CPU runs).
     #[arg(long)]
     pub backend: Option<BackendKind>,
     /// How the GPU's FP32 engines compute: tf32 (TF32 tensor cores on compute capability 8.0+,
