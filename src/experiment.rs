@@ -93,6 +93,22 @@ pub struct OutputSpec {
     pub mask_count: usize,
 }
 
+impl OutputSpec {
+    /// The report files asked for (JSON, Markdown, CSV, confusion and gallery CSV), in that
+    /// order.
+    pub fn report_files(&self) -> impl Iterator<Item = &PathBuf> {
+        [
+            &self.report_json,
+            &self.markdown,
+            &self.csv,
+            &self.confusion_csv,
+            &self.gallery_csv,
+        ]
+        .into_iter()
+        .flatten()
+    }
+}
+
 impl Default for OutputSpec {
     fn default() -> Self {
         OutputSpec {

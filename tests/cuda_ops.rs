@@ -16,10 +16,9 @@
 
 mod common;
 
-use common::cuda::{cpu_int8_run, gpu, input_for, max_qdq};
-use quantscope::backend::cpu::CpuBackend;
+use common::cuda::{cpu_fp32_engine, cpu_int8_run, gpu, input_for, max_qdq};
 use quantscope::backend::cuda::CudaBackend;
-use quantscope::backend::{Backend, BuildInput, BuildSpec, Engine, Output, Precision};
+use quantscope::backend::{Backend, BuildInput, BuildSpec, Output, Precision};
 use quantscope::model::Model;
 use quantscope::model::proto;
 use quantscope::model::testing::{GraphBuilder, float_attr, values};
@@ -103,19 +102,6 @@ fn errors(a: &Output, b: &Output) -> Result<(f64, f64), String> {
     Ok((abs / m.max(1e-12), abs))
 }
 
-fn build_cpu(m: &Model, spec: BuildSpec) -> Result<Box<dyn Engine>, String> {
-    CpuBackend
-        .build(
-            BuildInput::Float {
-                model: m,
-                precision: Precision::Fp32,
-                keep_fp32: &[],
-            },
-            spec,
-        )
-        .map_err(|e| format!("cpu build: {e:#}"))
-}
-
 /// The CPU FP32 output of a case (on input seed 7), a panic in the CPU backend included.
 fn cpu_run(c: &Case) -> Result<Output, String> {
     let spec = BuildSpec {
@@ -124,7 +110,7 @@ fn cpu_run(c: &Case) -> Result<Output, String> {
     };
     let x = input_for(&c.model, c.batch, c.hw, 7);
     std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        build_cpu(c.cpu_model(), spec)?
+        cpu_fp32_engine(c.cpu_model(), spec)?
             .run(&x)
             .map_err(|e| format!("cpu run: {e:#}"))
     }))

@@ -25,7 +25,7 @@ use std::time::Instant;
 
 mod common;
 
-use common::cuda::{gpu, input_for, max_qdq, rel_err};
+use common::cuda::{argmaxes, gpu, input_for, max_qdq, rel_err};
 
 use quantscope::backend::cpu::CpuBackend;
 use quantscope::backend::cuda::CudaBackend;
@@ -54,30 +54,8 @@ fn non_finite(d: &[f32]) -> usize {
     d.iter().filter(|v| !v.is_finite()).count()
 }
 
-fn argmax_rows(shape: &[usize], d: &[f32]) -> Vec<usize> {
-    let c = shape.get(1).copied().unwrap_or(1).max(1);
-    let inner: usize = shape.iter().skip(2).product::<usize>().max(1);
-    let n = shape.first().copied().unwrap_or(1);
-    let mut out = vec![];
-    for b in 0..n {
-        for p in 0..inner {
-            out.push(
-                (0..c)
-                    .max_by(|&i, &j| {
-                        d[(b * c + i) * inner + p].total_cmp(&d[(b * c + j) * inner + p])
-                    })
-                    .unwrap_or(0),
-            );
-        }
-    }
-    out
-}
-
 fn agreement(a: &Output, b: &Output) -> f64 {
-    let (x, y) = (
-        argmax_rows(&a.shape, &a.data),
-        argmax_rows(&b.shape, &b.data),
-    );
+    let (x, y) = (argmaxes(&a.shape, &a.data), argmaxes(&b.shape, &b.data));
     x.iter().zip(&y).filter(|(p, q)| p == q).count() as f64 / x.len().max(1) as f64
 }
 

@@ -107,18 +107,9 @@ fn run_experiment(
     let out = pipeline::run(exp, &sink, &cancel)
         .with_context(|| format!("running `{}`", exp.model.display()))?;
     sink.finish();
-    let o = &exp.output;
     print_table(
         &out.report.to_terminal_markdown(),
-        [
-            &o.report_json,
-            &o.markdown,
-            &o.csv,
-            &o.confusion_csv,
-            &o.gallery_csv,
-        ]
-        .into_iter()
-        .flatten(),
+        exp.output.report_files(),
     );
     let mut code = run_exit_code(&out.report, &out.output_errors);
     for e in &out.output_errors {

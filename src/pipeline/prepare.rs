@@ -353,19 +353,12 @@ pub fn check_outputs(
     more_inputs: &[(&Path, &str)],
     more_outputs: &[&Path],
 ) -> Result<(), PipelineError> {
-    let o = &exp.output;
-    let files: Vec<&Path> = [
-        &o.report_json,
-        &o.markdown,
-        &o.csv,
-        &o.confusion_csv,
-        &o.gallery_csv,
-    ]
-    .into_iter()
-    .flatten()
-    .map(PathBuf::as_path)
-    .chain(more_outputs.iter().copied())
-    .collect();
+    let files: Vec<&Path> = exp
+        .output
+        .report_files()
+        .map(PathBuf::as_path)
+        .chain(more_outputs.iter().copied())
+        .collect();
     let err = |e: crate::files::OutputError| PipelineError::Config(e.to_string());
     crate::files::check_outputs(files.iter().copied()).map_err(err)?;
     let mut inputs: Vec<(&Path, &str)> = vec![(exp.model.as_path(), "the model")];
@@ -396,7 +389,7 @@ pub fn check_outputs(
         data_dirs.push((d.clone(), "the calibration folder"));
     }
     let data_refs: Vec<(&Path, &str)> = data_dirs.iter().map(|(p, w)| (p.as_path(), *w)).collect();
-    let dirs: Vec<&Path> = [&o.masks_dir, &o.qdq_dir]
+    let dirs: Vec<&Path> = [&exp.output.masks_dir, &exp.output.qdq_dir]
         .into_iter()
         .flatten()
         .map(PathBuf::as_path)

@@ -101,25 +101,9 @@ pub fn cpu_int8_run(
         .map_err(|e| format!("cpu int8: {e:#}"))
 }
 
-/// The CPU FP32 engine of `m`, run on `x`: the reference the quantized engines are held to.
-pub fn cpu_fp32_run(m: &Model, spec: BuildSpec, x: &[f32]) -> Output {
+/// The CPU FP32 engine of `m`.
+pub fn cpu_fp32_engine(m: &Model, spec: BuildSpec) -> Result<Box<dyn Engine>, String> {
     CpuBackend
-        .build(
-            BuildInput::Float {
-                model: m,
-                precision: quantscope::backend::Precision::Fp32,
-                keep_fp32: &[],
-            },
-            spec,
-        )
-        .and_then(|mut e| e.run(x))
-        .expect("cpu fp32")
-}
-
-/// FP32 / FP16 of `m` on both backends: the max relative error.
-pub fn float_err(gpu: &CudaBackend, m: &Model, p: Precision, batch: usize, hw: [usize; 2]) -> f64 {
-    let spec = BuildSpec { batch, hw };
-    let mut cpu = CpuBackend
         .build(
             BuildInput::Float {
                 model: m,
@@ -128,7 +112,20 @@ pub fn float_err(gpu: &CudaBackend, m: &Model, p: Precision, batch: usize, hw: [
             },
             spec,
         )
-        .expect("cpu engine");
+        .map_err(|e| format!("cpu fp32 build: {e:#}"))
+}
+
+/// The CPU FP32 engine of `m`, run on `x`: the reference the quantized engines are held to.
+pub fn cpu_fp32_run(m: &Model, spec: BuildSpec, x: &[f32]) -> Output {
+    cpu_fp32_engine(m, spec)
+        .and_then(|mut e| e.run(x).map_err(|e| format!("cpu fp32: {e:#}")))
+        .expect("cpu fp32")
+}
+
+/// FP32 / FP16 of `m` on both backends: the max relative error.
+pub fn float_err(gpu: &CudaBackend, m: &Model, p: Precision, batch: usize, hw: [usize; 2]) -> f64 {
+    let spec = BuildSpec { batch, hw };
+    let mut cpu = cpu_fp32_engine(m, spec).expect("cpu engine");
     let mut cuda = gpu
         .build(
             BuildInput::Float {
@@ -158,19 +155,19 @@ pub fn float_err(gpu: &CudaBackend, m: &Model, p: Precision, batch: usize, hw: [
     rel_err(&a.data, &b.data)
 }
 
+/// The argmax over axis 1 (classes) at every other position, batch first: one per image of
+/// a classifier, one per pixel of a segmenter.
 pub fn argmaxes(shape: &[usize], d: &[f32]) -> Vec<usize> {
-    let (c, inner) = if shape.len() == 4 {
-        (shape[1], shape[2] * shape[3])
-    } else {
-        (shape[1], 1)
-    };
+    let c = shape.get(1).copied().unwrap_or(1).max(1);
+    let inner: usize = shape.iter().skip(2).product::<usize>().max(1);
+    let n = shape.first().copied().unwrap_or(1);
     let mut out = vec![];
-    for n in 0..shape[0] {
+    for b in 0..n {
         for p in 0..inner {
             out.push(
                 (0..c)
                     .max_by(|&i, &j| {
-                        d[(n * c + i) * inner + p].total_cmp(&d[(n * c + j) * inner + p])
+                        d[(b * c + i) * inner + p].total_cmp(&d[(b * c + j) * inner + p])
                     })
                     .unwrap_or(0),
             );
@@ -215,16 +212,7 @@ pub fn int8_scores_of(
 ) -> (f64, f64, usize, f64, f64) {
     let spec = BuildSpec { batch, hw };
     let mut cpu = cpu_int8_engine(m, qdq, spec).expect("cpu int8");
-    let mut cpu32 = CpuBackend
-        .build(
-            BuildInput::Float {
-                model: m,
-                precision: Precision::Fp32,
-                keep_fp32: &[],
-            },
-            spec,
-        )
-        .expect("cpu fp32");
+    let mut cpu32 = cpu_fp32_engine(m, spec).expect("cpu fp32");
     eprintln!(
         "  int8 nodes {}, float nodes {}",
         cuda.info().int8_nodes,
