@@ -146,6 +146,10 @@ pub struct Experiment {
     /// How hard the GPU builder searches each conv's implementation (`--build-effort`):
     /// fast (untimed, by rule), default (timed once per conv shape) or exhaustive.
     pub build_effort: crate::backend::BuildEffort,
+    /// INT8 on the GPU: where a region of the INT8 engine runs slower than the same layers in
+    /// FP16, the builder times an engine with that region in FP16 and keeps the faster
+    /// (`--fp16-regions`, on by default; [`crate::fp16_regions`]).
+    pub fp16_regions: bool,
     pub bench: BenchSpec,
     /// Threads the CPU engines (and the calibration and layer passes) use; 0 = every core.
     pub threads: usize,
@@ -247,6 +251,7 @@ impl Default for Experiment {
             backend: BackendKind::Cpu,
             fp32_math: Default::default(),
             build_effort: Default::default(),
+            fp16_regions: true,
             bench: BenchSpec::default(),
             threads: 0,
             cpu_engine: Default::default(),

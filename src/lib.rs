@@ -39,6 +39,7 @@ pub mod experiment;
 pub mod export;
 pub mod files;
 pub mod fp16_guard;
+pub mod fp16_regions;
 pub mod guard;
 pub mod host;
 pub mod layerwise;

@@ -198,6 +198,10 @@ pub struct EngineInfo {
     /// Device memory taken by the engine as the driver reports it (GPU backends).
     pub device_mem_bytes: Option<u64>,
     pub layer_times: Vec<LayerTime>,
+    /// The layer times are each layer's share of the whole run (they sum to its time), not
+    /// each layer timed alone (the CUDA engine's profile, `engine::profile`).
+    #[serde(default)]
+    pub layer_times_in_run: bool,
     /// The runtime that ran the engine and the form it ran, where there was a choice
     /// ("onnxruntime 1.32.0; INT8 form: u8 activations (zero point 128), ...").
     #[serde(default, skip_serializing_if = "Option::is_none")]

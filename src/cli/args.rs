@@ -131,6 +131,13 @@ pub struct OutputArgs {
     /// backend has nothing to search.
     #[arg(long, value_enum)]
     pub build_effort: Option<crate::backend::BuildEffort>,
+    /// INT8 on the GPU: where a run of the INT8 engine's layers is slower in the run than the
+    /// same layers in FP16 (the FP16 row's per-layer times, or an FP16 engine built to get
+    /// them), the builder times an engine with those layers in FP16 (float at the region's
+    /// edges, no Q/DQ inside) and keeps the faster one, per batch size; the Layers tab and the
+    /// report name the regions [default: on]. Off: every quantized layer runs in INT8.
+    #[arg(long, value_enum, value_name = "on|off")]
+    pub fp16_regions: Option<OnOffArg>,
     /// Threads for the CPU engines and the calibration passes [default: every core]. An engine
     /// that runs faster on one thread (timed when it is built; tract threads small int8
     /// products at a loss) keeps one; each row says the threads it ran on.
@@ -646,6 +653,9 @@ impl OutputArgs {
         }
         if let Some(b) = self.build_effort {
             e.build_effort = b;
+        }
+        if let Some(r) = self.fp16_regions {
+            e.fp16_regions = r == OnOffArg::On;
         }
         if let Some(t) = self.threads {
             e.threads = t;

@@ -28,6 +28,7 @@ mod guard;
 mod outputs;
 mod prepare;
 mod quantized;
+mod regions;
 
 pub use evaluate::*;
 pub use guard::tensor_peaks;
@@ -326,6 +327,17 @@ impl RowCtx<'_> {
         keep_outputs: &mut Option<Vec<Vec<f32>>>,
         label: &str,
     ) -> Evaluated {
+        self.row_with(RowEngines::Build(input), reference, keep_outputs, label)
+    }
+
+    /// [`RowCtx::row`] with its engines built from `engines`.
+    fn row_with(
+        &self,
+        engines: RowEngines<'_>,
+        reference: Option<&Reference>,
+        keep_outputs: &mut Option<Vec<Vec<f32>>>,
+        label: &str,
+    ) -> Evaluated {
         let mut row = Row {
             backend: self.backend.kind().name().into(),
             threads: self.threads,
@@ -335,16 +347,30 @@ impl RowCtx<'_> {
         // out: it holds the FP32 outputs kept for SQNR, which are not the engine's.
         let (rss_before, _) = bench::rss_bytes();
         let t = Instant::now();
-        let precision = input.precision();
-        self.sink.progress(&format!("building {label}"), 0, 1);
-        let mut engine = match self.build(input, 1, label) {
-            Ok(e) => e,
-            Err(e) => {
-                row.error = Some(e.message);
-                return Evaluated::failed(row);
+        let (precision, mut engine, batch_source) = match engines {
+            RowEngines::Build(input) => {
+                self.sink.progress(&format!("building {label}"), 0, 1);
+                match self.build(input, 1, label) {
+                    Ok(e) => {
+                        row.build_ms = Some(t.elapsed().as_secs_f64() * 1e3);
+                        (input.precision(), e, RowEngines::Build(input))
+                    }
+                    Err(e) => {
+                        row.error = Some(e.message);
+                        return Evaluated::failed(row);
+                    }
+                }
+            }
+            RowEngines::Built(b) => {
+                row.build_ms = Some(b.build_ms);
+                let rest = BuiltEngines { batch1: None, ..b };
+                let Some(e) = b.batch1 else {
+                    row.error = Some(format!("{label}: no engine was built"));
+                    return Evaluated::failed(row);
+                };
+                (rest.precision, e, RowEngines::Built(rest))
             }
         };
-        row.build_ms = Some(t.elapsed().as_secs_f64() * 1e3);
         let built_growth = bench::rss_bytes().0.saturating_sub(rss_before);
         let (mut predictions, mut classes, mut tops) = (vec![], vec![], vec![]);
         if let Some(task) = self.p.task.filter(|_| !self.samples.is_empty()) {
@@ -442,7 +468,13 @@ impl RowCtx<'_> {
         }
         drop(engine);
         if self.bench_spec.batch > 1 && !self.cancel.is_cancelled() {
-            self.time_batch(input, &mut row, label);
+            match batch_source {
+                RowEngines::Build(input) => self.time_batch(input, &mut row, label),
+                RowEngines::Built(BuiltEngines { batch: Some(e), .. }) => {
+                    self.time_built_batch(e, &mut row, label)
+                }
+                RowEngines::Built(_) => {}
+            }
         }
         row.memory_bytes = Some(MemoryBytes {
             weights: info.weights_bytes,
@@ -458,6 +490,7 @@ impl RowCtx<'_> {
         }
         row.fp32_layers = info.fp32_layers;
         row.layer_times = info.layer_times;
+        row.layer_times_in_run = info.layer_times_in_run;
         Evaluated {
             row,
             predictions,
@@ -469,6 +502,57 @@ impl RowCtx<'_> {
     /// Throughput at the experiment's batch size, on an engine built for it. A failure here is
     /// logged and leaves the batch-1 results standing.
     fn time_batch(&self, input: BuildInput<'_>, row: &mut Row, label: &str) {
+        if let Some(e) = self.build_batch(input, label) {
+            self.time_built_batch(e, row, label);
+        }
+    }
+
+    /// The engine at the experiment's batch size, or None (logged) where it could not be
+    /// built. The first engine the model cannot take at that batch (a batch-1 export's
+    /// reshapes say 1) stops later ones from trying.
+    fn build_batch(&self, input: BuildInput<'_>, label: &str) -> Option<Box<dyn Engine>> {
+        let b = self.bench_spec.batch;
+        self.sink
+            .progress(&format!("timing {label} at batch {b}"), 0, 1);
+        if self.batch_refused.borrow().is_some() {
+            return None;
+        }
+        let built = self.build(input, b, &format!("{label} batch-{b}"));
+        match built {
+            Ok(e) => Some(e),
+            Err(e) if !self.batch_ok.get() => {
+                let declared = self.p.model.info.inputs[0]
+                    .shape
+                    .first()
+                    .copied()
+                    .flatten()
+                    .filter(|&d| d != b as i64)
+                    .map(|d| {
+                        format!(
+                            " Its input declares batch {d}: if the batch is what failed, export \
+                             the model with a dynamic batch to measure larger batches."
+                        )
+                    })
+                    .unwrap_or_default();
+                let note = format!(
+                    "{}: no engine at batch {b} (the backend said: {}), so throughput is \
+                     measured at batch 1 only.{declared}",
+                    self.p.model.path.display(),
+                    e.cause.lines().next().unwrap_or_default()
+                );
+                self.sink.log(&note);
+                *self.batch_refused.borrow_mut() = Some(note);
+                None
+            }
+            Err(e) => {
+                self.sink.log(&format!("{label}: batch {b}: {}", e.message));
+                None
+            }
+        }
+    }
+
+    /// Times `engine` (built at the experiment's batch size) into `row`.
+    fn time_built_batch(&self, mut engine: Box<dyn Engine>, row: &mut Row, label: &str) {
         let b = self.bench_spec.batch;
         let batched: Vec<f32> = self
             .bench_input
@@ -477,51 +561,20 @@ impl RowCtx<'_> {
             .cycle()
             .take(self.bench_input.len() * b)
             .collect();
-        self.sink
-            .progress(&format!("timing {label} at batch {b}"), 0, 1);
         let keep_going = || !self.cancel.is_cancelled();
-        if self.batch_refused.borrow().is_some() {
-            return;
-        }
-        let built = self.build(input, b, &format!("{label} batch-{b}"));
-        if let Err(e) = &built
-            && !self.batch_ok.get()
-        {
-            let declared = self.p.model.info.inputs[0]
-                .shape
-                .first()
-                .copied()
-                .flatten()
-                .filter(|&d| d != b as i64)
-                .map(|d| {
-                    format!(
-                        " Its input declares batch {d}: if the batch is what failed, export the \
-                         model with a dynamic batch to measure larger batches."
-                    )
-                })
-                .unwrap_or_default();
-            let note = format!(
-                "{}: no engine at batch {b} (the backend said: {}), so throughput is measured \
-                 at batch 1 only.{declared}",
-                self.p.model.path.display(),
-                e.cause.lines().next().unwrap_or_default()
-            );
-            self.sink.log(&note);
-            *self.batch_refused.borrow_mut() = Some(note);
-            return;
-        }
-        let timed = built.map_err(|e| e.message).and_then(|mut e| {
-            crate::guard::catch(&format!("timing {label} at batch {b}"), || {
-                e.choose_threads()
-                    .map_err(|err| format!("timing {label} at batch {b}: {err}"))?;
-                bench::measure(e.as_mut(), &batched, self.bench_spec, &keep_going)
-                    .map(|l| (l, e.info().layer_times.clone()))
-                    .map_err(|err| format!("timing {label} at batch {b}: {err}"))
-            })?
-        });
+        let timed = crate::guard::catch(&format!("timing {label} at batch {b}"), || {
+            engine
+                .choose_threads()
+                .map_err(|err| format!("timing {label} at batch {b}: {err}"))?;
+            bench::measure(engine.as_mut(), &batched, self.bench_spec, &keep_going)
+                .map(|l| (l, engine.info().layer_times.clone()))
+                .map_err(|err| format!("timing {label} at batch {b}: {err}"))
+        })
+        .and_then(|r| r);
         match timed {
             Ok((l, layers)) => {
                 self.batch_ok.set(true);
+                row.layer_times_in_run &= engine.info().layer_times_in_run;
                 row.throughput_batch_ips = (l.median > 0.0).then(|| b as f64 * 1e3 / l.median);
                 row.latency_batch_ms = Some(l);
                 row.batch = Some(b);
@@ -530,6 +583,25 @@ impl RowCtx<'_> {
             Err(e) => self.sink.log(&format!("{label}: batch {b}: {e}")),
         }
     }
+}
+
+/// Where a row's engines come from.
+pub(super) enum RowEngines<'a> {
+    /// Built from one input, at batch 1 and at the experiment's batch.
+    Build(BuildInput<'a>),
+    /// Built already: an INT8 row whose regions were timed, each batch's engine maybe from its
+    /// own Q/DQ placement ([`crate::fp16_regions`]).
+    Built(BuiltEngines),
+}
+
+pub(super) struct BuiltEngines {
+    pub precision: Precision,
+    /// The batch-1 engine (taken by the row).
+    pub batch1: Option<Box<dyn Engine>>,
+    /// Milliseconds the batch-1 engine took to build, trial engines included.
+    pub build_ms: f64,
+    /// The engine at the experiment's batch, where one was built.
+    pub batch: Option<Box<dyn Engine>>,
 }
 
 /// Why an engine could not be built: the backend's own words, and the message for the row
@@ -550,6 +622,9 @@ struct Rows<'a> {
     report: Report,
     artifacts: Artifacts,
     output_errors: Vec<String>,
+    /// FP16's in-run layer times by batch size, from an FP16 engine built for INT8's regions
+    /// where the run has no FP16 row (None: it could not be had).
+    fp16_profiles: HashMap<usize, Option<Vec<backend::LayerTime>>>,
 }
 
 impl<'a> Rows<'a> {
@@ -621,6 +696,7 @@ impl<'a> Rows<'a> {
             report,
             artifacts,
             output_errors: vec![],
+            fp16_profiles: HashMap::new(),
         }
     }
 

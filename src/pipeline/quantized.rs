@@ -6,10 +6,10 @@
 use super::*;
 
 /// One INT8 engine to build: a method's calibrated ranges, maybe with layers kept in float.
-struct Int8Variant {
-    method: Option<Method>,
-    ranges: Option<Ranges>,
-    kept_float: Vec<String>,
+pub(super) struct Int8Variant {
+    pub method: Option<Method>,
+    pub ranges: Option<Ranges>,
+    pub kept_float: Vec<String>,
     /// The mixed-precision plan's budget: its row is checked against FP32 on it.
     budget: Option<Budget>,
 }
@@ -182,7 +182,10 @@ impl Rows<'_> {
             qdq: &qdq,
             keep_fp32: &guard,
         };
-        let mut ev = self.ctx.row(input, Some(reference), &mut None, &label);
+        let mut ev = match self.regions_apply() {
+            true => self.int8_row_by_region(&v, input, reference, &label),
+            false => self.ctx.row(input, Some(reference), &mut None, &label),
+        };
         if let Some(budget) = v.budget {
             self.check_budget(&mut ev.row, budget, &label);
         }

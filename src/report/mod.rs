@@ -79,6 +79,14 @@ pub struct Row {
     /// Per-layer times of the batch-N engine, when one was timed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub layer_times_batch: Vec<LayerTime>,
+    /// The layer times are each layer's share of the whole run (they sum to its latency), not
+    /// each layer timed alone.
+    #[serde(default)]
+    pub layer_times_in_run: bool,
+    /// INT8 on the GPU: per engine (batch size), the regions that ran slower in INT8 than in
+    /// FP16, and whether the engine timed and evaluated runs them in FP16.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fp16_regions: Vec<crate::fp16_regions::RegionChoice>,
     /// Per evaluation image: its mIoU (segmentation) or 1/0 for a correct top-1.
     pub per_image: Vec<f64>,
     pub error: Option<String>,

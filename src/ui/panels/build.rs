@@ -129,6 +129,19 @@ pub fn build_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
                 .on_disabled_hover_text("The CPU backend has nothing to search");
         });
         ui.end_row();
+        ui.label("INT8 on the GPU");
+        ui.add_enabled(
+            exp.backend == BackendKind::Cuda,
+            egui::Checkbox::new(&mut exp.fp16_regions, "FP16 where faster"),
+        )
+        .on_hover_text(
+            "Precision per region: where a run of the INT8 engine's layers is slower than the \
+             same layers in FP16, the builder times an engine with them in FP16 and keeps the \
+             faster one (the Layers tab marks them \"fp16 region\"). Off: every quantized \
+             layer runs in INT8",
+        )
+        .on_disabled_hover_text("The CPU backend runs every quantized layer in INT8");
+        ui.end_row();
         ui.label("Batch size");
         ui.add(egui::DragValue::new(&mut exp.bench.batch).range(1..=256))
             .on_hover_text(

@@ -1,8 +1,9 @@
-//! The Layers tab's "Where the time goes": one engine's per-layer times (measured by its
-//! backend after the latency runs, batch 1), summed by precision (where the engine says which
-//! precision each layer ran in and why: an INT8 engine's layers run in FP16 because that timed
-//! faster, or because the Q/DQ plan leaves them float) and by op kind, and listed slowest
-//! first, so a latency in Compare comes with the ops that explain it.
+//! The Layers tab's "Where the time goes": one engine's per-layer times (batch 1: the CUDA
+//! engine's each layer's share of the run, measured as it is built; the CPU engine's measured
+//! after the latency runs), summed by precision (where the engine says which precision each
+//! layer ran in and why: an INT8 engine's layers run in FP16 because that timed faster, because
+//! their region ran faster in FP16, or because the Q/DQ plan leaves them float) and by op kind,
+//! and listed slowest first, so a latency in Compare comes with the ops that explain it.
 
 use eframe::egui;
 
@@ -22,8 +23,14 @@ pub fn by_kind(times: &[LayerTime]) -> Vec<(String, f64, usize)> {
 }
 
 /// Time by the precision each layer ran in (layers without one left out), most time first.
+/// What follows a colon is the layer's own detail ("fp16 region: INT8 was 1.31x slower for
+/// this region"), summed under the words before it.
 pub fn by_precision(times: &[LayerTime]) -> Vec<(String, f64, usize)> {
-    sum_by(times, |t| t.precision.as_deref())
+    sum_by(times, |t| {
+        t.precision
+            .as_deref()
+            .map(|p| p.split(':').next().unwrap_or(p))
+    })
 }
 
 /// `(key, total ms, layers)` over the layers `key` gives one for, most time first.
@@ -82,8 +89,12 @@ pub fn times_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
                     });
                 let total: f64 = r.layer_times.iter().map(|t| t.time_ms).sum();
                 let mut text = format!(
-                    "{} layers, {total:.2} ms summed (each layer's median over its profiled runs)",
-                    r.layer_times.len()
+                    "{} layers, {total:.2} ms summed ({})",
+                    r.layer_times.len(),
+                    match r.layer_times_in_run {
+                        true => "each layer's share of the run",
+                        false => "each layer's median over its profiled runs",
+                    }
                 );
                 if let Some(l) = &r.latency_ms {
                     text.push_str(&format!("; the engine's median latency {:.2} ms", l.median));
@@ -92,15 +103,16 @@ pub fn times_ui(wb: &mut Workbench, ui: &mut egui::Ui) {
                 if let Some(t) = r.threads {
                     text.push_str(&format!(", {t} thread{}", if t == 1 { "" } else { "s" }));
                 }
-                ui.label(text).on_hover_text(
-                    "Measured by the backend after the latency runs, batch 1. The sum can differ from the latency: each layer is timed apart from the others",
-                );
+                ui.label(text).on_hover_text(match r.layer_times_in_run {
+                    true => "Measured by the backend while it built the engine, batch 1: each layer's share of the run (the graph up to it timed less the graph before it), so the times sum to the run's",
+                    false => "Measured by the backend after the latency runs, batch 1. The sum can differ from the latency: each layer is timed apart from the others",
+                });
             });
             let total: f64 = r.layer_times.iter().map(|t| t.time_ms).sum::<f64>().max(1e-9);
             let precisions = by_precision(&r.layer_times);
             if !precisions.is_empty() {
                 ui.strong("by precision").on_hover_text(
-                    "The precision each layer computed in. In an INT8 engine a layer runs in FP16 where the builder timed that faster than its int8 implementations, or where the Q/DQ plan leaves it in float; \"data\" marks steps that only move or combine values of that type",
+                    "The precision each layer computed in. In an INT8 engine a layer runs in FP16 where the builder timed that faster than its int8 implementations, where its region ran faster in FP16 than in INT8 (\"fp16 region\": hover a layer for how much), or where the Q/DQ plan leaves it in float; \"data\" marks steps that only move or combine values of that type",
                 );
                 egui::Grid::new("layers.times.precisions")
                     .striped(true)
@@ -241,12 +253,21 @@ mod tests {
             t(Some("fp16, timed faster than int8"), 0.5),
             t(None, 9.0),
             t(Some("int8"), 1.0),
+            t(
+                Some("fp16 region: INT8 was 1.20x slower for this region"),
+                0.25,
+            ),
+            t(
+                Some("fp16 region: INT8 was 1.50x slower for this region"),
+                0.125,
+            ),
         ]);
         assert_eq!(
             p,
             vec![
                 ("int8".to_string(), 2.0, 2),
-                ("fp16, timed faster than int8".to_string(), 0.5, 1)
+                ("fp16, timed faster than int8".to_string(), 0.5, 1),
+                ("fp16 region".to_string(), 0.375, 2)
             ]
         );
     }

@@ -1,6 +1,7 @@
 //! Choosing how each conv runs, as the build effort says. A key known before any timing (the
 //! choice cache's, or, at the default effort, the choice of an identically shaped conv timed
-//! earlier in the same build) sets up only the family that offers it and takes it. Otherwise,
+//! earlier in the same build or an earlier build of the process) sets up only the family that
+//! offers it and takes it. Otherwise,
 //! at the default and exhaustive efforts, every family that applies sets the layer up and the
 //! candidates are timed in rounds (each as a captured CUDA graph of back-to-back launches, as
 //! the engine runs) and the fastest median is kept; at the fast effort the families are set
@@ -87,6 +88,30 @@ fn shape_key(cx: &super::device::Launch, l: &super::conv::ConvLayer) -> String {
     )
 }
 
+/// Each conv shape's choice as this process timed it, by GPU, diagnosis knob and shape: the
+/// default effort's reuse of a shape timed before reaches across builds. The INT8 regions'
+/// trial engine (`crate::fp16_regions`) shares most of its convs with the all-INT8 and FP16
+/// engines built just before it; timed again, they made EfficientNet-B0's INT8 row build in
+/// 29 s instead of 1 s on an H200.
+static TIMED_SHAPES: std::sync::LazyLock<std::sync::Mutex<HashMap<String, String>>> =
+    std::sync::LazyLock::new(Default::default);
+
+fn timed_key(gpu: &str, shape: &str) -> String {
+    let avoid = std::env::var("QUANTSCOPE_CUDA_AVOID").unwrap_or_default();
+    format!("{gpu}|{avoid}|{shape}")
+}
+
+/// The choice an earlier build of this process timed for `shape` on `gpu`.
+fn timed_before(gpu: &str, shape: &str) -> Option<String> {
+    let m = TIMED_SHAPES.lock().unwrap_or_else(|e| e.into_inner());
+    m.get(&timed_key(gpu, shape)).cloned()
+}
+
+fn remember_timed(gpu: &str, shape: &str, key: &str) {
+    let mut m = TIMED_SHAPES.lock().unwrap_or_else(|e| e.into_inner());
+    m.insert(timed_key(gpu, shape), key.to_string());
+}
+
 impl CudaEngine {
     /// Sets up conv step `si` and keeps one implementation: the one a known key names, the
     /// only candidate, the fastest, or (fast effort) the first by rule.
@@ -111,8 +136,14 @@ impl CudaEngine {
             None => seen
                 .by_shape
                 .get(&shape)
+                .cloned()
+                .or_else(|| {
+                    (effort == BuildEffort::Default)
+                        .then(|| timed_before(&self.dev.name, &shape))
+                        .flatten()
+                })
                 .filter(|_| reusable)
-                .map(|k| (k.clone(), false)),
+                .map(|k| (k, false)),
         };
         // The family a known key names, set up alone; the others only where it offers
         // nothing that answers the key (a cached plan index cuDNN no longer returns).
@@ -168,6 +199,7 @@ impl CudaEngine {
                 let fastest = self.fastest(si, &name, &cands, setup_ms)?;
                 seen.timing_ms += timing_start.elapsed().as_secs_f64() * 1e3;
                 seen.timed += 1;
+                remember_timed(&self.dev.name, &shape, &fastest.1.key());
                 seen.by_shape.insert(shape, fastest.1.key());
                 fastest
             }
@@ -330,19 +362,8 @@ impl CudaEngine {
     /// its whole FP16 graph took, 0.57 ms more than its INT8 one). A step the graph capture
     /// refuses is timed eagerly.
     pub(super) fn time_launches(&self, si: usize) -> CudaResult<f64> {
-        let ctx = &self.dev.ctx;
-        let st = &self.dev.stream;
-        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let (e0, e1) = (
-            drv(ctx.new_event(flags), "event")?,
-            drv(ctx.new_event(flags), "event")?,
-        );
-        let timed = |launch: &dyn Fn() -> CudaResult<()>, n: usize| -> CudaResult<f64> {
-            drv(e0.record(st), "event record")?;
-            launch()?;
-            drv(e1.record(st), "event record")?;
-            Ok(drv(e0.elapsed_ms(&e1), "event elapsed")? as f64 / n as f64)
-        };
+        let timer = StreamTimer::new(self)?;
+        let timed = |launch: &dyn Fn() -> CudaResult<()>, n: usize| timer.per_launch(n, launch);
         let once = timed(&|| self.run_step(si), 1)?;
         let n = ((CHOICE_BATCH_MS / once.max(1e-4)) as usize).clamp(1, CHOICE_MAX_LAUNCHES);
         let eager = || (0..n).try_for_each(|_| self.run_step(si));
@@ -353,6 +374,36 @@ impl CudaEngine {
             }
             Err(_) => timed(&eager, n),
         }
+    }
+}
+
+/// Two events around launches on the engine's main stream: milliseconds per launch.
+pub(super) struct StreamTimer<'a> {
+    st: &'a cudarc::driver::CudaStream,
+    e0: cudarc::driver::CudaEvent,
+    e1: cudarc::driver::CudaEvent,
+}
+
+impl<'a> StreamTimer<'a> {
+    pub(super) fn new(eng: &'a CudaEngine) -> CudaResult<Self> {
+        let flags = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+        Ok(StreamTimer {
+            st: &eng.dev.stream,
+            e0: drv(eng.dev.ctx.new_event(flags), "event")?,
+            e1: drv(eng.dev.ctx.new_event(flags), "event")?,
+        })
+    }
+
+    /// Milliseconds per launch of what `launches` puts on the stream (`n` launches).
+    pub(super) fn per_launch(
+        &self,
+        n: usize,
+        launches: &dyn Fn() -> CudaResult<()>,
+    ) -> CudaResult<f64> {
+        drv(self.e0.record(self.st), "event record")?;
+        launches()?;
+        drv(self.e1.record(self.st), "event record")?;
+        Ok(drv(self.e0.elapsed_ms(&self.e1), "event elapsed")? as f64 / n as f64)
     }
 }
 

@@ -129,7 +129,7 @@ impl CudaEngine {
         drv(eng.dev.stream.synchronize(), "synchronize")?;
         eng.first_run()?;
         let profile_start = std::time::Instant::now();
-        let layer_times = eng.profile_layers(precision)?;
+        let (layer_times, layer_times_in_run) = eng.profile_layers(precision)?;
         let capture_start = std::time::Instant::now();
         let graph_note = match eng.capture() {
             Ok(()) => match eng.lanes.schedule() {
@@ -172,6 +172,7 @@ impl CudaEngine {
             workspace_bytes: eng.mem.scratch_bytes() + eng.lanes.workspace_bytes(),
             device_mem_bytes: Some(free_before.saturating_sub(free_after) as u64),
             layer_times,
+            layer_times_in_run,
             engine: Some(format!(
                 "quantscope cuda, build effort {}: {}",
                 effort.name(),
