@@ -873,11 +873,23 @@ pub fn run_with_cache(
     sink: &dyn Sink,
     cancel: &CancelToken,
 ) -> Result<RunOutput, PipelineError> {
+    run_on(exp, cache, usable_backend, sink, cancel)
+}
+
+/// [`run_with_cache`] on the backend `backend_for` gives for the experiment (the tests give
+/// one of their own).
+fn run_on(
+    exp: &Experiment,
+    cache: &StatsCache,
+    backend_for: impl FnOnce(&Experiment) -> Result<Box<dyn backend::Backend>, PipelineError>,
+    sink: &dyn Sink,
+    cancel: &CancelToken,
+) -> Result<RunOutput, PipelineError> {
     check_outputs(exp, &[], &[])?;
     let p = prepare(exp)?;
     // The CPU engine runs the statistics passes on every backend, so it is settled first.
     let cpu_engine = backend::cpu::set_engine(exp.cpu_engine).map_err(PipelineError::Config)?;
-    let backend = usable_backend(exp)?;
+    let backend = backend_for(exp)?;
     let threads = backend::cpu::set_threads(exp.threads);
     sink.log(&format!("CPU engine: {}", cpu_engine.summary()));
     if exp.backend == backend::BackendKind::Cpu {

@@ -188,3 +188,283 @@ impl Rows<'_> {
         times
     }
 }
+
+#[cfg(test)]
+mod tests {
+    //! The choice end to end on a backend of the test's own: real CPU engines (so the rows
+    //! evaluate and time) whose layer times in the run are scripted, with one quantized layer
+    //! slower in INT8 than in FP16.
+    use super::*;
+    use crate::backend::{BackendError, BackendKind, BuildSpec, EngineInfo, Output};
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    /// Milliseconds each conv layer takes in the scripted engines' runs.
+    #[derive(Clone, Copy)]
+    struct Script {
+        /// Every quantized layer but the slow one, in INT8 (FP16 layers take 1 ms).
+        int8_ms: f64,
+        /// The slow quantized layer in INT8.
+        slow_int8_ms: f64,
+        /// What the slow layer costs in FP16 inside an otherwise INT8 engine, over 1 ms: its
+        /// region's edges.
+        edge_ms: f64,
+    }
+
+    /// A CPU engine that reports the scripted layer times as times in the run.
+    struct Scripted {
+        inner: Box<dyn Engine>,
+        info: EngineInfo,
+    }
+
+    impl Engine for Scripted {
+        fn info(&self) -> &EngineInfo {
+            &self.info
+        }
+        fn batch(&self) -> usize {
+            self.inner.batch()
+        }
+        fn run(&mut self, input: &[f32]) -> Result<Output, BackendError> {
+            self.inner.run(input)
+        }
+    }
+
+    /// Builds CPU engines, says it is CUDA, and records what it built: "fp32", "fp16", "int8"
+    /// or "mixed" (an INT8 engine with the slow layer in float), with the batch.
+    struct ScriptedBackend {
+        script: Script,
+        slow: RefCell<Option<String>>,
+        built: Rc<RefCell<Vec<(String, usize)>>>,
+    }
+
+    impl backend::Backend for ScriptedBackend {
+        fn kind(&self) -> BackendKind {
+            BackendKind::Cuda
+        }
+        fn check(&self) -> Result<String, String> {
+            Ok("scripted".into())
+        }
+        fn build(
+            &self,
+            input: BuildInput<'_>,
+            spec: BuildSpec,
+        ) -> Result<Box<dyn Engine>, BackendError> {
+            let inner = backend::backend(BackendKind::Cpu).build(input, spec)?;
+            let convs: Vec<String> = input
+                .model()
+                .proto
+                .graph
+                .as_ref()
+                .map(|g| {
+                    g.node
+                        .iter()
+                        .filter(|n| matches!(n.op_type.as_str(), "Conv" | "Gemm"))
+                        .map(|n| n.name.clone())
+                        .collect()
+                })
+                .unwrap_or_default();
+            let quantized: Vec<String> = match input {
+                BuildInput::Quantized { qdq, .. } => qdq.plan.quantized_nodes.clone(),
+                BuildInput::Float { .. } => vec![],
+            };
+            let kind = match input {
+                BuildInput::Float { precision, .. } if precision == Precision::Fp16 => "fp16",
+                BuildInput::Float { .. } => "fp32",
+                BuildInput::Quantized { .. } => {
+                    let mut slow = self.slow.borrow_mut();
+                    let s = slow.get_or_insert_with(|| quantized[0].clone());
+                    if quantized.contains(s) {
+                        "int8"
+                    } else {
+                        "mixed"
+                    }
+                }
+            };
+            let slow = self.slow.borrow().clone().unwrap_or_default();
+            let s = self.script;
+            let layer_times = convs
+                .iter()
+                .map(|c| LayerTime {
+                    layer: c.clone(),
+                    kernel: "scripted".into(),
+                    time_ms: match (quantized.contains(c), *c == slow) {
+                        (true, true) => s.slow_int8_ms,
+                        (true, false) => s.int8_ms,
+                        (false, true) if kind == "mixed" => 1.0 + s.edge_ms,
+                        (false, _) => 1.0,
+                    },
+                    precision: None,
+                })
+                .collect();
+            self.built.borrow_mut().push((kind.to_string(), spec.batch));
+            let info = EngineInfo {
+                layer_times,
+                layer_times_in_run: true,
+                ..inner.info().clone()
+            };
+            Ok(Box::new(Scripted { inner, info }))
+        }
+    }
+
+    struct Quiet;
+    impl Sink for Quiet {
+        fn progress(&self, _: &str, _: usize, _: usize) {}
+        fn log(&self, _: &str) {}
+    }
+
+    /// The bundled classifier's INT8 row (and FP16's, where `fp16_row`) at batch 1 and 2, on
+    /// the scripted backend.
+    fn run_scripted(script: Script, fp16_row: bool) -> (Report, Vec<(String, usize)>, String) {
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("sample_models/fashion_resnet.ron");
+        let mut exp = Experiment::load(&path).expect("bundled experiment");
+        exp.precisions = match fp16_row {
+            true => vec![Precision::Fp16, Precision::Int8],
+            false => vec![Precision::Int8],
+        };
+        exp.methods = vec![Method::Max];
+        exp.backend = BackendKind::Cuda;
+        exp.evaluation.count = Some(8);
+        exp.weight_rounding = crate::prepare::gptq::WeightRounding::Nearest;
+        exp.bias_correction = false;
+        exp.bench.warmup_runs = 0;
+        exp.bench.min_runs = 1;
+        exp.bench.min_time_ms = 0.0;
+        exp.bench.batch = 2;
+        let dir = std::env::temp_dir().join(format!(
+            "qs-regions-{}-{}",
+            std::process::id(),
+            script.edge_ms
+        ));
+        let cache = StatsCache { dir };
+        let built = Rc::new(RefCell::new(vec![]));
+        let b = ScriptedBackend {
+            script,
+            slow: RefCell::new(None),
+            built: built.clone(),
+        };
+        let out = run_on(
+            &exp,
+            &cache,
+            |_| Ok(Box::new(b) as Box<dyn backend::Backend>),
+            &Quiet,
+            &CancelToken::default(),
+        )
+        .expect("run");
+        let slow = out
+            .report
+            .rows
+            .iter()
+            .find_map(|r| r.fp16_regions.first())
+            .and_then(|c| c.regions.first())
+            .map(|r| r.layers.join(","))
+            .unwrap_or_default();
+        let built = built.borrow().clone();
+        (out.report, built, slow)
+    }
+
+    fn int8_row(r: &Report) -> &Row {
+        r.rows
+            .iter()
+            .find(|r| r.precision == Some(Precision::Int8))
+            .expect("INT8 row")
+    }
+
+    fn precision_of<'a>(times: &'a [LayerTime], layer: &str) -> Option<&'a str> {
+        times
+            .iter()
+            .find(|t| t.layer == layer)
+            .and_then(|t| t.precision.as_deref())
+    }
+
+    #[test]
+    fn a_slow_region_runs_in_fp16_where_the_trial_engine_is_faster() {
+        let script = Script {
+            int8_ms: 1.0,
+            slow_int8_ms: 3.0,
+            edge_ms: 0.0,
+        };
+        let (report, built, slow) = run_scripted(script, true);
+        let row = int8_row(&report);
+        assert!(row.error.is_none() && row.top1.is_some(), "{:?}", row.error);
+        assert_eq!(row.fp16_regions.len(), 2, "one choice per batch size");
+        for c in &row.fp16_regions {
+            assert!(c.kept_mixed, "{c:?}");
+            assert_eq!(c.regions.len(), 1);
+            assert_eq!(c.regions[0].layers, vec![slow.clone()]);
+        }
+        let marked = "fp16 region: INT8 was 3.00x slower for this region";
+        assert_eq!(precision_of(&row.layer_times, &slow), Some(marked));
+        assert_eq!(precision_of(&row.layer_times_batch, &slow), Some(marked));
+        assert!(
+            row.kept_float.is_empty(),
+            "regions are not a mixed-precision plan"
+        );
+        assert!(report.notes.iter().any(|n| n.contains("ran in FP16")));
+        let kinds: Vec<(&str, usize)> = built.iter().map(|(k, b)| (k.as_str(), *b)).collect();
+        assert_eq!(
+            kinds,
+            [
+                ("fp32", 1),
+                ("fp32", 2),
+                ("fp16", 1),
+                ("fp16", 2),
+                ("int8", 1),
+                ("mixed", 1),
+                ("int8", 2),
+                ("mixed", 2)
+            ],
+            "the FP32 reference, FP16's row (which gives the layer times: no FP16 engine is \
+             built for them), then each batch's INT8 and trial engines"
+        );
+    }
+
+    #[test]
+    fn a_slower_trial_engine_leaves_all_int8() {
+        let script = Script {
+            int8_ms: 1.0,
+            slow_int8_ms: 3.0,
+            edge_ms: 5.0,
+        };
+        let (report, built, slow) = run_scripted(script, true);
+        let row = int8_row(&report);
+        assert!(row.error.is_none());
+        assert!(
+            row.fp16_regions
+                .iter()
+                .all(|c| !c.kept_mixed && c.mixed_ms.is_some())
+        );
+        assert_eq!(precision_of(&row.layer_times, &slow), None);
+        assert!(!report.notes.iter().any(|n| n.contains("ran in FP16")));
+        assert_eq!(built.iter().filter(|(k, _)| k == "mixed").count(), 2);
+    }
+
+    #[test]
+    fn an_int8_engine_well_ahead_of_fp16_is_kept_untried() {
+        let script = Script {
+            int8_ms: 0.5,
+            slow_int8_ms: 1.5,
+            edge_ms: 0.0,
+        };
+        // No FP16 row: an FP16 engine is built per batch size for its layer times.
+        let (report, built, _) = run_scripted(script, false);
+        let row = int8_row(&report);
+        assert!(row.error.is_none());
+        assert_eq!(row.fp16_regions.len(), 2);
+        for c in &row.fp16_regions {
+            assert_eq!(c.regions.len(), 1, "the slow layer is still found");
+            assert!(!c.worth_trying() && c.mixed_ms.is_none() && !c.kept_mixed);
+        }
+        let kinds: Vec<(&str, usize)> = built.iter().map(|(k, b)| (k.as_str(), *b)).collect();
+        assert_eq!(
+            kinds,
+            [
+                ("fp32", 1),
+                ("fp32", 2),
+                ("int8", 1),
+                ("fp16", 1),
+                ("int8", 2),
+                ("fp16", 2)
+            ]
+        );
+    }
+}

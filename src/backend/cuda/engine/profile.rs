@@ -10,9 +10,9 @@ use crate::backend::cuda::plan::{DType, Step, float_type};
 use crate::backend::{LayerTime, Precision};
 
 impl CudaEngine {
-    /// Each step timed alone, with what ran it and in which precision (an int8 layer the
-    /// builder ran in FP16, or a layer the Q/DQ plan leaves in float, says so).
-    /// Returns the rows, and whether their times are in the run (`in_run_times`).
+    /// Each step's time, with what ran it and in which precision (an int8 layer the builder
+    /// ran in FP16, or a layer the Q/DQ plan leaves in float, says so), and whether the times
+    /// are each step's share of the run (`in_run_times`) rather than each step timed alone.
     pub(super) fn profile_layers(&self, engine: Precision) -> CudaResult<(Vec<LayerTime>, bool)> {
         let float_name = match float_type(engine) {
             DType::F16 => "fp16",
