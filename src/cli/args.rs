@@ -133,9 +133,11 @@ pub struct OutputArgs {
     pub build_effort: Option<crate::backend::BuildEffort>,
     /// INT8 on the GPU: where a run of the INT8 engine's layers is slower in the run than the
     /// same layers in FP16 (the FP16 row's per-layer times, or an FP16 engine built to get
-    /// them), the builder times an engine with those layers in FP16 (float at the region's
-    /// edges, no Q/DQ inside) and keeps the faster one, per batch size; the Layers tab and the
-    /// report name the regions [default: on]. Off: every quantized layer runs in INT8.
+    /// them), and the INT8 engine is not already under 0.9x FP16's time, the builder builds
+    /// and times an engine with those layers in FP16 (float at the region's edges, no Q/DQ
+    /// inside) and keeps the faster one, per batch size. The Layers tab and the report name
+    /// the regions; the trial engine adds a build [default: on]. Off: every quantized layer
+    /// runs in INT8.
     #[arg(long, value_enum, value_name = "on|off")]
     pub fp16_regions: Option<OnOffArg>,
     /// Threads for the CPU engines and the calibration passes [default: every core]. An engine

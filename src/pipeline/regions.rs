@@ -93,7 +93,7 @@ impl Rows<'_> {
         if !info.layer_times_in_run {
             return int8_engine;
         }
-        let Some(fp16) = self.fp16_times(batch) else {
+        let Some(fp16) = self.fp16_times(batch, keep_fp32) else {
             return int8_engine;
         };
         let regions =
@@ -157,8 +157,14 @@ impl Rows<'_> {
     }
 
     /// FP16's layer times in the run at `batch`: the FP16 row's, else those of an FP16 engine
-    /// built for them once per batch size (None where neither has a profile in the run).
-    fn fp16_times(&mut self, batch: usize) -> Option<Vec<LayerTime>> {
+    /// built for them once per batch size (None where neither has a profile in the run). That
+    /// engine is built from the model the INT8 engines are, with their overflow guard
+    /// (`keep_fp32`): the FP16 row's guard is not measured for a run without one.
+    fn fp16_times(
+        &mut self,
+        batch: usize,
+        keep_fp32: &[crate::fp16_guard::KeptFp32],
+    ) -> Option<Vec<LayerTime>> {
         let from_row =
             self.report.rows.iter().find(|r| {
                 r.precision == Some(Precision::Fp16) && !r.failed() && r.layer_times_in_run
@@ -171,12 +177,10 @@ impl Rows<'_> {
         if let Some(t) = self.fp16_profiles.get(&batch) {
             return t.clone();
         }
-        let guard = self.fp16_guard(self.ctx.p, guard::GuardFor::Float);
-        let float = quant::carried::float_model(&self.ctx.p.model);
         let input = BuildInput::Float {
-            model: float.as_ref(),
+            model: &self.ctx.p.model,
             precision: Precision::Fp16,
-            keep_fp32: &guard,
+            keep_fp32,
         };
         let times = self
             .ctx
