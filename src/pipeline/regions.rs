@@ -272,7 +272,10 @@ mod tests {
                 BuildInput::Float { .. } => vec![],
             };
             let kind = match input {
-                BuildInput::Float { precision, .. } if precision == Precision::Fp16 => "fp16",
+                BuildInput::Float {
+                    precision: Precision::Fp16,
+                    ..
+                } => "fp16",
                 BuildInput::Float { .. } => "fp32",
                 BuildInput::Quantized { .. } => {
                     let mut slow = self.slow.borrow_mut();

@@ -68,7 +68,7 @@ pub struct NodeStat {
     pub precision_text: Option<String>,
     /// Why the node stayed in float on a quantized engine: "<kind>: <detail>", the kind one of
     /// placement rule, exclusion, AMP, FP16 overflow, unsupported, or engine choice (a GPU
-    /// layer whose float implementation timed faster).
+    /// layer whose float implementation timed faster, or whose region ran faster in FP16).
     pub why_float: Option<String>,
     pub time_ms: Option<f64>,
     pub kernel: Option<String>,
@@ -241,9 +241,16 @@ pub fn engine_stats(
                 } else {
                     let excluded = exclude.iter().any(|e| e == &n.name || e == &n.op);
                     // The engine's own reason first; else where the float came from.
-                    let why = match (reason, said) {
-                        (Some(r), _) => why_float(&n.op, Some(r), amp, excluded && quantizable),
-                        (None, Some(p)) if quantizable && !amp && !excluded => {
+                    let region = s
+                        .precision_text
+                        .as_deref()
+                        .filter(|t| t.starts_with("fp16 region"));
+                    let why = match (reason, said, region) {
+                        // The builder ran the node's region in FP16, faster than INT8: its
+                        // Q/DQ plan lists it float, but the choice is the engine's.
+                        (_, _, Some(t)) => format!("engine choice: {t}"),
+                        (Some(r), _, _) => why_float(&n.op, Some(r), amp, excluded && quantizable),
+                        (None, Some(p), None) if quantizable && !amp && !excluded => {
                             let text = s.precision_text.clone().unwrap_or_else(|| p.name().into());
                             // The GPU builder times each layer's implementations: a float one
                             // that won is its choice, not the plan's.
@@ -386,6 +393,21 @@ mod tests {
                 .why_float
                 .as_deref()
                 .is_some_and(|w| w.starts_with("exclusion:"))
+        );
+        // Run in FP16 by precision per region (the plan lists it float): the engine's choice.
+        r.float_nodes[0].reason = "excluded by the experiment".into();
+        r.layer_times.push(LayerTime {
+            layer: convs[1].clone(),
+            kernel: "cudnn".into(),
+            time_ms: 1.0,
+            precision: Some("fp16 region: INT8 was 1.30x slower for this region".into()),
+        });
+        let s = engine_stats(&d, &r, None, None, &[]);
+        let c = &s.nodes[d.find(&convs[1]).expect("box")];
+        assert_eq!(c.precision, Some(NodePrecision::Fp16));
+        assert_eq!(
+            c.why_float.as_deref(),
+            Some("engine choice: fp16 region: INT8 was 1.30x slower for this region")
         );
     }
 
