@@ -353,7 +353,7 @@ impl RowCtx<'_> {
                 match self.build(input, 1, label) {
                     Ok(e) => {
                         row.build_ms = Some(t.elapsed().as_secs_f64() * 1e3);
-                        (input.precision(), e, RowEngines::Build(input))
+                        (input.precision(), e, BatchSource::Build(input))
                     }
                     Err(e) => {
                         row.error = Some(e.message);
@@ -363,12 +363,7 @@ impl RowCtx<'_> {
             }
             RowEngines::Built(b) => {
                 row.build_ms = Some(b.build_ms);
-                let rest = BuiltEngines { batch1: None, ..b };
-                let Some(e) = b.batch1 else {
-                    row.error = Some(format!("{label}: no engine was built"));
-                    return Evaluated::failed(row);
-                };
-                (rest.precision, e, RowEngines::Built(rest))
+                (b.precision, b.batch1, BatchSource::Built(b.batch))
             }
         };
         let built_growth = bench::rss_bytes().0.saturating_sub(rss_before);
@@ -469,11 +464,9 @@ impl RowCtx<'_> {
         drop(engine);
         if self.bench_spec.batch > 1 && !self.cancel.is_cancelled() {
             match batch_source {
-                RowEngines::Build(input) => self.time_batch(input, &mut row, label),
-                RowEngines::Built(BuiltEngines { batch: Some(e), .. }) => {
-                    self.time_built_batch(e, &mut row, label)
-                }
-                RowEngines::Built(_) => {}
+                BatchSource::Build(input) => self.time_batch(input, &mut row, label),
+                BatchSource::Built(Some(e)) => self.time_built_batch(e, &mut row, label),
+                BatchSource::Built(None) => {}
             }
         }
         row.memory_bytes = Some(MemoryBytes {
@@ -596,12 +589,17 @@ pub(super) enum RowEngines<'a> {
 
 pub(super) struct BuiltEngines {
     pub precision: Precision,
-    /// The batch-1 engine (taken by the row).
-    pub batch1: Option<Box<dyn Engine>>,
+    pub batch1: Box<dyn Engine>,
     /// Milliseconds the batch-1 engine took to build, trial engines included.
     pub build_ms: f64,
     /// The engine at the experiment's batch, where one was built.
     pub batch: Option<Box<dyn Engine>>,
+}
+
+/// Where a row's engine at the experiment's batch comes from, once its batch-1 engine is made.
+enum BatchSource<'a> {
+    Build(BuildInput<'a>),
+    Built(Option<Box<dyn Engine>>),
 }
 
 /// Why an engine could not be built: the backend's own words, and the message for the row

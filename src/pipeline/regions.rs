@@ -51,7 +51,7 @@ impl Rows<'_> {
         };
         let built = BuiltEngines {
             precision: int8.precision(),
-            batch1: Some(batch1),
+            batch1,
             build_ms,
             batch,
         };

@@ -394,13 +394,7 @@ impl CudaEngine {
     fn time_once(&mut self, input: &[f32]) -> CudaResult<f64> {
         drv(self.dev.ctx.bind_to_thread(), "bind")?;
         self.upload_input(input)?;
-        let flags = Some(sys::CUevent_flags::CU_EVENT_DEFAULT);
-        let e0 = drv(self.dev.ctx.new_event(flags), "event")?;
-        let e1 = drv(self.dev.ctx.new_event(flags), "event")?;
-        drv(e0.record(&self.dev.stream), "event")?;
-        self.launch_all()?;
-        drv(e1.record(&self.dev.stream), "event")?;
-        Ok(drv(e0.elapsed_ms(&e1), "event elapsed")? as f64)
+        choose::StreamTimer::new(self)?.per_launch(1, &|| self.launch_all())
     }
 }
 
