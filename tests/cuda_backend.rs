@@ -235,8 +235,8 @@ fn independent_branches_run_beside_the_main_stream_and_match_cpu() {
 }
 
 /// FP8 (E4M3) engines against the CPU's FP8 simulation of the same Q/DQ model: each way of
-/// running an FP8 conv (the cuDNN graph's FP8 conv with its epilogue fused, the FP16 way
-/// through cuDNN, the depthwise and direct kernels reading FP8 input), forced on the
+/// running an FP8 conv (the cuDNN graph's FP8 conv with its epilogue fused, cuBLASLt's FP8
+/// GEMM, the FP16 way through cuDNN, the depthwise and direct kernels reading FP8 input), forced on the
 /// MobileNet block, then the bundled classifier as the builder chooses. On a GPU without FP8
 /// tensor cores the build must fail and say why.
 #[test]
@@ -279,7 +279,7 @@ fn fp8_engine_matches_the_cpu_fp8_simulation() {
     }
     .with_fixed_input(batch, hw);
     let pl = plan::lower(&q, m.input_shape(batch, hw), Precision::Fp8).expect("fp8 plan");
-    for family in ["cudnng", "f16+cudnn", "dw", "direct"] {
+    for family in ["cudnng", "gemm", "f16+cudnn", "dw", "direct"] {
         let (mut eng, applied, n) = forced_engine(&pl, Precision::Fp8, batch, family);
         let out = eng.run(&x).expect("cuda run");
         let err = rel_err(&out.data, &cpu8.data);

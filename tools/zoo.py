@@ -7,6 +7,11 @@
   pack DIR OUT    zeroes every large float initializer (recording its mean/std) so the folder
                   compresses to a few MiB and travels back from the GPU machine.
   unpack IN DIR   refills those initializers with seeded normal noise (see `unpack`).
+  ratio QS DIR OUT [NAME...]
+                  (GPU machine) INT8 / FP16 latency per model as a user's run gets it: `QS eval
+                  --backend cuda --precisions fp16,int8` (max calibration on 4 noise images, the
+                  fast recipe, batch 1 and 32, precision per region on), one line per model, the
+                  reports' rows in OUT (JSON).
 
 Random weights are fine for coverage and timing; accuracy is checked on ../shared's trained models.
 `export` also writes the pre-quantized models of tools/prequantized.py (PyTorch eager-mode and
@@ -260,6 +265,64 @@ def unpack(src, out_dir):
         print(f"zoo: {path}" + (f" (gain {best[0]}, max |y| 1e{best[1]:.1f})" if best else ""))
 
 
+def ratio(qs, model_dir, out, only=None):
+    import subprocess
+    import tempfile
+    here = os.path.dirname(os.path.abspath(__file__))
+    work = tempfile.mkdtemp()
+    noise = os.path.join(work, "noise")
+    os.makedirs(noise)
+    subprocess.run([sys.executable, os.path.join(here, "noise_images.py"), noise, "4"],
+                   check=True, stdout=subprocess.DEVNULL)
+    names = sorted(n for n in MODELS if os.path.exists(os.path.join(model_dir, n + ".onnx")))
+    records, over = [], 0
+    for name in names:
+        if only and name not in only:
+            continue
+        report = os.path.join(work, name + ".json")
+        cmd = [qs, "eval", "--model", os.path.join(model_dir, name + ".onnx"), "--calib", noise,
+               "--backend", "cuda", "--precisions", "fp16,int8", "--methods", "max", "--recipe",
+               "fast", "--batch", "32", "--min-runs", "20", "--min-time-ms", "300",
+               "--mean", "0.485,0.456,0.406", "--std", "0.229,0.224,0.225", "--report", report]
+        try:
+            run = subprocess.run(cmd, capture_output=True, text=True,
+                                 timeout=float(os.environ.get("ZOO_RATIO_TIMEOUT_S", "240")))
+            ok = run.returncode == 0 and os.path.exists(report)
+            why = (run.stderr.strip().splitlines() or ["no report"])[-1] if not ok else ""
+        except subprocess.TimeoutExpired:
+            ok, why = False, "timed out"
+        if not ok:
+            print(f"zoo ratio {name:34s} not measured: {why}", flush=True)
+            records.append({"model": name, "error": why})
+            continue
+        rows = {r["precision"]: r for r in json.load(open(report))["rows"] if not r.get("error")}
+        if "fp16" not in rows or "int8" not in rows:
+            print(f"zoo ratio {name:34s} not measured: no fp16 or int8 row", flush=True)
+            records.append({"model": name, "error": "no fp16 or int8 row"})
+            continue
+        rec = {"model": name}
+        for key, batch in (("latency_ms", 1), ("latency_batch_ms", 32)):
+            f16, i8 = rows["fp16"].get(key), rows["int8"].get(key)
+            if f16 and i8:
+                rec[f"fp16_ms_bs{batch}"] = f16["median"]
+                rec[f"int8_ms_bs{batch}"] = i8["median"]
+                rec[f"int8_over_fp16_bs{batch}"] = i8["median"] / f16["median"]
+        rec["fp16_regions_kept"] = sum(
+            len(c["regions"]) for c in rows["int8"].get("fp16_regions", []) if c.get("kept_mixed"))
+        slower = [b for b in (1, 32) if rec.get(f"int8_over_fp16_bs{b}", 0) > 1.0]
+        over += bool(slower)
+        ratios = ", ".join(f"bs{b} {rec[f'int8_over_fp16_bs{b}']:.2f}" for b in (1, 32)
+                           if f"int8_over_fp16_bs{b}" in rec)
+        print(f"zoo ratio {name:34s} int8 / fp16: {ratios}; {rec['fp16_regions_kept']} region(s) "
+              f"kept in fp16" + ("; INT8 SLOWER at bs " + ",".join(map(str, slower)) if slower else ""),
+              flush=True)
+        records.append(rec)
+    with open(out, "w") as f:
+        json.dump(records, f, indent=1)
+    measured = sum("error" not in r for r in records)
+    print(f"zoo ratio: {measured} of {len(records)} measured; INT8 slower than FP16 on {over}")
+
+
 if __name__ == "__main__":
     cmd = sys.argv[1] if len(sys.argv) > 1 else ""
     if cmd == "export":
@@ -268,5 +331,7 @@ if __name__ == "__main__":
         pack(sys.argv[2], sys.argv[3])
     elif cmd == "unpack":
         unpack(sys.argv[2], sys.argv[3])
+    elif cmd == "ratio":
+        ratio(sys.argv[2], sys.argv[3], sys.argv[4], set(sys.argv[5:]) or None)
     else:
         sys.exit(__doc__)

@@ -144,7 +144,10 @@ impl CudaEngine {
                 })
                 .filter(|_| reusable)
                 .map(|k| (k, false)),
-        };
+        }
+        // The diagnosis knob leaves a choice out wherever it comes from (a run cached
+        // before the knob was set).
+        .filter(|(k, _)| !avoided(k));
         // The family a known key names, set up alone; the others only where it offers
         // nothing that answers the key (a cached plan index cuDNN no longer returns).
         let mut named_family: Option<&str> = None;
@@ -407,20 +410,21 @@ impl<'a> StreamTimer<'a> {
     }
 }
 
-/// Leaves out the candidates of a diagnosis knob: QUANTSCOPE_CUDA_AVOID=gemm,cudnng drops those
-/// whose key starts with one of them (where another is left), to find which implementation
-/// a wrong engine comes from (tests/cuda_zoo.rs, QUANTSCOPE_ZOO_DIAGNOSE).
+/// Whether the diagnosis knob QUANTSCOPE_CUDA_AVOID=gemm,cudnng names choice `key`: it
+/// starts with one of them.
+fn avoided(key: &str) -> bool {
+    std::env::var("QUANTSCOPE_CUDA_AVOID").is_ok_and(|avoid| {
+        avoid
+            .split(',')
+            .any(|a| !a.trim().is_empty() && key.starts_with(a.trim()))
+    })
+}
+
+/// Leaves out the candidates the diagnosis knob names (where another is left), to find which
+/// implementation a wrong engine comes from (tests/cuda_zoo.rs, QUANTSCOPE_ZOO_DIAGNOSE).
 fn avoid_filter(mut cands: Vec<(usize, ConvImpl)>) -> Vec<(usize, ConvImpl)> {
-    if let Ok(avoid) = std::env::var("QUANTSCOPE_CUDA_AVOID") {
-        let avoided = |c: &ConvImpl| {
-            let key = c.key();
-            avoid
-                .split(',')
-                .any(|a| !a.trim().is_empty() && key.starts_with(a.trim()))
-        };
-        if cands.iter().any(|(_, c)| !avoided(c)) {
-            cands.retain(|(_, c)| !avoided(c));
-        }
+    if cands.iter().any(|(_, c)| !avoided(&c.key())) {
+        cands.retain(|(_, c)| !avoided(&c.key()));
     }
     cands
 }

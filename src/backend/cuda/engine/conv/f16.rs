@@ -44,20 +44,22 @@ impl ConvFamily for F16Way {
             .collect();
         fs.quant = None;
         let cols_fit = c.is_pointwise() || l.m * round_up(k, 16) * 2 <= COL_MAX_BYTES;
+        // Each library may have nothing for the shape (cuDNN takes rank-4 NHWC only, so a
+        // Gemm / MatMul layer has cuBLASLt alone); the way is offered while one of them has.
         let gemm = if c.groups == 1 && cols_fit {
-            Some(gemm::setup(cx, &fs, l.m, DType::F16, l.tf32)?)
+            offered(gemm::setup(cx, &fs, l.m, DType::F16, l.tf32))?
         } else {
             None
         };
         let cudnn = if symmetric_pads(c) {
-            Some(cudnn::setup(
+            offered(cudnn::setup(
                 cx,
                 &fs,
                 DType::F16,
                 l.tf32,
                 cx.f16_in_ptr(),
                 !l.untimed,
-            )?)
+            ))?
         } else {
             None
         };
@@ -69,6 +71,15 @@ impl ConvFamily for F16Way {
             gemm,
             cudnn,
         })))
+    }
+}
+
+/// A library's setup, `None` where it has nothing for the shape; other errors fail.
+fn offered<T>(setup: CudaResult<T>) -> CudaResult<Option<T>> {
+    match setup {
+        Ok(s) => Ok(Some(s)),
+        Err(CudaError::Unsupported(_)) => Ok(None),
+        Err(e) => Err(e),
     }
 }
 

@@ -1,7 +1,8 @@
 //! Convs as cuBLASLt GEMMs over NHWC rows (im2col columns for a k x k conv): `GEMM` writes a
-//! raw output that the epilogue kernel finishes; `GEMM_FUSED` writes the layer's output from
-//! cuBLASLt's own epilogue (bias, ReLU, the residual as beta * C; an int8 layer's
-//! per-channel scale as an alpha vector), so there is no raw pass.
+//! raw output that the epilogue kernel finishes (int8, FP8 E4M3 on GPUs with FP8 tensor
+//! cores, FP16 and FP32 layers); `GEMM_FUSED` writes the layer's output from cuBLASLt's own
+//! epilogue (bias, ReLU, the residual as beta * C; an int8 layer's per-channel scale as an
+//! alpha vector), so there is no raw pass.
 
 use std::ffi::c_void;
 
@@ -39,14 +40,17 @@ impl ConvFamily for Gemm {
     }
     fn applies(&self, cx: &Launch, l: &ConvLayer) -> bool {
         let c = &l.step;
-        let int8 = c.quant.as_ref().is_some_and(|q| q.is_int8());
         // A GEMM that is not a plain 1x1 reads im2col columns from the scratch, which the
-        // engine sized for float columns up to COL_MAX_BYTES only (int8 columns always).
-        let cols_fit = int8 || l.cols_fit(l.float.bytes());
+        // engine sized for float columns up to COL_MAX_BYTES only (quantized ones always).
+        let cols_fit = c.quant.is_some() || l.cols_fit(l.float.bytes());
         if self.fused {
             cols_fit && fused_ok(cx, c, l.float)
         } else {
-            c.groups == 1 && c.quant.as_ref().is_none_or(|q| q.is_int8()) && cols_fit
+            let typed = match &c.quant {
+                None => true,
+                Some(q) => q.is_int8() || cx.dev.compute >= crate::backend::cuda::FP8_COMPUTE,
+            };
+            c.groups == 1 && typed && cols_fit
         }
     }
     fn prepare(&self, cx: &Launch, l: &ConvLayer) -> CudaResult<Option<Box<dyn ConvSetup>>> {
@@ -85,7 +89,10 @@ pub(super) struct GemmSetup {
     kpad: usize,
     /// Rows of D (output channels, padded for the raw-output GEMMs).
     cout_pad: usize,
+    /// Integer alpha and beta (an int8 GEMM's scale type).
     int8: bool,
+    /// The kernels' type code of D, the raw output the epilogue kernel reads.
+    raw_t: i32,
     /// The output written by the GEMM's own epilogue (`ConvImpl::GemmFused`).
     fused: Option<FusedOut>,
 }
@@ -163,19 +170,23 @@ fn float_compute(float: DType, tf32: bool) -> lt::cublasComputeType_t {
     }
 }
 
-/// cuBLASLt has int8 and float GEMMs; an FP8 layer's GEMM is its FP16 way's.
+/// cuBLASLt's FP8 GEMM scales A and B per tensor only (sm_90); an FP8 layer's per-channel
+/// weight scales go in the epilogue kernel's alpha, so its GEMM is the raw-output one.
 fn no_fp8(c: &ConvStep) -> CudaResult<()> {
     match &c.quant {
         Some(q) if !q.is_int8() => Err(CudaError::Unsupported(
-            "no cuBLASLt GEMM for FP8 layers (their FP16 way has one)".into(),
+            "no fused-epilogue cuBLASLt GEMM for FP8 layers (per-tensor scales only)".into(),
         )),
         _ => Ok(()),
     }
 }
 
-/// The raw-output GEMM of conv `c` (`m` output pixels) in `float`, or int8 for an int8
-/// layer: weights `[cout_pad, kpad]`, zero padded. The FP16 way sets up its own on the
-/// dequantized layer.
+/// The raw-output GEMM of conv `c` (`m` output pixels) in `float`, or in the layer's type
+/// for a quantized one: weights `[cout_pad, kpad]`, zero padded. Int8 accumulates in int32;
+/// FP8 E4M3 (A transposed, B not: the TN layout cuBLASLt's FP8 GEMM asks for) accumulates
+/// in FP32 and writes FP32, since a sum of E4M3 products can pass FP16's 65504 (unit scales:
+/// the epilogue's alpha is the input scale times the channel's weight scale). The FP16 way
+/// sets up its own on the dequantized layer.
 pub(super) fn setup(
     cx: &Launch,
     c: &ConvStep,
@@ -184,11 +195,16 @@ pub(super) fn setup(
     tf32: bool,
 ) -> CudaResult<GemmSetup> {
     use lt::cudaDataType_t as T;
-    no_fp8(c)?;
     let k = c.reduction();
     let kpad = round_up(k, 16);
     let cout_pad = round_up(c.cout, 16);
     let (ab_t, d_t, compute, scale_t) = match (&c.quant, float) {
+        (Some(q), _) if !q.is_int8() => (
+            T::CUDA_R_8F_E4M3,
+            T::CUDA_R_32F,
+            lt::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+            T::CUDA_R_32F,
+        ),
         (Some(_), _) => (
             T::CUDA_R_8I,
             T::CUDA_R_32I,
@@ -219,8 +235,7 @@ pub(super) fn setup(
         }
     };
     let desc = GemmDesc::new(compute, scale_t)?;
-    let int8 = c.quant.is_some();
-    finish(cx, desc, [ab_t, d_t], w, kpad, cout_pad, m, int8, None)
+    finish(cx, desc, [ab_t, d_t], w, kpad, cout_pad, m, None)
 }
 
 /// The GEMM that writes the layer's output from its own epilogue (`ConvImpl::GemmFused`):
@@ -291,18 +306,7 @@ fn setup_fused(
     let bias_ptr = fused.bias.ptr as *const c_void;
     desc.set(A::CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_ptr)?;
     desc.set(A::CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &(bias_t as i32))?;
-    let int8 = c.quant.is_some();
-    finish(
-        cx,
-        desc,
-        [ab_t, ab_t],
-        w,
-        kpad,
-        c.cout,
-        m,
-        int8,
-        Some(fused),
-    )
+    finish(cx, desc, [ab_t, ab_t], w, kpad, c.cout, m, Some(fused))
 }
 
 /// Matrix layouts (A = weights [rows, kpad] transposed, B = columns [m, kpad], C = D =
@@ -316,10 +320,17 @@ fn finish(
     kpad: usize,
     rows: usize,
     m: usize,
-    int8: bool,
     fused: Option<FusedOut>,
 ) -> CudaResult<GemmSetup> {
+    use lt::cudaDataType_t as T;
     let [ab_t, d_t] = types;
+    let raw_t = match d_t {
+        T::CUDA_R_32I => 3,
+        T::CUDA_R_16F => DType::F16.code(),
+        T::CUDA_R_32F => DType::F32.code(),
+        // A fused GEMM's D is the layer's output, which no epilogue kernel reads.
+        _ => -1,
+    };
     let e = lt_err("cublasLtMatrixLayoutCreate");
     let a = r::create_matrix_layout(ab_t, kpad as u64, rows as u64, kpad as i64).map_err(&e)?;
     let b = r::create_matrix_layout(ab_t, kpad as u64, m as u64, kpad as i64).map_err(&e)?;
@@ -334,7 +345,8 @@ fn finish(
         w,
         kpad,
         cout_pad: rows,
-        int8,
+        int8: ab_t == T::CUDA_R_8I,
+        raw_t,
         fused,
     };
     let pref = r::create_matmul_pref().map_err(lt_err("cublasLtMatmulPreferenceCreate"))?;
@@ -465,8 +477,7 @@ impl ConvSetup for GemmSetup {
         if self.fused.is_some() {
             return Ok(());
         }
-        let raw_t = if self.int8 { 3 } else { way.in_t.code() };
-        epilogue(cx, l, raw_t, self.cout_pad, way.alpha, l.bias.ptr)
+        epilogue(cx, l, self.raw_t, self.cout_pad, way.alpha, l.bias.ptr)
     }
 
     fn weights_bytes(&self) -> u64 {
