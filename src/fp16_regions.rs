@@ -29,6 +29,13 @@ const TRY_BELOW_FP16: f64 = 0.9;
 pub struct Region {
     /// The quantized layers (Conv/Gemm/MatMul nodes), in plan order.
     pub layers: Vec<String>,
+    /// The other nodes the INT8 engine fused into those layers' steps (a residual Add, an
+    /// activation). They go float with their layer: a conv + residual add + ReLU then runs
+    /// fused in FP16 as the FP16 engine runs it. Left quantized, the Add's Q/DQ keeps its
+    /// shortcut in int8, which splits it from the conv and adds a requantize step at every
+    /// block; on an H200 that cost RegNetY-400MF's trial engine 31 µs of its 44 µs gap to FP16.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub fused: Vec<String>,
     /// Milliseconds the region's steps took in each engine's run: each layer's step and the
     /// steps after it up to the next quantized layer's (its pools, multiplies and casts).
     pub int8_ms: f64,
@@ -36,6 +43,12 @@ pub struct Region {
 }
 
 impl Region {
+    /// The nodes an engine with this region in FP16 keeps in float: its layers and what
+    /// was fused into them.
+    pub fn nodes(&self) -> impl Iterator<Item = String> + '_ {
+        self.layers.iter().chain(&self.fused).cloned()
+    }
+
     /// How much slower INT8 was: "1.3x".
     pub fn slowdown(&self) -> f64 {
         self.int8_ms / self.fp16_ms.max(1e-9)
@@ -119,10 +132,10 @@ impl RegionChoice {
         s.join(", ")
     }
 
-    /// The layers that ran in FP16 (none unless the mixed engine was kept).
+    /// The nodes that ran in FP16 (none unless the mixed engine was kept).
     pub fn fp16_layers(&self) -> Vec<String> {
         match self.kept_mixed {
-            true => self.regions.iter().flat_map(|r| r.layers.clone()).collect(),
+            true => self.regions.iter().flat_map(Region::nodes).collect(),
             false => vec![],
         }
     }
@@ -154,6 +167,22 @@ fn step_layer(step: &str) -> &str {
     step.split('+').next().unwrap_or(step)
 }
 
+/// The nodes fused into each quantized layer's step ("conv+add+relu": add and relu).
+fn fused_into<'a>(
+    times: &'a [LayerTime],
+    quantized: &HashSet<&str>,
+) -> HashMap<&'a str, Vec<String>> {
+    times
+        .iter()
+        .filter(|t| quantized.contains(step_layer(&t.layer)))
+        .map(|t| {
+            let mut parts = t.layer.split('+');
+            let layer = parts.next().unwrap_or(&t.layer);
+            (layer, parts.map(str::to_string).collect())
+        })
+        .collect()
+}
+
 /// Milliseconds per quantized layer, in plan order: its step's time and that of the steps
 /// after it up to the next quantized layer's. Steps before the first are left out.
 pub fn per_layer(times: &[LayerTime], quantized: &HashSet<&str>) -> Vec<(String, f64)> {
@@ -177,6 +206,7 @@ pub fn per_layer(times: &[LayerTime], quantized: &HashSet<&str>) -> Vec<(String,
 /// ends a region.
 pub fn slower_regions(int8: &[LayerTime], fp16: &[LayerTime], quantized: &[String]) -> Vec<Region> {
     let q: HashSet<&str> = quantized.iter().map(String::as_str).collect();
+    let fused = fused_into(int8, &q);
     let a = per_layer(int8, &q);
     let b: HashMap<String, f64> = per_layer(fp16, &q).into_iter().collect();
     let pairs: Vec<(&str, f64, Option<f64>)> = a
@@ -208,6 +238,10 @@ pub fn slower_regions(int8: &[LayerTime], fp16: &[LayerTime], quantized: &[Strin
         if best > MIN_GAIN_MS.max(MIN_GAIN_FRACTION * int8_ms) {
             regions.push(Region {
                 layers: span.iter().map(|p| p.0.to_string()).collect(),
+                fused: span
+                    .iter()
+                    .flat_map(|p| fused.get(p.0).cloned().unwrap_or_default())
+                    .collect(),
                 int8_ms,
                 fp16_ms,
             });
@@ -259,9 +293,9 @@ mod tests {
             t("a", 0.010),
             t("b", 0.020),
             t("c", 0.009),
-            t("d", 0.012),
+            t("d+add+relu", 0.012),
             t("e", 0.005),
-            t("f", 0.030),
+            t("f+add2", 0.030),
         ];
         let fp16 = [
             t("a", 0.008),
@@ -274,6 +308,8 @@ mod tests {
         let r = slower_regions(&int8, &fp16, &q);
         assert_eq!(r.len(), 1);
         assert_eq!(r[0].layers, names(&["a", "b", "c", "d"]));
+        // d's residual add and ReLU go float with it (f's add is outside the region).
+        assert_eq!(r[0].fused, names(&["add", "relu"]));
         assert!((r[0].int8_ms - 0.051).abs() < 1e-12);
         assert!((r[0].fp16_ms - 0.042).abs() < 1e-12);
     }
@@ -293,6 +329,7 @@ mod tests {
             batch: 32,
             regions: vec![Region {
                 layers: names(&["b"]),
+                fused: names(&["add"]),
                 int8_ms: 0.013,
                 fp16_ms: 0.010,
             }],
@@ -308,7 +345,7 @@ mod tests {
             rows[1].precision.as_deref(),
             Some("fp16 region: INT8 was 1.30x slower for this region")
         );
-        assert_eq!(choice.fp16_layers(), names(&["b"]));
+        assert_eq!(choice.fp16_layers(), names(&["b", "add"]));
         assert!(choice.describe("INT8 max").contains("ran in FP16"));
         let kept_int8 = RegionChoice {
             kept_mixed: false,

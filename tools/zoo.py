@@ -11,7 +11,7 @@
                   (GPU machine) INT8 / FP16 latency per model as a user's run gets it: `QS eval
                   --backend cuda --precisions fp16,int8` (max calibration on 4 noise images, the
                   fast recipe, batch 1 and 32, precision per region on), one line per model, the
-                  reports' rows in OUT (JSON).
+                  ratios in OUT (JSON) and each model's report in OUT's name + "-reports/".
 
 Random weights are fine for coverage and timing; accuracy is checked on ../shared's trained models.
 `export` also writes the pre-quantized models of tools/prequantized.py (PyTorch eager-mode and
@@ -274,12 +274,15 @@ def ratio(qs, model_dir, out, only=None):
     os.makedirs(noise)
     subprocess.run([sys.executable, os.path.join(here, "noise_images.py"), noise, "4"],
                    check=True, stdout=subprocess.DEVNULL)
+    # Each model's whole report (layer times, region choices) beside OUT, for the why.
+    reports = os.path.splitext(out)[0] + "-reports"
+    os.makedirs(reports, exist_ok=True)
     names = sorted(n for n in MODELS if os.path.exists(os.path.join(model_dir, n + ".onnx")))
     records, over = [], 0
     for name in names:
         if only and name not in only:
             continue
-        report = os.path.join(work, name + ".json")
+        report = os.path.join(reports, name + ".json")
         cmd = [qs, "eval", "--model", os.path.join(model_dir, name + ".onnx"), "--calib", noise,
                "--backend", "cuda", "--precisions", "fp16,int8", "--methods", "max", "--recipe",
                "fast", "--batch", "32", "--min-runs", "20", "--min-time-ms", "300",

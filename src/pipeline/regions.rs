@@ -111,7 +111,7 @@ impl Rows<'_> {
             return int8_engine;
         }
         let mut kept = v.kept_float.clone();
-        kept.extend(choice.regions.iter().flat_map(|r| r.layers.clone()));
+        kept.extend(choice.regions.iter().flat_map(|r| r.nodes()));
         let (exp, p) = (self.exp, self.ctx.p);
         let what = format!("{label} with {} FP16 region(s)", choice.regions.len());
         let mixed = place_int8(

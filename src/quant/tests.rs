@@ -54,6 +54,32 @@ fn a_residual_add_of_two_conv_outputs_quantizes_the_shared_one() {
     );
 }
 
+/// A region run in FP16 keeps its convs and the residual Add fused into the last one in
+/// float: then nothing inside the block is quantized. With the convs alone in float, the Add
+/// still quantizes its shortcut, and the engine must requantize it for an FP16 block.
+#[test]
+fn a_float_block_with_its_residual_add_quantizes_nothing_inside() {
+    let m = residual_classifier(4).model();
+    let block = ["block.conv1", "block.conv2"].map(String::from);
+    let convs_only = plan(&m, &block);
+    let shortcut = convs_only
+        .activations
+        .iter()
+        .find(|a| a.tensor == "stem.relu.out")
+        .expect("the Add still quantizes its shortcut");
+    assert_eq!(shortcut.uses.len(), 1, "{shortcut:?}");
+    let with_add: Vec<String> = block.iter().cloned().chain(["block.add".into()]).collect();
+    let whole = plan(&m, &with_add);
+    let acts = whole.tensors();
+    for t in ["stem.relu.out", "block.relu1.out", "block.conv2.out"] {
+        assert!(!acts.contains(&t.to_string()), "{t} quantized: {acts:?}");
+    }
+    assert_eq!(
+        whole.quantized_nodes.len(),
+        convs_only.quantized_nodes.len()
+    );
+}
+
 #[test]
 fn residual_block_quantizes_conv_inputs_and_the_residual_branch() {
     let m = residual_classifier(4).model();
