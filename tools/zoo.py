@@ -310,12 +310,18 @@ def ratio(qs, model_dir, out, only=None):
                 rec[f"fp16_ms_bs{batch}"] = f16["median"]
                 rec[f"int8_ms_bs{batch}"] = i8["median"]
                 rec[f"int8_over_fp16_bs{batch}"] = i8["median"] / f16["median"]
+        if "int8_over_fp16_bs32" not in rec:
+            # The run times batch 1 only where the batch-32 engine did not build; its note says why.
+            notes = json.load(open(report)).get("notes", [])
+            rec["batch32"] = next((n for n in notes if "no engine at batch" in n), "no batch-32 row")
         rec["fp16_regions_kept"] = sum(
             len(c["regions"]) for c in rows["int8"].get("fp16_regions", []) if c.get("kept_mixed"))
         slower = [b for b in (1, 32) if rec.get(f"int8_over_fp16_bs{b}", 0) > 1.0]
         over += bool(slower)
         ratios = ", ".join(f"bs{b} {rec[f'int8_over_fp16_bs{b}']:.2f}" for b in (1, 32)
                            if f"int8_over_fp16_bs{b}" in rec)
+        if "batch32" in rec:
+            ratios += " (no batch 32: see the report's notes)"
         print(f"zoo ratio {name:34s} int8 / fp16: {ratios}; {rec['fp16_regions_kept']} region(s) "
               f"kept in fp16" + ("; INT8 SLOWER at bs " + ",".join(map(str, slower)) if slower else ""),
               flush=True)
