@@ -132,14 +132,6 @@ impl RegionChoice {
         s.join(", ")
     }
 
-    /// The nodes that ran in FP16 (none unless the mixed engine was kept).
-    pub fn fp16_layers(&self) -> Vec<String> {
-        match self.kept_mixed {
-            true => self.regions.iter().flat_map(Region::nodes).collect(),
-            false => vec![],
-        }
-    }
-
     /// Marks the kept engine's Layers rows of the regions' layers: "fp16 region: INT8 was
     /// 1.31x slower for this region" (the Layers tab sums by the words before the colon).
     pub fn annotate(&self, times: &mut [LayerTime]) {
@@ -345,14 +337,19 @@ mod tests {
             rows[1].precision.as_deref(),
             Some("fp16 region: INT8 was 1.30x slower for this region")
         );
-        assert_eq!(choice.fp16_layers(), names(&["b", "add"]));
+        // The trial engine keeps the layer and what was fused into it in float.
+        let nodes: Vec<String> = choice.regions.iter().flat_map(Region::nodes).collect();
+        assert_eq!(nodes, names(&["b", "add"]));
         assert!(choice.describe("INT8 max").contains("ran in FP16"));
         let kept_int8 = RegionChoice {
             kept_mixed: false,
             mixed_ms: Some(1.1),
             ..choice
         };
-        assert!(kept_int8.fp16_layers().is_empty());
+        // Not kept: no row says it ran in FP16.
+        let mut rows = [t("a", 0.01), t("b+add", 0.01)];
+        kept_int8.annotate(&mut rows);
+        assert!(rows.iter().all(|r| r.precision.is_none()));
         assert!(kept_int8.describe("INT8 max").contains("all INT8 kept"));
         // INT8 already well ahead of FP16: no trial engine.
         let ahead = RegionChoice {

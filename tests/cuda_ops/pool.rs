@@ -86,11 +86,12 @@ pub(super) fn pooling_cases() -> Vec<Case> {
         )
     }));
     for cip in [0, 1] {
-        cases.push(graph(
-            &format!("AveragePool count_include_pad {cip}"),
-            &s,
-            13,
-            |b, x| {
+        for ceil in [false, true] {
+            let name = match ceil {
+                true => format!("AveragePool ceil_mode count_include_pad {cip}"),
+                false => format!("AveragePool count_include_pad {cip}"),
+            };
+            cases.push(graph(&name, &s, 13, |b, x| {
                 b.node(
                     "AveragePool",
                     "ap",
@@ -99,30 +100,12 @@ pub(super) fn pooling_cases() -> Vec<Case> {
                         ints("kernel_shape", &[3, 3]),
                         ints("strides", &[2, 2]),
                         ints("pads", &[1, 1, 1, 1]),
+                        int("ceil_mode", ceil as i64),
                         int("count_include_pad", cip),
                     ],
                 )
-            },
-        ));
-        cases.push(graph(
-            &format!("AveragePool ceil_mode count_include_pad {cip}"),
-            &s,
-            13,
-            |b, x| {
-                b.node(
-                    "AveragePool",
-                    "ap",
-                    &[x],
-                    vec![
-                        ints("kernel_shape", &[3, 3]),
-                        ints("strides", &[2, 2]),
-                        ints("pads", &[1, 1, 1, 1]),
-                        int("ceil_mode", 1),
-                        int("count_include_pad", cip),
-                    ],
-                )
-            },
-        ));
+            }));
+        }
     }
     cases.push(graph("GlobalMaxPool", &s, 13, |b, x| {
         b.op("GlobalMaxPool", "gmp", &[x])
