@@ -147,8 +147,9 @@ pub struct Experiment {
     /// fast (untimed, by rule), default (timed once per conv shape) or exhaustive.
     pub build_effort: crate::backend::BuildEffort,
     /// INT8 on the GPU: where a region of the INT8 engine runs slower than the same layers in
-    /// FP16, the builder times an engine with that region in FP16 and keeps the faster
-    /// (`--fp16-regions`, on by default; [`crate::fp16_regions`]).
+    /// FP16, the builder times an engine with that region in FP16 and keeps the faster, and
+    /// where that still loses, FP16 throughout (`--fp16-regions`, on by default;
+    /// [`crate::fp16_regions`]).
     pub fp16_regions: bool,
     pub bench: BenchSpec,
     /// Threads the CPU engines (and the calibration and layer passes) use; 0 = every core.

@@ -135,9 +135,10 @@ pub struct OutputArgs {
     /// same layers in FP16 (the FP16 row's per-layer times, or an FP16 engine built to get
     /// them), and the INT8 engine is not already under 0.9x FP16's time, the builder builds
     /// and times an engine with those layers in FP16 (float at the region's edges, no Q/DQ
-    /// inside) and keeps the faster one, per batch size. The Layers tab and the report name
-    /// the regions; the trial engine adds a build [default: on]. Off: every quantized layer
-    /// runs in INT8.
+    /// inside) and keeps the faster one, per batch size. Where that is still slower than
+    /// FP16, the whole network is the region: the FP16 engine is built and kept if faster
+    /// (the row then computes FP16's values). The Layers tab and the report name the regions;
+    /// each candidate adds a build [default: on]. Off: every quantized layer runs in INT8.
     #[arg(long, value_enum, value_name = "on|off")]
     pub fp16_regions: Option<OnOffArg>,
     /// Threads for the CPU engines and the calibration passes [default: every core]. An engine

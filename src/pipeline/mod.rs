@@ -614,6 +614,9 @@ struct BuildFailure {
 struct Rows<'a> {
     exp: &'a Experiment,
     ctx: RowCtx<'a>,
+    /// The model as given, which the float rows run; `ctx.p` moves on to INT8's preparation
+    /// (equalized, centered, its weights rounded) for the INT8 rows.
+    float: &'a Prepared,
     /// The float weights GPTQ replaced in the INT8 path's model, for layers a
     /// mixed-precision plan keeps in float.
     float_weights: FloatWeights,
@@ -689,6 +692,7 @@ impl<'a> Rows<'a> {
         };
         Rows {
             exp,
+            float: ctx.p,
             ctx,
             float_weights: FloatWeights::default(),
             report,

@@ -1,17 +1,14 @@
 //! An INT8 row's engines on the GPU, precision per region: at batch 1 and at the run's batch,
 //! the all-INT8 engine's layer times in the run are set against FP16's
 //! ([`crate::fp16_regions`]); where a region is slower in INT8, an engine with that region in
-//! FP16 is built and timed too, and the faster engine is the one the row evaluates and times.
+//! FP16 is built and timed too, and where INT8 still loses so is the FP16 engine (the whole
+//! network as the region); the fastest engine is the one the row evaluates and times.
 //! The Q/DQ export stays all-INT8: TensorRT makes its own choice.
 
 use super::quantized::{Int8Variant, place_int8};
 use super::*;
 use crate::backend::LayerTime;
-use crate::fp16_regions::{self, RegionChoice};
-
-/// The engine with the regions in FP16 is kept when its run is at least this much faster:
-/// two builds of one engine profile within about 1 % of each other.
-const KEEP_MIXED_GAIN: f64 = 0.01;
+use crate::fp16_regions::{Kept, RegionChoice};
 
 impl Rows<'_> {
     /// Whether INT8 rows choose precision per region: on the CUDA backend, for a model this
@@ -58,25 +55,31 @@ impl Rows<'_> {
         let mut ev = self
             .ctx
             .row_with(RowEngines::Built(built), Some(reference), &mut None, label);
+        let quantized = match int8 {
+            BuildInput::Quantized { qdq, .. } => qdq.plan.quantized_nodes.as_slice(),
+            BuildInput::Float { .. } => &[],
+        };
         for c in &choices {
             let line = c.describe(label);
             self.ctx.sink.log(&line);
-            if c.kept_mixed {
+            if c.ran_fp16() {
                 self.report.notes.push(line);
             }
             match c.batch {
-                1 => c.annotate(&mut ev.row.layer_times),
-                _ => c.annotate(&mut ev.row.layer_times_batch),
+                1 => c.annotate(&mut ev.row.layer_times, quantized),
+                _ => c.annotate(&mut ev.row.layer_times_batch, quantized),
             }
         }
         ev.row.fp16_regions = choices;
         ev
     }
 
-    /// The faster of the all-INT8 engine `int8_engine` (built at `batch`) and one with its
-    /// slower regions in FP16, built and timed here; what was chosen goes to `choices`. The
-    /// INT8 engine stands where there is nothing to compare: no region is slower, a profile
-    /// is not in the run, or the other engine cannot be placed or built (logged).
+    /// The fastest of the all-INT8 engine `int8_engine` (built at `batch`), one with its slower
+    /// regions in FP16 and, where both are still slower than FP16's profile, the FP16 engine (the
+    /// whole network as the region), each built and timed here only when FP16's layer times
+    /// say it could win; what was chosen goes to `choices`. The INT8 engine stands where there
+    /// is nothing to compare (a profile is not in the run) or another engine cannot be placed
+    /// or built (logged).
     fn faster_of(
         &mut self,
         int8_engine: Box<dyn Engine>,
@@ -93,78 +96,94 @@ impl Rows<'_> {
         if !info.layer_times_in_run {
             return int8_engine;
         }
-        let Some(fp16) = self.fp16_times(batch, keep_fp32) else {
+        let Some(fp16) = self.fp16_times(batch) else {
             return int8_engine;
         };
-        let regions =
-            fp16_regions::slower_regions(&info.layer_times, &fp16, &qdq.plan.quantized_nodes);
-        let mut choice = RegionChoice {
-            batch,
-            int8_ms: info.layer_times.iter().map(|t| t.time_ms).sum(),
-            fp16_ms: fp16.iter().map(|t| t.time_ms).sum(),
-            regions,
-            mixed_ms: None,
-            kept_mixed: false,
-        };
-        if !choice.worth_trying() || self.ctx.cancel.is_cancelled() {
-            choices.push(choice);
-            return int8_engine;
+        let mut choice =
+            RegionChoice::new(batch, &info.layer_times, &fp16, &qdq.plan.quantized_nodes);
+        let mut kept = int8_engine;
+        if choice.worth_trying() && !self.ctx.cancel.is_cancelled() {
+            let what = format!("{label} with {} FP16 region(s)", choice.regions.len());
+            if let Some((e, ms)) = self.timed(
+                self.mixed_engine(&choice, v, keep_fp32, batch, &what),
+                &what,
+            ) {
+                choice.timed_mixed(ms);
+                if choice.kept == Kept::Regions {
+                    kept = e;
+                }
+            }
         }
+        if choice.fp16_worth_trying() && !self.ctx.cancel.is_cancelled() {
+            let what = format!("{label} in FP16 throughout");
+            let built = self.fp16_engine(batch, &what);
+            if let Some((e, ms)) = self.timed(built, &what) {
+                choice.timed_fp16_engine(ms);
+                if choice.kept == Kept::Fp16 {
+                    kept = e;
+                }
+            }
+        }
+        choices.push(choice);
+        kept
+    }
+
+    /// An engine with `choice`'s regions in FP16: Q/DQ placed again with their nodes in float.
+    fn mixed_engine(
+        &self,
+        choice: &RegionChoice,
+        v: &Int8Variant,
+        keep_fp32: &[crate::fp16_guard::KeptFp32],
+        batch: usize,
+        what: &str,
+    ) -> Result<Box<dyn Engine>, String> {
         let mut kept = v.kept_float.clone();
         kept.extend(choice.regions.iter().flat_map(|r| r.nodes()));
-        let (exp, p) = (self.exp, self.ctx.p);
-        let what = format!("{label} with {} FP16 region(s)", choice.regions.len());
-        let mixed = place_int8(
+        let p = self.ctx.p;
+        let (model, qdq) = place_int8(
             &p.model,
             &self.float_weights,
-            &exp.exclude,
+            &self.exp.exclude,
             &kept,
             v.ranges.as_ref(),
         )
-        .map_err(|e| e.to_string())
-        .and_then(|(model, qdq)| {
-            let input = BuildInput::Quantized {
-                model: &model,
-                qdq: &qdq,
-                keep_fp32,
-            };
-            self.ctx.build(input, batch, &what).map_err(|e| e.message)
-        });
-        match mixed {
+        .map_err(|e| e.to_string())?;
+        let input = BuildInput::Quantized {
+            model: &model,
+            qdq: &qdq,
+            keep_fp32,
+        };
+        self.ctx.build(input, batch, what).map_err(|e| e.message)
+    }
+
+    /// A built engine with its run's milliseconds (the sum of its in-run layer times); None,
+    /// logged, where it did not build, or has no profile in the run to compare.
+    fn timed(
+        &self,
+        built: Result<Box<dyn Engine>, String>,
+        what: &str,
+    ) -> Option<(Box<dyn Engine>, f64)> {
+        match built {
             Ok(e) if e.info().layer_times_in_run => {
-                let mixed_ms: f64 = e.info().layer_times.iter().map(|t| t.time_ms).sum();
-                choice.mixed_ms = Some(mixed_ms);
-                choice.kept_mixed = mixed_ms < choice.int8_ms * (1.0 - KEEP_MIXED_GAIN);
-                let kept_mixed = choice.kept_mixed;
-                choices.push(choice);
-                match kept_mixed {
-                    true => e,
-                    false => int8_engine,
-                }
+                let ms = e.info().layer_times.iter().map(|t| t.time_ms).sum();
+                Some((e, ms))
             }
             Ok(_) => {
-                choices.push(choice);
-                int8_engine
-            }
-            Err(e) => {
                 self.ctx
                     .sink
-                    .log(&format!("{what}: not built ({e}); all INT8 kept"));
-                choices.push(choice);
-                int8_engine
+                    .log(&format!("{what}: no profile in the run to compare"));
+                None
+            }
+            Err(e) => {
+                self.ctx.sink.log(&format!("{what}: not built ({e})"));
+                None
             }
         }
     }
 
     /// FP16's layer times in the run at `batch`: the FP16 row's, else those of an FP16 engine
-    /// built for them once per batch size (None where neither has a profile in the run). That
-    /// engine is built from the model the INT8 engines are, with their overflow guard
-    /// (`keep_fp32`): the FP16 row's guard is not measured for a run without one.
-    fn fp16_times(
-        &mut self,
-        batch: usize,
-        keep_fp32: &[crate::fp16_guard::KeptFp32],
-    ) -> Option<Vec<LayerTime>> {
+    /// built for them once per batch size (None where neither has a profile in the run).
+    fn fp16_times(&mut self, batch: usize) -> Option<Vec<LayerTime>> {
         let from_row =
             self.report.rows.iter().find(|r| {
                 r.precision == Some(Precision::Fp16) && !r.failed() && r.layer_times_in_run
@@ -177,19 +196,29 @@ impl Rows<'_> {
         if let Some(t) = self.fp16_profiles.get(&batch) {
             return t.clone();
         }
-        let input = BuildInput::Float {
-            model: &self.ctx.p.model,
-            precision: Precision::Fp16,
-            keep_fp32,
-        };
         let times = self
-            .ctx
-            .build(input, batch, "FP16 (to compare INT8's regions with)")
+            .fp16_engine(batch, "FP16 (to compare INT8's regions with)")
             .ok()
             .filter(|e| e.info().layer_times_in_run)
             .map(|e| e.info().layer_times.clone());
         self.fp16_profiles.insert(batch, times.clone());
         times
+    }
+
+    /// The FP16 engine at `batch` as the FP16 row builds it: from the model as given, not
+    /// INT8's preparation, with FP16's own overflow guard, so that its convs come from the
+    /// choice cache as the FP16 row's did. On an H200 the FP16 engines so built for
+    /// RegNetY-400MF's and LeViT-128S's INT8 rows ran the FP16 rows' kernels, layer for layer.
+    fn fp16_engine(&mut self, batch: usize, what: &str) -> Result<Box<dyn Engine>, String> {
+        let float = self.float;
+        let guard = self.fp16_guard(float, super::guard::GuardFor::Float);
+        let model = crate::quant::carried::float_model(&float.model);
+        let input = BuildInput::Float {
+            model: &model,
+            precision: Precision::Fp16,
+            keep_fp32: &guard,
+        };
+        self.ctx.build(input, batch, what).map_err(|e| e.message)
     }
 }
 
@@ -395,7 +424,7 @@ mod tests {
         assert!(row.error.is_none() && row.top1.is_some(), "{:?}", row.error);
         assert_eq!(row.fp16_regions.len(), 2, "one choice per batch size");
         for c in &row.fp16_regions {
-            assert!(c.kept_mixed, "{c:?}");
+            assert_eq!(c.kept, Kept::Regions, "{c:?}");
             assert_eq!(c.regions.len(), 1);
             assert_eq!(c.regions[0].layers, vec![slow.clone()]);
         }
@@ -427,6 +456,30 @@ mod tests {
 
     #[test]
     fn a_slower_trial_engine_leaves_all_int8() {
+        // INT8's other layers are fast enough that the engine runs in 0.95x FP16's time (21
+        // layers at 0.85 ms and the slow one at 3, against 22 at 1): a trial, but no FP16
+        // engine.
+        let script = Script {
+            int8_ms: 0.85,
+            slow_int8_ms: 3.0,
+            edge_ms: 5.0,
+        };
+        let (report, built, slow) = run_scripted(script, true);
+        let row = int8_row(&report);
+        assert!(row.error.is_none());
+        for c in &row.fp16_regions {
+            assert!(c.int8_ms < c.fp16_ms && c.worth_trying(), "{c:?}");
+            assert_eq!(c.kept, Kept::Int8);
+            assert!(c.mixed_ms.is_some() && c.fp16_engine_ms.is_none());
+        }
+        assert_eq!(precision_of(&row.layer_times, &slow), None);
+        assert!(!report.notes.iter().any(|n| n.contains("ran in FP16")));
+        assert_eq!(built.iter().filter(|(k, _)| k == "mixed").count(), 2);
+    }
+
+    #[test]
+    fn where_int8_loses_even_with_its_regions_in_fp16_the_row_runs_fp16() {
+        // All-INT8 24 ms, the trial 27 ms, FP16 22 ms: the whole network is the region.
         let script = Script {
             int8_ms: 1.0,
             slow_int8_ms: 3.0,
@@ -434,15 +487,49 @@ mod tests {
         };
         let (report, built, slow) = run_scripted(script, true);
         let row = int8_row(&report);
-        assert!(row.error.is_none());
-        assert!(
-            row.fp16_regions
-                .iter()
-                .all(|c| !c.kept_mixed && c.mixed_ms.is_some())
+        assert!(row.error.is_none() && row.top1.is_some(), "{:?}", row.error);
+        for c in &row.fp16_regions {
+            assert_eq!(c.kept, Kept::Fp16, "{c:?}");
+            assert!(c.mixed_ms.is_some_and(|m| m > c.int8_ms));
+            assert!(c.fp16_engine_ms.is_some_and(|m| m < c.int8_ms));
+        }
+        // Every quantized layer says so, with INT8's slowdown over the whole network.
+        let marked = "fp16 region: INT8 was 1.09x slower for the whole network";
+        assert_eq!(precision_of(&row.layer_times, &slow), Some(marked));
+        let marked_rows = row
+            .layer_times_batch
+            .iter()
+            .filter(|t| t.precision.as_deref() == Some(marked))
+            .count();
+        assert_eq!(
+            marked_rows,
+            row.layer_times_batch.len(),
+            "every layer (all quantized here) is marked"
         );
-        assert_eq!(precision_of(&row.layer_times, &slow), None);
-        assert!(!report.notes.iter().any(|n| n.contains("ran in FP16")));
-        assert_eq!(built.iter().filter(|(k, _)| k == "mixed").count(), 2);
+        assert_eq!(
+            row.int8_nodes,
+            Some(0),
+            "the row says its engine has no int8 layer"
+        );
+        assert!(
+            report
+                .notes
+                .iter()
+                .any(|n| n.contains("ran in FP16 throughout"))
+        );
+        let kinds: Vec<(&str, usize)> = built.iter().map(|(k, b)| (k.as_str(), *b)).collect();
+        assert_eq!(
+            &kinds[4..],
+            [
+                ("int8", 1),
+                ("mixed", 1),
+                ("fp16", 1),
+                ("int8", 2),
+                ("mixed", 2),
+                ("fp16", 2)
+            ],
+            "each batch's INT8 engine, the trial, then the FP16 engine for the row"
+        );
     }
 
     #[test]
@@ -459,7 +546,7 @@ mod tests {
         assert_eq!(row.fp16_regions.len(), 2);
         for c in &row.fp16_regions {
             assert_eq!(c.regions.len(), 1, "the slow layer is still found");
-            assert!(!c.worth_trying() && c.mixed_ms.is_none() && !c.kept_mixed);
+            assert!(!c.worth_trying() && c.mixed_ms.is_none() && c.kept == Kept::Int8);
         }
         let kinds: Vec<(&str, usize)> = built.iter().map(|(k, b)| (k.as_str(), *b)).collect();
         assert_eq!(

@@ -137,8 +137,8 @@ pub fn build_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::Ui) {
         .on_hover_text(
             "Precision per region: where a run of the INT8 engine's layers is slower than the \
              same layers in FP16, the builder times an engine with them in FP16 and keeps the \
-             faster one (the Layers tab marks them \"fp16 region\"). Off: every quantized \
-             layer runs in INT8",
+             faster one (the Layers tab marks them \"fp16 region\"); where INT8 still loses, \
+             the whole engine runs in FP16. Off: every quantized layer runs in INT8",
         )
         .on_disabled_hover_text("The CPU backend runs every quantized layer in INT8");
         ui.end_row();
