@@ -223,6 +223,33 @@ fn compare_tab_says_how_many_layers_the_overflow_guard_kept() {
     h.get_by_label(want);
 }
 
+/// An INT8 row whose engine precision per region ran in FP16 says so in the Compare table,
+/// per batch size, with the builder's own lines on hover.
+#[test]
+fn compare_tab_says_where_an_int8_row_ran_in_fp16() {
+    use quantscope::fp16_regions::{Kept, RegionChoice};
+    let mut wb = sample_workbench();
+    let mut report = sample_report();
+    let int8 = report
+        .rows
+        .iter_mut()
+        .find(|r| r.precision == Some(Precision::Int8) && r.budget.is_none())
+        .expect("an INT8 row");
+    int8.fp16_regions = vec![RegionChoice {
+        batch: 1,
+        regions: vec![],
+        int8_ms: 0.55,
+        fp16_ms: 0.5,
+        mixed_ms: None,
+        fp16_engine_ms: Some(0.49),
+        kept: Kept::Fp16,
+    }];
+    wb.set_results(report, Some(sample_artifacts()));
+    let mut h = harness(wb);
+    h.run();
+    h.get_by_label_contains("batch 1: ran in FP16 throughout (INT8 was 1.10x slower)");
+}
+
 /// The mixed-precision row says in the Compare table whether it meets its budget, in red
 /// where it does not, with the numbers on hover.
 #[test]

@@ -512,6 +512,12 @@ mod tests {
             "the row says its engine has no int8 layer"
         );
         assert!(
+            row.note()
+                .contains("batch 1: ran in FP16 throughout (INT8 was 1.09x slower)"),
+            "{}",
+            row.note()
+        );
+        assert!(
             report
                 .notes
                 .iter()

@@ -322,6 +322,13 @@ fn table_ui(
                                             format!("{} ({}): {}", k.node, k.op, k.reason)
                                         }));
                                     }
+                                    // Precision per region: what of this INT8 row ran in FP16.
+                                    if let Some(g) = r.fp16_regions_note() {
+                                        text.push(g);
+                                        hover.extend(
+                                            r.fp16_regions.iter().map(|c| c.describe(&r.label())),
+                                        );
+                                    }
                                     let l = ui.label(text.join(" · "));
                                     if !hover.is_empty() {
                                         l.on_hover_text(hover.join("\n"));
