@@ -11,6 +11,7 @@ use std::path::Path;
 use common::cuda::{
     bottleneck_block, check_int8, cpu_fp32_run, depthwise_3x3, float_err, forced_engine, gpu,
     input_for, int8_reference, int8_scores, int8_scores_of, max_qdq, mobilenet_block, rel_err,
+    wgmma_gpu,
 };
 use common::max_err;
 
@@ -22,8 +23,9 @@ use quantscope::model::{Model, proto};
 /// Each way the builder can run an int8 conv, forced on every conv it applies to (a cached
 /// choice naming only the family), against the CPU INT8 engine on the bundled classifier:
 /// the cuDNN graph int8 conv, the fused int8-out cuBLASLt GEMM, the raw int32 GEMM +
-/// epilogue, the FP16 way through cuDNN and through cuBLASLt, and the direct kernel (its
-/// convs take no int8 pointwise kernel: the MobileNet block's test forces that one).
+/// epilogue, the FP16 way through cuDNN and through cuBLASLt, the direct kernel (its convs
+/// take no int8 pointwise kernel: the MobileNet block's test forces that one) and, on a
+/// Hopper GPU, the wgmma kernels.
 #[test]
 fn every_int8_conv_implementation_matches_cpu() {
     use quantscope::backend::cuda::ops as plan;
@@ -39,7 +41,8 @@ fn every_int8_conv_implementation_matches_cpu() {
     }
     .with_fixed_input(batch, hw);
     let pl = plan::lower(&p, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
-    for family in ["cudnng", "gemmf", "gemm", "f16+cudnn", "f16+gemm", "direct"] {
+    let families = ["cudnng", "gemmf", "gemm", "f16+cudnn", "f16+gemm", "direct"];
+    for &family in families.iter().chain(hopper_kernels()) {
         let (mut eng, applied, n) = forced_engine(&pl, Precision::Int8, batch, family);
         eprintln!("{family}: forced on {applied} of {n} convs");
         assert!(applied > 0, "{family} applied to no conv");
@@ -181,7 +184,7 @@ fn every_conv_implementation_matches_cpu_on_a_mobilenet_block() {
     let Some(_) = gpu() else { return };
     let int8 = [
         &["cudnng", "gemmf", "gemm", "f16+cudnn", "dw", "dwr"][..],
-        &INT8_KERNELS,
+        &int8_kernels(),
     ]
     .concat();
     every_conv_implementation_matches_cpu(mobilenet_block(), false, &FLOAT_FAMILIES, &int8);
@@ -197,7 +200,7 @@ fn every_conv_implementation_matches_cpu_on_an_efficientnet_block() {
     let Some(_) = gpu() else { return };
     let int8 = [
         &["cudnng", "gemm", "f16+cudnn", "dw", "dwr", "mmas", "mmas64"][..],
-        &INT8_KERNELS,
+        &int8_kernels(),
     ]
     .concat();
     every_conv_implementation_matches_cpu(efficientnet_block(), true, &FLOAT_FAMILIES, &int8);
@@ -214,7 +217,7 @@ fn every_conv_implementation_matches_cpu_on_a_bottleneck_block() {
     let float = ["cudnng", "gemmf", "gemm", "cudnn", "direct"];
     let int8 = [
         &["cudnng", "gemm", "f16+cudnn", "mmas", "mmas64"][..],
-        &INT8_KERNELS,
+        &int8_kernels(),
     ]
     .concat();
     every_conv_implementation_matches_cpu(bottleneck_block(), false, &float, &int8);
@@ -260,6 +263,50 @@ fn streaming_1x1_kernels_match_cpu_over_many_tiles() {
     }
 }
 
+/// The implicit GEMM tensor-core kernels (`mma`, `mma64`, and on Hopper the `wgmma` ones, the
+/// 128-channel tiles of `wgmmaw` among them) over many pixel tiles and reduction tiles: a
+/// ResNet layer3 block at batch 4 (28 x 28, 3,136 pixels: 25 tiles of 128, the last partial),
+/// two 3x3 256 -> 256 convs (reduction 2,304 bytes: 18 tiles of 128, so every stage of the
+/// copy pipeline is refilled; two 128-channel tiles), the second with the block's input added
+/// and ReLU, then a float 1x1 head, forced on every conv, against the CPU INT8 engine within
+/// two output steps. The blocks above have reductions of a few tiles and grids of a few
+/// blocks.
+#[test]
+fn implicit_gemm_kernels_match_cpu_over_many_tiles_and_stages() {
+    use quantscope::backend::cuda::ops as plan;
+    let Some(_) = gpu() else { return };
+    let mut b = GraphBuilder::new(&[1, 256, 28, 28]);
+    let c1 = b.conv("conv1", "x", 256, 256, 3);
+    let r1 = b.op("Relu", "conv1.relu", &[&c1]);
+    let c2 = b.conv("conv2", &r1, 256, 256, 3);
+    let add = b.op("Add", "block.add", &[&c2, "x"]);
+    let r2 = b.op("Relu", "block.relu", &[&add]);
+    let y = b.conv("head", &r2, 256, 16, 1);
+    b.output(&y);
+    let m = b.model();
+    let (batch, hw) = (4, [28, 28]);
+    let x = input_for(&m, batch, hw, 17);
+    let (q, cpu8, step) = int8_reference(&m, BuildSpec { batch, hw }, &x);
+    let pl = plan::lower(&q, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
+    let wide: &[&str] = if wgmma_gpu() { &["wgmmaw"] } else { &[] };
+    for family in [&["mma", "mma64"][..], hopper_kernels(), wide].concat() {
+        let (mut eng, applied, n) = forced_engine(&pl, Precision::Int8, batch, family);
+        let out = eng.run(&x).expect("cuda run");
+        let (abs, _) = max_err(&out.data, &cpu8.data);
+        eprintln!(
+            "int8 [{family}]: forced on {applied} of {n} convs, max abs err {abs:.3e}, step {step:.3e}"
+        );
+        assert!(
+            applied >= 2,
+            "int8: {family} on {applied} of {n} convs, not both 3x3 ones"
+        );
+        assert!(
+            abs <= 2.0 * step,
+            "int8 [{family}]: max abs err {abs} over two steps of {step}"
+        );
+    }
+}
+
 /// Every conv implementation against the CPU, as on the blocks above, on two stems of a
 /// [1, 3, 50, 50] image, concatenated: ResNet's 7x7 stride-2 3 -> 64 and MobileNet's 3x3
 /// stride-2 3 -> 32 (each + ReLU). The planner regroups them into 4x4 and 2x2 stride-1 convs
@@ -298,7 +345,8 @@ fn every_conv_implementation_matches_cpu_on_stems() {
         vec![proto::int_attr("axis", 1)],
     );
     b.output(&y);
-    every_conv_implementation_matches_cpu(b, false, &["direct"], &["mmar", "mma", "direct"]);
+    let int8 = [&["mmar", "mma", "direct"][..], hopper_kernels()].concat();
+    every_conv_implementation_matches_cpu(b, false, &["direct"], &int8);
 }
 
 /// The same on a chain of depthwise convs, one of each kernel size and stride the int8
@@ -360,8 +408,26 @@ fn depthwise_chain() -> GraphBuilder {
 const FLOAT_FAMILIES: [&str; 6] = ["cudnng", "gemmf", "gemm", "cudnn", "dw", "direct"];
 
 /// The NVRTC kernels for int8 convs that each block test forces: both `__dp4a` pointwise
-/// kernels, the tensor-core kernel in both tile heights and the direct one.
-const INT8_KERNELS: [&str; 5] = ["pw", "pww", "mma", "mma64", "direct"];
+/// kernels, the tensor-core kernel in both tile heights, the direct one, and on a Hopper GPU
+/// the wgmma kernels.
+fn int8_kernels() -> Vec<&'static str> {
+    [
+        &["pw", "pww", "mma", "mma64", "direct"][..],
+        hopper_kernels(),
+    ]
+    .concat()
+}
+
+/// The int8 kernels of compute capability 9.0 alone: the wgmma kernel's 64-channel tiles on a
+/// Hopper GPU, none elsewhere (the builder does not offer them there). Its 128-channel tiles
+/// need 128 output channels or more, which only the many-tiles test's block has.
+fn hopper_kernels() -> &'static [&'static str] {
+    if wgmma_gpu() {
+        &["wgmma", "wgmma64"]
+    } else {
+        &[]
+    }
+}
 
 /// `dense_on_cudnng`: the FP16 cuDNN graph must take every conv but the depthwise one;
 /// `float_families`, `int8_families`: the float and int8 ways each applying to some conv of

@@ -27,6 +27,13 @@ pub fn gpu() -> Option<CudaBackend> {
     }
 }
 
+/// Whether the GPU has Hopper's warpgroup instructions (compute capability 9.0), where the
+/// builder offers the int8 `wgmma` kernel.
+pub fn wgmma_gpu() -> bool {
+    use quantscope::backend::cuda::engine::Device;
+    Device::new().is_ok_and(|d| d.compute == (9, 0))
+}
+
 /// max |a - b| / max |b|.
 pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len());

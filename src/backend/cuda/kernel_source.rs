@@ -18,6 +18,7 @@ pub(crate) const KERNELS: &str = program!(
     "conv_dw.cu",
     "conv_pw_i8.cu",
     "conv_i8_mma.cu",
+    "conv_i8_wgmma.cu",
     "elementwise.cu",
     "movement.cu",
     "norm.cu",

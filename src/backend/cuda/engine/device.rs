@@ -11,7 +11,7 @@ use cudarc::cublaslt::sys as lt;
 use cudarc::cudnn::sys as dnn;
 use cudarc::driver::{CudaContext, CudaEvent, CudaStream, result, sys};
 
-use super::kernels::{Kernels, mma_residual_fits, ptx};
+use super::kernels::{Kernels, mma_residual_fits, ptx, ptx_arch};
 use super::{LIB_WORKSPACE_BYTES, log_msg};
 use crate::backend::cuda::dnn_graph::{ConvGraph, PlanPick};
 use crate::backend::cuda::error::{CudaError, CudaResult, dnn_ok, drv, lt_err};
@@ -110,7 +110,7 @@ impl Device {
         let (maj, min) = drv(ctx.compute_capability(), "compute capability")?;
         let name = drv(ctx.name(), "device name")?;
         let stream = drv(ctx.new_stream(), "creating a stream")?;
-        let ptx_src = ptx(&format!("compute_{maj}{min}"))?;
+        let ptx_src = ptx(&ptx_arch((maj, min)))?;
         let module = drv(
             ctx.load_module(cudarc::nvrtc::Ptx::from_src(ptx_src)),
             "loading the kernels",

@@ -38,6 +38,34 @@ pub(super) const MMA_LD: usize = MMA_BK + 16;
 pub(super) const fn mma_smem_bytes(bm: usize, residual: bool) -> usize {
     MMA_STAGES * (bm + MMA_BN) * MMA_LD + 2 * MMA_BN * 4 + if residual { bm * MMA_BN } else { 0 }
 }
+/// The Hopper int8 kernel's tile height, the bytes of the reduction a stage copies and its
+/// stages (`WG_BM`, `WG_BK`, `WG_STAGES` in kernels/conv_i8_wgmma.cu; its tile width and
+/// threads are the tensor-core kernel's `MMA_BN` and `MMA_THREADS`).
+pub(super) const WG_BM: usize = 128;
+pub(super) const WG_BK: usize = 128;
+pub(super) const WG_STAGES: usize = 4;
+/// Dynamic shared memory of a `conv_i8_wgmma` block of `bm`-pixel by `bn`-channel tiles:
+/// 1 KiB of slack to put its stages on a 1024-byte boundary (the 128-byte swizzle's period),
+/// the stages, the alphas and biases and (64-channel tiles) the int8 residual tile. About
+/// 106 KiB at 128 x 64, 70 at 64 x 64, 130 at 128 x 128: more than the 48 KiB a launch gets
+/// without asking (`Kernels::load` raises the limit).
+pub(super) const fn wgmma_smem_bytes(bm: usize, bn: usize) -> usize {
+    let residual = if bn == MMA_BN { bm * MMA_BN } else { 0 };
+    1024 + WG_STAGES * (bm + bn) * WG_BK + 2 * bn * 4 + residual
+}
+/// The wgmma kernels' tiles, (pixels, channels): `conv_i8_wgmma`, `conv_i8_wgmma64` and
+/// `conv_i8_wgmma_wide` (two warpgroups a block), in the order the builder offers them.
+pub(super) const WGMMA_TILES: [(usize, usize); 3] =
+    [(WG_BM, MMA_BN), (WG_BM / 2, MMA_BN), (WG_BM, 2 * MMA_BN)];
+/// The compute capability `conv_i8_wgmma` runs on, exactly: wgmma is an sm_90a feature that
+/// later GPUs do not have; on 9.0 the PTX is compiled for `compute_90a` (`ptx_arch`).
+pub(crate) const WGMMA_COMPUTE: (i32, i32) = (9, 0);
+/// The NVRTC target for a GPU of compute capability (maj, min): `compute_90a` on sm_90, whose
+/// architecture-specific features (wgmma) only that target compiles; `compute_XY` elsewhere.
+pub(super) fn ptx_arch((maj, min): (i32, i32)) -> String {
+    let suffix = if (maj, min) == WGMMA_COMPUTE { "a" } else { "" };
+    format!("compute_{maj}{min}{suffix}")
+}
 /// Blocks an SM the tensor-core kernels' launch bounds ask for: (tile height, blocks), the
 /// implicit GEMM kernels' and the streaming 1x1 ones' alike.
 pub(super) const MMA_OCCUPANCY: [(usize, usize); 2] = [(MMA_BM, 4), (MMA_BM / 2, 6)];
@@ -146,6 +174,9 @@ pub(super) struct Kernels {
     pub(super) conv_i8_rows: Kernel,
     pub(super) conv_i8_mmas: Kernel,
     pub(super) conv_i8_mmas64: Kernel,
+    pub(super) conv_i8_wgmma: Kernel,
+    pub(super) conv_i8_wgmma64: Kernel,
+    pub(super) conv_i8_wgmma_wide: Kernel,
     pub(super) gap_finish: Kernel,
 }
 
@@ -202,6 +233,9 @@ impl Kernels {
             conv_i8_rows: f("conv_i8_rows")?,
             conv_i8_mmas: f("conv_i8_mmas")?,
             conv_i8_mmas64: f("conv_i8_mmas64")?,
+            conv_i8_wgmma: f("conv_i8_wgmma")?,
+            conv_i8_wgmma64: f("conv_i8_wgmma64")?,
+            conv_i8_wgmma_wide: f("conv_i8_wgmma_wide")?,
             gap_finish: f("gap_finish")?,
         };
         let raise = |k: &Kernel, bytes: usize, what: &str| {
@@ -236,13 +270,31 @@ impl Kernels {
                 )?;
             }
         }
+        if compute == WGMMA_COMPUTE {
+            for (bm, bn) in WGMMA_TILES {
+                raise(
+                    k.wgmma(bm, bn),
+                    wgmma_smem_bytes(bm, bn),
+                    "raising the Hopper int8 kernel's shared memory limit",
+                )?;
+            }
+        }
         Ok(k)
+    }
+
+    /// The wgmma kernel of `bm` x `bn` tiles (one of WGMMA_TILES).
+    pub(super) fn wgmma(&self, bm: usize, bn: usize) -> &Kernel {
+        match (bm, bn) {
+            (WG_BM, MMA_BN) => &self.conv_i8_wgmma,
+            (_, MMA_BN) => &self.conv_i8_wgmma64,
+            _ => &self.conv_i8_wgmma_wide,
+        }
     }
 }
 
 /// Names of the kernels the engine loads (the compile check makes sure each is in the PTX).
 #[cfg(test)]
-pub(super) const KERNEL_NAMES: [&str; 42] = [
+pub(super) const KERNEL_NAMES: [&str; 45] = [
     "epilogue",
     "conv_direct",
     "conv_dw4",
@@ -284,6 +336,9 @@ pub(super) const KERNEL_NAMES: [&str; 42] = [
     "conv_i8_rows",
     "conv_i8_mmas",
     "conv_i8_mmas64",
+    "conv_i8_wgmma",
+    "conv_i8_wgmma64",
+    "conv_i8_wgmma_wide",
     "gap_finish",
 ];
 

@@ -26,8 +26,9 @@ fn plan_of(tensors: Vec<TensorDesc>) -> Plan {
     }
 }
 
-/// The kernels compile under NVRTC for Hopper and for the oldest supported GPU, without a
-/// warning, and export every kernel the engine loads. Needs no GPU: NVRTC alone (the
+/// The kernels compile under NVRTC for Hopper (sm_90a, with its warpgroup kernel, and plain
+/// sm_90) and for the oldest supported GPU, without a warning, and export every kernel the
+/// engine loads. Needs no GPU: NVRTC alone (the
 /// `nvidia-cuda-nvrtc` and `nvidia-cuda-runtime` wheels for CUDA 13, with
 /// QUANTSCOPE_CUDA_LIB_DIRS naming the folder that holds libnvrtc.so.13; .ci/run does this).
 /// Skips when NVRTC is missing, unless QUANTSCOPE_REQUIRE_NVRTC is set.
@@ -47,7 +48,7 @@ fn kernels_compile_with_nvrtc() {
         );
         return;
     }
-    for arch in ["compute_90", "compute_75"] {
+    for arch in ["compute_90a", "compute_90", "compute_75"] {
         let (ptx, log) = compile_kernels(arch).unwrap_or_else(|e| panic!("{arch}: {e}"));
         assert!(log.trim().is_empty(), "{arch}: NVRTC warnings:\n{log}");
         for name in KERNEL_NAMES {
@@ -65,8 +66,15 @@ fn kernels_compile_with_nvrtc() {
             let name = body.split('(').next().unwrap_or_default();
             assert_eq!(
                 body.contains("griddepcontrol.wait"),
-                arch == "compute_90",
+                arch != "compute_75",
                 "{arch}: kernel `{name}` and griddepcontrol.wait"
+            );
+            // Hopper's warpgroup instructions exist on the sm_90a target alone; elsewhere
+            // the `conv_i8_wgmma` kernels are traps, and no other kernel uses them.
+            assert_eq!(
+                body.contains("wgmma.mma_async"),
+                arch == "compute_90a" && name.starts_with("conv_i8_wgmma"),
+                "{arch}: kernel `{name}` and wgmma"
             );
         }
         eprintln!(
@@ -147,6 +155,28 @@ fn tensor_core_tile_constants_match_the_kernels() {
             "{name} {v}"
         );
     }
+    for (name, v) in [("WG_BM", WG_BM), ("WG_BK", WG_BK), ("WG_STAGES", WG_STAGES)] {
+        assert!(
+            KERNELS.contains(&format!("#define {name} {v}\n")),
+            "{name} {v}"
+        );
+    }
+    // The launch bounds' blocks an SM fit sm_90's 228 KiB (the driver keeps 1 KiB a block).
+    let bounds = [
+        ("MMA_THREADS, 2) conv_i8_wgmma(", 2),
+        ("MMA_THREADS, 3) conv_i8_wgmma64(", 3),
+        ("2 * MMA_THREADS, 1) conv_i8_wgmma_wide(", 1),
+    ];
+    for ((bm, bn), (b, blocks)) in WGMMA_TILES.into_iter().zip(bounds) {
+        assert!(KERNELS.contains(&format!("__launch_bounds__({b}")), "{b}");
+        assert!(
+            blocks * (wgmma_smem_bytes(bm, bn) + 1024) <= 228 << 10,
+            "{bm} x {bn}"
+        );
+    }
+    assert_eq!(ptx_arch((9, 0)), "compute_90a");
+    assert_eq!(ptx_arch((8, 6)), "compute_86");
+    assert_eq!(ptx_arch((10, 0)), "compute_100");
     assert!(KERNELS.contains("#define MMA_LD (MMA_BK + 16)\n"));
     assert!(KERNELS.contains(&format!("#define ROWS_MAX_OW {ROWS_MAX_OW}\n")));
     assert!(KERNELS.contains("#define ROWS_CODE_LD (MMA_BN + 16)\n"));

@@ -110,7 +110,8 @@ __device__ __forceinline__ void mma_k32(int (&acc)[MI][4][4], const unsigned cha
 // The tensor-core kernels' epilogue: the block's int32 sums, staged in shared memory `so`
 // (MMA_OUT_LD a row) for `rows` output pixels from m0 by MMA_BN channels from n0, with the
 // alphas and biases (and, with `res_smem`, the int8 residual tile) the block copied into
-// shared memory, to the output.
+// shared memory, to the output; by MMA_THREADS threads, this one `tid` of them (a block of
+// twice the threads runs it on two 64-channel halves).
 #define MMA_EPI_PARAMS                                                                       \
   const void *res, int res_t, float res_scale, void *y, int y_t, float y_scale, int cout,   \
       int act, float a0, float a1
@@ -144,10 +145,10 @@ __device__ __forceinline__ void mma_epi_i8_rows(const EpiI8& e, const int* so,
     }
   }
 }
-__device__ __forceinline__ void mma_epilogue(const int* so, const float* s_al, const float* s_bi,
-                                             const unsigned char* s_res, bool res_smem, int m0,
-                                             int rows, int n0, MMA_EPI_PARAMS) {
-  const int tid = threadIdx.x;
+__device__ __forceinline__ void mma_epilogue(const int tid, const int* so, const float* s_al,
+                                             const float* s_bi, const unsigned char* s_res,
+                                             bool res_smem, int m0, int rows, int n0,
+                                             MMA_EPI_PARAMS) {
   // A thread's four channels are the same in every row it writes (MMA_THREADS is a multiple
   // of MMA_BN / 4): their alpha and bias are read once. On the int8 path the residual reads
   // of MMA_EPI_ROWS rows go out together before any store (the output may alias the
@@ -333,8 +334,7 @@ __device__ __forceinline__ void conv_i8_mma_body(unsigned char* smem, MMA_PARAMS
       *(int2*)&so[(r + 8) * MMA_OUT_LD + c] = make_int2(acc[i][j][2], acc[i][j][3]);
     }
   __syncthreads();
-  mma_epilogue(so, s_al, s_bi, s_res, res_smem, m0, min(BM, m - m0), n0,
-                            MMA_EPI_ARGS);
+  mma_epilogue(tid, so, s_al, s_bi, s_res, res_smem, m0, min(BM, m - m0), n0, MMA_EPI_ARGS);
 #else
   __trap();
 #endif
@@ -531,7 +531,7 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS)
       }
     }
     __syncthreads();
-    mma_epilogue(so, s_al, s_bi, nullptr, false, row * ow, ow, n0, MMA_EPI_ARGS);
+    mma_epilogue(tid, so, s_al, s_bi, nullptr, false, row * ow, ow, n0, MMA_EPI_ARGS);
   }
 #else
   __trap();

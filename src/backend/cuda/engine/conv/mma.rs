@@ -2,7 +2,8 @@
 //! epilogue (bias, residual, activation, requantization) in registers: `conv_i8_mma` /
 //! `conv_i8_mma64` (implicit GEMM in 128- or 64-pixel tiles), `conv_i8_mmas*` (1x1 with the
 //! block's weights resident, pixel tiles streamed) and `conv_i8_rows` (a regrouped stem, a
-//! row of output pixels a block).
+//! row of output pixels a block); on compute capability 9.0 also `conv_i8_wgmma`, the implicit
+//! GEMM on Hopper's warpgroup instructions.
 
 use cudarc::driver::LaunchConfig;
 
@@ -10,8 +11,8 @@ use super::super::args::FastDiv;
 use super::super::device::{DevBuf, Launch};
 use super::super::kernels::{
     MMA_BK, MMA_BM, MMA_BN, MMA_COMPUTE, MMA_OCCUPANCY, MMA_THREADS, MMAS_KPADS, MMAS_MAX_SMEM,
-    ROWS_MAX_OW, ROWS_MAX_SMEM, epi_i8_ok, launch, mma_smem_bytes, mmas_smem_bytes, round_up,
-    rows_codes, rows_smem_bytes,
+    ROWS_MAX_OW, ROWS_MAX_SMEM, WGMMA_COMPUTE, WGMMA_TILES, epi_i8_ok, launch, mma_smem_bytes,
+    mmas_smem_bytes, round_up, rows_codes, rows_smem_bytes, wgmma_smem_bytes,
 };
 use super::{ConvFamily, ConvImpl, ConvLayer, ConvSetup, ConvWay, Epi, padded_rows};
 use crate::backend::cuda::error::{CudaError, CudaResult};
@@ -29,7 +30,7 @@ impl ConvFamily for Mma {
         false
     }
     fn tokens(&self) -> &'static [&'static str] {
-        &["mma", "mmas", "mmar"]
+        &["mma", "mmas", "mmar", "wgmma", "wgmmaw"]
     }
     /// An int8 conv of one group reading int8 (NHWC, or rows for a 1x1 one), a tap's input
     /// channels in whole 16-byte copies, output rows of 4-byte groups, 32-bit row indices
@@ -58,6 +59,19 @@ impl ConvFamily for Mma {
         }
         if rows_ok(cx, c) {
             imps.push(ConvImpl::MmaRows);
+        }
+        // Hopper's warpgroup kernels: row tiles within the grid's y limit (as above), 128-
+        // channel tiles where they are whole (the weights are padded to 64 rows).
+        if cx.dev.compute == WGMMA_COMPUTE {
+            imps.extend(
+                WGMMA_TILES
+                    .into_iter()
+                    .filter(|&(bm, bn)| {
+                        l.m.div_ceil(bm) <= u16::MAX as usize
+                            && (bn == MMA_BN || c.cout.is_multiple_of(bn))
+                    })
+                    .map(|(bm, bn)| ConvImpl::Wgmma { bm, bn }),
+            );
         }
         imps.extend(
             [MMA_BM, MMA_BM / 2]
@@ -131,6 +145,14 @@ fn weights(c: &ConvStep) -> CudaResult<DevBuf> {
     DevBuf::from_slice(&w)
 }
 
+/// Which implicit GEMM kernel runs a conv: the mma.sync one in tiles of so many pixels, or
+/// Hopper's wgmma one in tiles of (pixels, channels); the same parameters and weights.
+#[derive(Clone, Copy)]
+enum Tiles {
+    Mma(usize),
+    Wgmma(usize, usize),
+}
+
 struct MmaSetup {
     w: DevBuf,
     imps: Vec<ConvImpl>,
@@ -143,7 +165,8 @@ impl ConvSetup for MmaSetup {
 
     fn launch(&self, cx: &Launch, l: &ConvLayer, imp: &ConvImpl, way: &ConvWay) -> CudaResult<()> {
         match imp {
-            ConvImpl::Mma { bm } => self.implicit_gemm(cx, l, *bm, way),
+            ConvImpl::Mma { bm } => self.implicit_gemm(cx, l, Tiles::Mma(*bm), way),
+            ConvImpl::Wgmma { bm, bn } => self.implicit_gemm(cx, l, Tiles::Wgmma(*bm, *bn), way),
             ConvImpl::MmaStream { bm } => self.streaming(cx, l, *bm, way),
             ConvImpl::MmaRows => self.rows(cx, l, way),
             _ => Err(CudaError::Internal(format!(
@@ -163,7 +186,7 @@ impl MmaSetup {
         &self,
         cx: &Launch,
         l: &ConvLayer,
-        bm: usize,
+        tiles: Tiles,
         way: &ConvWay,
     ) -> CudaResult<()> {
         let c = &l.step;
@@ -178,19 +201,30 @@ impl MmaSetup {
         };
         // x: tiles of output channels (the blocks sharing a tile of pixels run together);
         // y: tiles of pixels.
+        let k = &cx.dev.k;
+        let (f, bm, smem) = match tiles {
+            Tiles::Mma(bm) if bm == MMA_BM => {
+                (&k.conv_i8_mma, bm, mma_smem_bytes(bm, cx.dev.mma_residual))
+            }
+            Tiles::Mma(bm) => (
+                &k.conv_i8_mma64,
+                bm,
+                mma_smem_bytes(bm, cx.dev.mma_residual),
+            ),
+            Tiles::Wgmma(bm, bn) => (k.wgmma(bm, bn), bm, wgmma_smem_bytes(bm, bn)),
+        };
+        // A warpgroup of MMA_THREADS for every 64 channels of the tile.
+        let bn = match tiles {
+            Tiles::Wgmma(_, bn) => bn,
+            Tiles::Mma(_) => MMA_BN,
+        };
         let cfg = LaunchConfig {
-            grid_dim: (c.cout.div_ceil(MMA_BN) as u32, l.m.div_ceil(bm) as u32, 1),
-            block_dim: (MMA_THREADS as u32, 1, 1),
-            shared_mem_bytes: mma_smem_bytes(bm, cx.dev.mma_residual) as u32,
+            grid_dim: (c.cout.div_ceil(bn) as u32, l.m.div_ceil(bm) as u32, 1),
+            block_dim: ((MMA_THREADS * bn / MMA_BN) as u32, 1, 1),
+            shared_mem_bytes: smem as u32,
         };
         // Row -> (image, output row): divisions by oh * ow and ow.
         let div = FastDiv::of(&[(oh * ow) as i64, ow as i64]);
-        let k = &cx.dev.k;
-        let f = if bm == MMA_BM {
-            &k.conv_i8_mma
-        } else {
-            &k.conv_i8_mma64
-        };
         launch!(cx.stream, f, cfg cfg; way.input, self.w.ptr, way.alpha, l.bias.ptr,
             e.res.0, e.res.1, e.res.2, e.out.0, e.out.1, e.out.2,
             u(l.m), u(c.cin), u(round_up(c.reduction(), MMA_BK)), u(c.cout), e.act.0, e.act.1, e.act.2,

@@ -18,7 +18,7 @@ mod mma;
 mod pointwise;
 
 use super::device::{DevBuf, Launch};
-use super::kernels::{MMA_BM, launch, round_up};
+use super::kernels::{MMA_BM, MMA_BN, WG_BM, launch, round_up};
 use crate::backend::cuda::error::{CudaResult, have};
 use crate::backend::cuda::plan::{ConvStep, DType, Plan};
 
@@ -365,6 +365,15 @@ pub enum ConvImpl {
     /// output pixels at a time (`conv_i8_rows`), each row's input window read into shared
     /// memory once.
     MmaRows,
+    /// Int8 conv (or Gemm / MatMul) as the same implicit GEMM on Hopper's warpgroup
+    /// instructions, wgmma m64n64k32 reading the tiles from shared memory (compute
+    /// capability 9.0), the same epilogue, in tiles of `bm` output pixels by `bn` channels:
+    /// WG_BM x 64 (`conv_i8_wgmma`), half that (`conv_i8_wgmma64`) or WG_BM x 128
+    /// (`conv_i8_wgmma_wide`, two warpgroups).
+    Wgmma {
+        bm: usize,
+        bn: usize,
+    },
     /// A layer the Q/DQ plan lets run in int8 (or FP8), run in FP16 because that timed faster:
     /// the quantized input is dequantized into a scratch FP16 copy, the inner float
     /// implementation runs on dequantized weights, and the epilogue writes the planned output
@@ -393,6 +402,9 @@ impl ConvImpl {
             ConvImpl::MmaStream { bm } if *bm == MMA_BM => "mmas".into(),
             ConvImpl::MmaStream { bm } => format!("mmas{bm}"),
             ConvImpl::MmaRows => "mmar".into(),
+            ConvImpl::Wgmma { bn, .. } if *bn > MMA_BN => "wgmmaw".into(),
+            ConvImpl::Wgmma { bm, .. } if *bm == WG_BM => "wgmma".into(),
+            ConvImpl::Wgmma { bm, .. } => format!("wgmma{bm}"),
             ConvImpl::AsF16(inner) => format!("f16+{}", inner.key()),
         }
     }
@@ -433,6 +445,9 @@ impl ConvImpl {
             ConvImpl::MmaRows => {
                 "int8 tensor-core kernel, a row of pixels a block (input window in shared memory)"
                     .into()
+            }
+            ConvImpl::Wgmma { bm, bn } => {
+                format!("int8 Hopper wgmma implicit GEMM kernel, {bm} x {bn} tiles")
             }
             ConvImpl::AsF16(inner) => format!("run in fp16 (timed faster): {}", inner.describe()),
         }
@@ -514,6 +529,16 @@ mod tests {
             (
                 ConvImpl::Mma { bm: MMA_BM },
                 "mma",
+                "int8 tensor-core kernel",
+            ),
+            (
+                ConvImpl::Wgmma { bm: 64, bn: 64 },
+                "wgmma",
+                "int8 tensor-core kernel",
+            ),
+            (
+                ConvImpl::Wgmma { bm: 128, bn: 128 },
+                "wgmmaw",
                 "int8 tensor-core kernel",
             ),
             (

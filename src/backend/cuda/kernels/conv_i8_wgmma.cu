@@ -1,0 +1,263 @@
+// Int8 convolution on Hopper's warpgroup tensor-core instructions (wgmma.mma_async, sm_90a):
+// conv_i8_mma's implicit GEMM and epilogue, with the tensor cores reading both operands from
+// shared memory themselves. Other targets compile the entry points as traps.
+
+// conv_i8_wgmma (BM x BN = 128 x 64 tiles), conv_i8_wgmma64 (64 x 64) and conv_i8_wgmma_wide
+// (128 x 128, cout % 128 == 0): the convs conv_i8_mma takes (groups 1, any kernel, stride,
+// padding and dilation, cin % 16 == 0, cout % 4 == 0; Gemm / MatMul rows as 1x1 images), the
+// same parameters and weights (int8 OHWI rows [cout rounded up to MMA_BN][kpad]), grid
+// (cout_pad / BN, ceil(m / BM)), a warpgroup of MMA_THREADS threads for every 64 channels of
+// the tile.
+//
+// conv_i8_mma feeds mma.sync m16n8k32 through ldmatrix, each warp moving its operand
+// fragments into registers for every 32 bytes of the reduction; cuDNN's int8 graph convs
+// took about half its time on ResNet-50's 3x3 layers on an H200. Here the x and weight tiles
+// are copied (cp.async, a 16-byte piece a thread, zero-filled outside the input and past the
+// reduction) into shared memory in the layout the tensor cores read with a matrix descriptor:
+// K-major rows of WG_BK = 128 bytes, each 16-byte piece p of row r stored at piece p ^ (r & 7)
+// (the 128-byte swizzle, which spreads a column of pieces over every bank), stages on
+// 1024-byte boundaries (the pattern follows address bits 7-9). Each 32-byte step of the
+// reduction is one wgmma m64n64k32 (m64n128k32 in the wide kernel) per 64-row half of the
+// tile, the descriptor's start moved 32 bytes along the rows. A block's BM x BN int32 sums
+// stay in registers until the epilogue, which is conv_i8_mma's: staged through shared memory,
+// then bias, residual, activation and requantization, four channels a thread.
+//
+// The main loop keeps WG_STAGES - 2 tiles of copies in flight and one tile's wgmma running
+// behind the next: a tile's copies land (each thread's cp.async group, then
+// fence.proxy.async so that the tensor cores' reads, which go through the async proxy, see
+// them, then a barrier), the copy of a later tile goes into the stage two tiles back, the
+// tile's wgmma are issued, and the step waits for the wgmma before them only. Dynamic shared
+// memory as `wgmma_smem_bytes` on the host: 1 KiB of slack to align the stages, WG_STAGES
+// stages of (BM + BN) rows, the alphas and biases, and in 64-channel tiles the int8 residual
+// tile (read from global memory where the launch gave it no room, and in the wide kernel).
+//
+// On an H200 (ResNet-50 INT8 at batch 32, the builder's timings) the 3x3 convs took 38-61 %
+// less time than on conv_i8_mma, but 11-54 % more than on cuDNN's int8 graph conv: the tiles
+// come through L2 at about 7 TB/s (layer3's 3x3 conv, 128 x 64 tiles: 87 MB in 12.1 us), and
+// the 128 x 128 tiles that halve those bytes leave SMs idle on layer3's and layer4's grids.
+// TMA copies (im2col mode, multicast across a cluster) and larger tiles are the way on.
+#define WG_BM 128
+#define WG_BK 128
+#define WG_STAGES 4
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// A shared-memory matrix descriptor: the start address / 16 (bits 0-13), the leading byte
+// offset (unused by swizzled K-major operands: 1, as CUTLASS sets it), the stride byte offset
+// 1024 / 16 (bits 32-45: 8 rows of 128 bytes apart) and the 128-byte swizzle (bits 62-63 = 1).
+__device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
+  return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) |
+         ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+}
+// d += A * B^T for a 64-row A tile and a 64- or 128-row B tile (both K-major, 32 bytes of
+// the reduction): a warpgroup's 64 x N int32 sums, N / 2 a thread (warp w rows 16 w +
+// lane / 4 and + 8, columns 8 j + 2 (lane % 4) and + 1 in d[4 j .. 4 j + 3], the m16n8
+// accumulator layout repeated along the columns).
+__device__ __forceinline__ void wg_mma(int (&d)[32], unsigned long long da,
+                                       unsigned long long db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8 {%0, %1, %2, %3, %4, %5, %6, %7, %8, "
+      "%9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, "
+      "%27, %28, %29, %30, %31}, %32, %33, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
+        "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]),
+        "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]),
+        "+r"(d[20]), "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]),
+        "+r"(d[26]), "+r"(d[27]), "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31])
+      : "l"(da), "l"(db), "r"(1));
+}
+__device__ __forceinline__ void wg_mma(int (&d)[64], unsigned long long da,
+                                       unsigned long long db) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.s32.s8.s8 {"
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, "
+      "%18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, "
+      "%34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, "
+      "%50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+      "}, %64, %65, p;\n}\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3]), "+r"(d[4]), "+r"(d[5]), "+r"(d[6]),
+        "+r"(d[7]), "+r"(d[8]), "+r"(d[9]), "+r"(d[10]), "+r"(d[11]), "+r"(d[12]), "+r"(d[13]),
+        "+r"(d[14]), "+r"(d[15]), "+r"(d[16]), "+r"(d[17]), "+r"(d[18]), "+r"(d[19]), "+r"(d[20]),
+        "+r"(d[21]), "+r"(d[22]), "+r"(d[23]), "+r"(d[24]), "+r"(d[25]), "+r"(d[26]), "+r"(d[27]),
+        "+r"(d[28]), "+r"(d[29]), "+r"(d[30]), "+r"(d[31]), "+r"(d[32]), "+r"(d[33]), "+r"(d[34]),
+        "+r"(d[35]), "+r"(d[36]), "+r"(d[37]), "+r"(d[38]), "+r"(d[39]), "+r"(d[40]), "+r"(d[41]),
+        "+r"(d[42]), "+r"(d[43]), "+r"(d[44]), "+r"(d[45]), "+r"(d[46]), "+r"(d[47]), "+r"(d[48]),
+        "+r"(d[49]), "+r"(d[50]), "+r"(d[51]), "+r"(d[52]), "+r"(d[53]), "+r"(d[54]), "+r"(d[55]),
+        "+r"(d[56]), "+r"(d[57]), "+r"(d[58]), "+r"(d[59]), "+r"(d[60]), "+r"(d[61]), "+r"(d[62]),
+        "+r"(d[63])
+      : "l"(da), "l"(db), "r"(1));
+}
+// Keeps the compiler from moving reads or writes of the accumulators across the
+// asynchronous wgmma that own them (between wgmma.fence and wgmma.wait_group).
+template <int MH, int N>
+__device__ __forceinline__ void wg_hold(int (&d)[MH][N]) {
+#pragma unroll
+  for (int h = 0; h < MH; h++)
+#pragma unroll
+    for (int i = 0; i < N; i++) asm volatile("" : "+r"(d[h][i])::"memory");
+}
+#endif
+// The kernel for BM-pixel by BN-channel tiles: BN / 64 warpgroups of MMA_THREADS threads,
+// each computing BM / (BN / 64) rows of the tile across its BN channels (MH 64-row halves),
+// and copying its share of every tile; the epilogue runs on each 64-channel half with one
+// warpgroup's threads.
+template <int BM, int BN>
+__device__ __forceinline__ void conv_i8_wgmma_body(MMA_PARAMS) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  pdl_trigger();
+  // Copies: eight threads a row, each one 16-byte piece of the stage's WG_BK bytes; a
+  // thread's rows are crow + RS i (RS a multiple of 8), all with the same swizzled piece.
+  constexpr int WGS = BN / 64, THREADS = WGS * MMA_THREADS, RS = THREADS / 8;
+  constexpr int XR = BM / RS, WR = BN / RS, MH = BM / 64 / WGS, STAGE = (BM + BN) * WG_BK;
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
+  const int piece = tid & 7, crow = tid >> 3, swz = ((piece ^ (crow & 7)) << 4);
+  const unsigned raw = (unsigned)__cvta_generic_to_shared(mma_smem);
+  unsigned char* smem = mma_smem + (((raw + 1023u) & ~1023u) - raw);
+  const unsigned sbase = (unsigned)__cvta_generic_to_shared(smem);
+  const int k = kh * kw * cin;
+  // Per x row, as conv_i8_mma's: the byte offset of its first tap and where that tap is.
+  int xo[XR], iy0[XR], ix0[XR];
+#pragma unroll
+  for (int i = 0; i < XR; i++) {
+    int arow = m0 + crow + RS * i;
+    unsigned ua = (unsigned)min(arow, m - 1);
+    int b = img_magic ? __umulhi(ua, img_magic) >> img_shift : ua, r = ua - b * oh * ow;
+    int oy = row_magic ? __umulhi((unsigned)r, row_magic) >> row_shift : r;
+    iy0[i] = arow < m ? oy * sh - pt : -(1 << 30);
+    ix0[i] = (r - oy * ow) * sw - pl;
+    xo[i] = arow < m ? ((b * h + iy0[i]) * wd + ix0[i]) * cin : 0;
+  }
+  float* s_al = (float*)(smem + WG_STAGES * STAGE);
+  float* s_bi = s_al + BN;
+  unsigned char* s_res = (unsigned char*)(s_bi + BN);
+#pragma unroll
+  for (int c = 0; c < WGS; c++)
+    copy_alpha_bias(s_al + c * MMA_BN, s_bi + c * MMA_BN, alpha, bias, n0 + c * MMA_BN, cout);
+  pdl_wait();
+  // The residual tile in shared memory: 64-channel tiles only (the epilogue's layout).
+  unsigned smem_bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem_bytes));
+  const bool res_smem = BN == MMA_BN && epi_i8_ok(y_t, res_t, act) && res_t == 2 &&
+                        (cout & 15) == 0 && ((size_t)res & 15) == 0 &&
+                        smem_bytes >= (unsigned)(s_res - mma_smem) + BM * MMA_BN;
+  if (res_smem) {
+#pragma unroll
+    for (int i = 0; i < BM / 32; i++) {
+      const int q = tid + MMA_THREADS * i, r = q >> 2, cc = n0 + (q & 3) * 16;
+      const bool in = m0 + r < m && cc < cout;
+      cp_async16(s_res + r * MMA_BN + (q & 3) * 16,
+                 (const signed char*)res + (in ? (i64)(m0 + r) * cout + cc : 0), in);
+    }
+  }
+  // This thread's weight rows (crow + RS j) at its next piece; pieces past kpad (the last
+  // tile of a reduction that is not a multiple of WG_BK) are zero-filled.
+  const signed char* wp = w + (i64)(n0 + crow) * kpad + piece * 16;
+  const i64 wstep = (i64)RS * kpad;
+  const int ktiles = (kpad + WG_BK - 1) / WG_BK;
+  int ci = piece * 16, kx = 0, ky = 0;
+  auto step_tap = [&](int by) {
+    for (ci += by; ci >= cin; ci -= cin)
+      if (++kx == kw) {
+        kx = 0;
+        ky++;
+      }
+  };
+  step_tap(0);
+  // Copies the next tile into stage `fill` (tiles go in order, stages round robin).
+  int kpos = piece * 16, fill = 0;
+  auto load = [&]() {
+    unsigned char* sa = smem + fill * STAGE + crow * WG_BK + swz;
+    unsigned char* sb = sa + BM * WG_BK;
+    const bool kin = kpos < k, win = kpos < kpad;
+    const int dy = ky * dh, dx = kx * dw, toff = (dy * wd + dx) * cin + ci;
+#pragma unroll
+    for (int i = 0; i < XR; i++) {
+      int iy = iy0[i] + dy, ix = ix0[i] + dx;
+      bool in = kin && (unsigned)iy < (unsigned)h && (unsigned)ix < (unsigned)wd;
+      cp_async16(sa + RS * i * WG_BK, x + (unsigned)(in ? xo[i] + toff : 0), in);
+    }
+#pragma unroll
+    for (int j = 0; j < WR; j++)
+      cp_async16(sb + RS * j * WG_BK, win ? wp + j * wstep : w, win);
+    wp += WG_BK;
+    kpos += WG_BK;
+    fill = fill == WG_STAGES - 1 ? 0 : fill + 1;
+    step_tap(WG_BK);
+  };
+  // This warpgroup's rows: halves wg * MH .. of the tile.
+  const int wg = warp >> 2;
+  int acc[MH][BN / 2];
+#pragma unroll
+  for (int hh = 0; hh < MH; hh++)
+#pragma unroll
+    for (int i = 0; i < BN / 2; i++) acc[hh][i] = 0;
+  // The pipeline: tiles kt + 1 .. kt + AHEAD copying while tile kt's wgmma are issued and
+  // tile kt - 1's may still run (each step waits for all but its own group), so a copy goes
+  // into the stage of tile kt - 2, which every warp is done with once it passes the barrier.
+  constexpr int AHEAD = WG_STAGES - 2;
+#pragma unroll
+  for (int s = 0; s < AHEAD; s++) {
+    if (s < ktiles) load();
+    asm volatile("cp.async.commit_group;\n" ::);
+  }
+  for (int kt = 0, use = 0; kt < ktiles; kt++, use = use == WG_STAGES - 1 ? 0 : use + 1) {
+    // Tile kt has landed (this thread's copies, visible to the async proxy, then everyone's).
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(AHEAD - 1));
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+    __syncthreads();
+    if (kt + AHEAD < ktiles) load();
+    asm volatile("cp.async.commit_group;\n" ::);
+    const unsigned a = sbase + use * STAGE + wg * MH * 64 * WG_BK, b = sbase + use * STAGE + BM * WG_BK;
+    wg_hold(acc);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#pragma unroll
+    for (int ks = 0; ks < WG_BK; ks += 32) {
+      const unsigned long long db = wg_desc(b + ks);
+#pragma unroll
+      for (int hh = 0; hh < MH; hh++) wg_mma(acc[hh], wg_desc(a + hh * 64 * WG_BK + ks), db);
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;\n" ::: "memory");
+    wg_hold(acc);
+  }
+  asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+  wg_hold(acc);
+  asm volatile("cp.async.wait_group 0;\n" ::);
+  __syncthreads();
+  // The sums, a BM x MMA_OUT_LD block of shared memory for each 64-channel half.
+  int* so = (int*)smem;
+  const int g = lane >> 2, t4 = lane & 3;
+#pragma unroll
+  for (int hh = 0; hh < MH; hh++)
+#pragma unroll
+    for (int j = 0; j < BN / 8; j++) {
+      const int r = (wg * MH + hh) * 64 + (warp & 3) * 16 + g, c = (j & 7) * 8 + 2 * t4;
+      int* sc = so + (j >> 3) * BM * MMA_OUT_LD;
+      *(int2*)&sc[r * MMA_OUT_LD + c] = make_int2(acc[hh][4 * j], acc[hh][4 * j + 1]);
+      *(int2*)&sc[(r + 8) * MMA_OUT_LD + c] = make_int2(acc[hh][4 * j + 2], acc[hh][4 * j + 3]);
+    }
+  __syncthreads();
+  mma_epilogue(tid & (MMA_THREADS - 1), so + wg * BM * MMA_OUT_LD, s_al + wg * MMA_BN,
+               s_bi + wg * MMA_BN, s_res, res_smem, m0, min(BM, m - m0), n0 + wg * MMA_BN,
+               MMA_EPI_ARGS);
+#else
+  // Never launched here (the host offers it on compute capability 9.0 only); it waits as
+  // every kernel of these files does, which the compile check asserts.
+  pdl_enter();
+  __trap();
+#endif
+}
+// WG_BM-pixel by 64-channel tiles (64 sums a thread), two blocks an SM.
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, 2) conv_i8_wgmma(MMA_PARAMS) {
+  conv_i8_wgmma_body<WG_BM, MMA_BN>(MMA_ARGS);
+}
+// Half-height tiles (32 sums a thread), three blocks an SM.
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, 3) conv_i8_wgmma64(MMA_PARAMS) {
+  conv_i8_wgmma_body<WG_BM / 2, MMA_BN>(MMA_ARGS);
+}
+// WG_BM-pixel by 128-channel tiles, two warpgroups (64 sums a thread), one block an SM: each
+// tile of x copied serves twice the channels.
+extern "C" __global__ void __launch_bounds__(2 * MMA_THREADS, 1) conv_i8_wgmma_wide(MMA_PARAMS) {
+  conv_i8_wgmma_body<WG_BM, 2 * MMA_BN>(MMA_ARGS);
+}
