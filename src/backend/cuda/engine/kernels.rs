@@ -38,9 +38,9 @@ pub(super) const MMA_LD: usize = MMA_BK + 16;
 pub(super) const fn mma_smem_bytes(bm: usize, residual: bool) -> usize {
     MMA_STAGES * (bm + MMA_BN) * MMA_LD + 2 * MMA_BN * 4 + if residual { bm * MMA_BN } else { 0 }
 }
-/// The Hopper int8 kernel's tile height, the bytes of the reduction a stage copies and its
-/// stages (`WG_BM`, `WG_BK`, `WG_STAGES` in kernels/conv_i8_wgmma.cu; its tile width and
-/// threads are the tensor-core kernel's `MMA_BN` and `MMA_THREADS`).
+/// The Hopper int8 kernels' tile height, the bytes of the reduction a stage copies and their
+/// stages (`WG_BM`, `WG_BK`, `WG_STAGES` in kernels/conv_i8_wgmma.cu; their tiles are MMA_BN
+/// or twice that wide, a warpgroup of `MMA_THREADS` for every MMA_BN channels).
 pub(super) const WG_BM: usize = 128;
 pub(super) const WG_BK: usize = 128;
 pub(super) const WG_STAGES: usize = 4;

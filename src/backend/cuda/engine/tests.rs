@@ -26,11 +26,11 @@ fn plan_of(tensors: Vec<TensorDesc>) -> Plan {
     }
 }
 
-/// The kernels compile under NVRTC for Hopper (sm_90a, with its warpgroup kernel, and plain
+/// The kernels compile under NVRTC for Hopper (sm_90a, with its warpgroup kernels, and plain
 /// sm_90) and for the oldest supported GPU, without a warning, and export every kernel the
-/// engine loads. Needs no GPU: NVRTC alone (the
-/// `nvidia-cuda-nvrtc` and `nvidia-cuda-runtime` wheels for CUDA 13, with
-/// QUANTSCOPE_CUDA_LIB_DIRS naming the folder that holds libnvrtc.so.13; .ci/run does this).
+/// engine loads. Needs no GPU: NVRTC alone (the `nvidia-cuda-nvrtc` and
+/// `nvidia-cuda-runtime` wheels for CUDA 13, with QUANTSCOPE_CUDA_LIB_DIRS naming the folder
+/// that holds libnvrtc.so.13; .ci/run does this).
 /// Skips when NVRTC is missing, unless QUANTSCOPE_REQUIRE_NVRTC is set.
 #[test]
 fn kernels_compile_with_nvrtc() {

@@ -202,6 +202,82 @@ __device__ __forceinline__ void mma_epilogue(const int tid, const int* so, const
   x, w, alpha, bias, res, res_t, res_scale, y, y_t, y_scale, m, cin, kpad, cout, act, a0, a1, \
       h, wd, oh, ow, kh, kw, sh, sw, pt, pl, dh, dw, img_magic, img_shift, row_magic,       \
       row_shift
+#if __CUDA_ARCH__ >= 800
+// The implicit GEMM kernels' x rows (conv_i8_mma's and conv_i8_wgmma's): for a thread's XR
+// rows of a tile, output pixels row0 + rstep i, the byte offset of each row's first tap
+// (which may lie in the padding) and where that tap is (iy0, ix0); rows past m get an iy0 no
+// tap reaches inside. The divisions by oh * ow and ow are FastDiv's multiply-shifts (magic
+// 0: by 1): eight integer divisions a thread were more instructions than a one-tile layer's
+// tensor-core work. Offsets are 32-bit (the host offers the kernels inputs of fewer than 2^31
+// bytes), a few instructions a copy fewer than 64-bit products.
+template <int XR>
+__device__ __forceinline__ void first_taps(int (&xo)[XR], int (&iy0)[XR], int (&ix0)[XR],
+                                           int row0, int rstep, MMA_PARAMS) {
+#pragma unroll
+  for (int i = 0; i < XR; i++) {
+    int arow = row0 + rstep * i;
+    unsigned ua = (unsigned)min(arow, m - 1);
+    int b = img_magic ? __umulhi(ua, img_magic) >> img_shift : ua, r = ua - b * oh * ow;
+    int oy = row_magic ? __umulhi((unsigned)r, row_magic) >> row_shift : r;
+    iy0[i] = arow < m ? oy * sh - pt : -(1 << 30);
+    ix0[i] = (r - oy * ow) * sw - pl;
+    xo[i] = arow < m ? ((b * h + iy0[i]) * wd + ix0[i]) * cin : 0;
+  }
+}
+// Where a thread's next 16-byte piece of the reduction starts: channel ci of tap (ky, kx).
+// Tiles are copied in order, so this steps along instead of dividing per piece (two integer
+// divisions a piece would be more instructions than the tile's tensor-core work).
+struct TapPos {
+  int ci, kx, ky;
+  __device__ __forceinline__ void step(int by, int cin, int kw) {
+    for (ci += by; ci >= cin; ci -= cin)
+      if (++kx == kw) {
+        kx = 0;
+        ky++;
+      }
+  }
+};
+// A thread's XR x pieces of a tile (rows `row_bytes` apart in shared memory from sa) at tap
+// position t: zero-filled outside the input and past the reduction (`kin` false).
+template <int XR>
+__device__ __forceinline__ void copy_x_pieces(unsigned char* sa, int row_bytes,
+                                              const signed char* x, const int (&xo)[XR],
+                                              const int (&iy0)[XR], const int (&ix0)[XR],
+                                              TapPos t, bool kin, int h, int wd, int cin,
+                                              int dh, int dw) {
+  const int dy = t.ky * dh, dx = t.kx * dw, toff = (dy * wd + dx) * cin + t.ci;
+#pragma unroll
+  for (int i = 0; i < XR; i++) {
+    int iy = iy0[i] + dy, ix = ix0[i] + dx;
+    bool in = kin && (unsigned)iy < (unsigned)h && (unsigned)ix < (unsigned)wd;
+    cp_async16(sa + row_bytes * i, x + (unsigned)(in ? xo[i] + toff : 0), in);
+  }
+}
+// Whether the epilogue reads the int8 residual from a tile in shared memory, whose end is
+// `need` bytes into the block's dynamic shared memory: for the int8 epilogue only, where the
+// launch gave the tile room (not on GPUs whose shared memory it would cost blocks), and
+// 16-byte copies need 16-byte rows; otherwise it reads the residual from global memory.
+__device__ __forceinline__ bool res_tile_in_smem(int y_t, int res_t, int act, const void* res,
+                                                 int cout, unsigned need) {
+  unsigned smem_bytes;
+  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem_bytes));
+  return epi_i8_ok(y_t, res_t, act) && res_t == 2 && (cout & 15) == 0 &&
+         ((size_t)res & 15) == 0 && smem_bytes >= need;
+}
+// That tile, BM rows from m0 by MMA_BN channels from n0, copied by MMA_THREADS threads (four
+// a row); rows past m and channels past cout (a multiple of 4) zero-filled.
+template <int BM>
+__device__ __forceinline__ void copy_res_tile(unsigned char* s_res, const void* res, int m0,
+                                              int n0, int m, int cout) {
+#pragma unroll
+  for (int i = 0; i < BM / 32; i++) {
+    const int q = threadIdx.x + MMA_THREADS * i, r = q >> 2, cc = n0 + (q & 3) * 16;
+    const bool in = m0 + r < m && cc < cout;
+    cp_async16(s_res + r * MMA_BN + (q & 3) * 16,
+               (const signed char*)res + (in ? (i64)(m0 + r) * cout + cc : 0), in);
+  }
+}
+#endif
 template <int BM>
 __device__ __forceinline__ void conv_i8_mma_body(unsigned char* smem, MMA_PARAMS) {
 #if __CUDA_ARCH__ >= 800
@@ -219,23 +295,8 @@ __device__ __forceinline__ void conv_i8_mma_body(unsigned char* smem, MMA_PARAMS
   // the x tile, two of the weight tile.
   const int piece = lane & 3, crow = warp * 8 + (lane >> 3) + ((lane >> 2) & 1) * 4;
   const int k = kh * kw * cin;
-  // Per x row: the byte offset of its first tap (which may lie in the padding) and where
-  // that tap is (iy0, ix0); rows past m get an iy0 no tap reaches inside. The divisions by
-  // oh * ow and ow are FastDiv's multiply-shifts (magic 0: by 1): eight integer divisions a
-  // thread were more instructions than a one-tile layer's tensor-core work. Offsets are 32-bit
-  // (the host offers the kernel inputs of fewer than 2^31 bytes), a few instructions a copy
-  // fewer than 64-bit products.
   int xo[XR], iy0[XR], ix0[XR];
-#pragma unroll
-  for (int i = 0; i < XR; i++) {
-    int arow = m0 + crow + 32 * i;
-    unsigned ua = (unsigned)min(arow, m - 1);
-    int b = img_magic ? __umulhi(ua, img_magic) >> img_shift : ua, r = ua - b * oh * ow;
-    int oy = row_magic ? __umulhi((unsigned)r, row_magic) >> row_shift : r;
-    iy0[i] = arow < m ? oy * sh - pt : -(1 << 30);
-    ix0[i] = (r - oy * ow) * sw - pl;
-    xo[i] = arow < m ? ((b * h + iy0[i]) * wd + ix0[i]) * cin : 0;
-  }
+  first_taps<XR>(xo, iy0, ix0, m0 + crow, 32, MMA_ARGS);
   // The epilogue's operands (see above), in the first copy group: 32 threads copy the alphas
   // and biases, every thread BM / 32 pieces of the residual tile (four a row). Channels past
   // cout (a multiple of 4) and rows past m are zero-filled (a copy of 0 bytes from the
@@ -247,58 +308,28 @@ __device__ __forceinline__ void conv_i8_mma_body(unsigned char* smem, MMA_PARAMS
   // Everything above is index arithmetic and constants; the residual and x are the previous
   // kernels' outputs.
   pdl_wait();
-  // For the int8 epilogue only, where the launch gave the tile room (not on GPUs whose
-  // shared memory it would cost blocks), and 16-byte copies need 16-byte rows; otherwise the
-  // epilogue reads the residual from global memory.
-  unsigned smem_bytes;
-  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem_bytes));
-  const bool res_smem = epi_i8_ok(y_t, res_t, act) && res_t == 2 && (cout & 15) == 0 &&
-                        ((size_t)res & 15) == 0 &&
-                        smem_bytes >= (unsigned)(s_res - smem) + BM * MMA_BN;
-  if (res_smem) {
-#pragma unroll
-    for (int i = 0; i < BM / 32; i++) {
-      const int q = tid + MMA_THREADS * i, r = q >> 2, cc = n0 + (q & 3) * 16;
-      const bool in = m0 + r < m && cc < cout;
-      cp_async16(s_res + r * MMA_BN + (q & 3) * 16,
-                 (const signed char*)res + (in ? (i64)(m0 + r) * cout + cc : 0), in);
-    }
-  }
+  const bool res_smem =
+      res_tile_in_smem(y_t, res_t, act, res, cout, (unsigned)(s_res - smem) + BM * MMA_BN);
+  if (res_smem) copy_res_tile<BM>(s_res, res, m0, n0, m, cout);
   // This thread's weight rows (crow and crow + 32) at its next piece.
   const signed char* wp = w + (i64)(n0 + crow) * kpad + piece * 16;
   const i64 w32 = (i64)32 * kpad;
   const int ktiles = kpad / MMA_BK;
-  // Where this thread's next piece starts in the reduction: channel ci of tap (ky, kx). Tiles
-  // are copied in order, so this steps along instead of dividing per piece (two integer
-  // divisions a piece would be more instructions than the tile's tensor-core work).
-  int ci = piece * 16, kx = 0, ky = 0;
-  auto step_tap = [&](int by) {
-    for (ci += by; ci >= cin; ci -= cin)
-      if (++kx == kw) {
-        kx = 0;
-        ky++;
-      }
-  };
-  step_tap(0);
+  // Where this thread's next piece starts in the reduction.
+  TapPos tap = {piece * 16, 0, 0};
+  tap.step(0, cin, kw);
   // Copies the next tile into stage `fill` (tiles go in order, stages round robin).
   int kpos = piece * 16, fill = 0;
   auto load = [&]() {
     unsigned char* sa = smem + fill * (BM + MMA_BN) * MMA_LD + crow * MMA_LD + piece * 16;
     unsigned char* sb = sa + BM * MMA_LD;
-    const bool kin = kpos < k;
-    const int dy = ky * dh, dx = kx * dw, toff = (dy * wd + dx) * cin + ci;
-#pragma unroll
-    for (int i = 0; i < XR; i++) {
-      int iy = iy0[i] + dy, ix = ix0[i] + dx;
-      bool in = kin && (unsigned)iy < (unsigned)h && (unsigned)ix < (unsigned)wd;
-      cp_async16(sa + 32 * i * MMA_LD, x + (unsigned)(in ? xo[i] + toff : 0), in);
-    }
+    copy_x_pieces<XR>(sa, 32 * MMA_LD, x, xo, iy0, ix0, tap, kpos < k, h, wd, cin, dh, dw);
     cp_async16(sb, wp, true);
     cp_async16(sb + 32 * MMA_LD, wp + w32, true);
     wp += MMA_BK;
     kpos += MMA_BK;
     fill = fill == MMA_STAGES - 1 ? 0 : fill + 1;
-    step_tap(MMA_BK);
+    tap.step(MMA_BK, cin, kw);
   };
   int acc[MI][4][4];
   zero_acc<MI>(acc);

@@ -116,18 +116,8 @@ __device__ __forceinline__ void conv_i8_wgmma_body(MMA_PARAMS) {
   unsigned char* smem = mma_smem + (((raw + 1023u) & ~1023u) - raw);
   const unsigned sbase = (unsigned)__cvta_generic_to_shared(smem);
   const int k = kh * kw * cin;
-  // Per x row, as conv_i8_mma's: the byte offset of its first tap and where that tap is.
   int xo[XR], iy0[XR], ix0[XR];
-#pragma unroll
-  for (int i = 0; i < XR; i++) {
-    int arow = m0 + crow + RS * i;
-    unsigned ua = (unsigned)min(arow, m - 1);
-    int b = img_magic ? __umulhi(ua, img_magic) >> img_shift : ua, r = ua - b * oh * ow;
-    int oy = row_magic ? __umulhi((unsigned)r, row_magic) >> row_shift : r;
-    iy0[i] = arow < m ? oy * sh - pt : -(1 << 30);
-    ix0[i] = (r - oy * ow) * sw - pl;
-    xo[i] = arow < m ? ((b * h + iy0[i]) * wd + ix0[i]) * cin : 0;
-  }
+  first_taps<XR>(xo, iy0, ix0, m0 + crow, RS, MMA_ARGS);
   float* s_al = (float*)(smem + WG_STAGES * STAGE);
   float* s_bi = s_al + BN;
   unsigned char* s_res = (unsigned char*)(s_bi + BN);
@@ -136,54 +126,31 @@ __device__ __forceinline__ void conv_i8_wgmma_body(MMA_PARAMS) {
     copy_alpha_bias(s_al + c * MMA_BN, s_bi + c * MMA_BN, alpha, bias, n0 + c * MMA_BN, cout);
   pdl_wait();
   // The residual tile in shared memory: 64-channel tiles only (the epilogue's layout).
-  unsigned smem_bytes;
-  asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(smem_bytes));
-  const bool res_smem = BN == MMA_BN && epi_i8_ok(y_t, res_t, act) && res_t == 2 &&
-                        (cout & 15) == 0 && ((size_t)res & 15) == 0 &&
-                        smem_bytes >= (unsigned)(s_res - mma_smem) + BM * MMA_BN;
-  if (res_smem) {
-#pragma unroll
-    for (int i = 0; i < BM / 32; i++) {
-      const int q = tid + MMA_THREADS * i, r = q >> 2, cc = n0 + (q & 3) * 16;
-      const bool in = m0 + r < m && cc < cout;
-      cp_async16(s_res + r * MMA_BN + (q & 3) * 16,
-                 (const signed char*)res + (in ? (i64)(m0 + r) * cout + cc : 0), in);
-    }
-  }
+  const bool res_smem =
+      BN == MMA_BN &&
+      res_tile_in_smem(y_t, res_t, act, res, cout, (unsigned)(s_res - mma_smem) + BM * MMA_BN);
+  if (res_smem) copy_res_tile<BM>(s_res, res, m0, n0, m, cout);
   // This thread's weight rows (crow + RS j) at its next piece; pieces past kpad (the last
   // tile of a reduction that is not a multiple of WG_BK) are zero-filled.
   const signed char* wp = w + (i64)(n0 + crow) * kpad + piece * 16;
   const i64 wstep = (i64)RS * kpad;
   const int ktiles = (kpad + WG_BK - 1) / WG_BK;
-  int ci = piece * 16, kx = 0, ky = 0;
-  auto step_tap = [&](int by) {
-    for (ci += by; ci >= cin; ci -= cin)
-      if (++kx == kw) {
-        kx = 0;
-        ky++;
-      }
-  };
-  step_tap(0);
+  TapPos tap = {piece * 16, 0, 0};
+  tap.step(0, cin, kw);
   // Copies the next tile into stage `fill` (tiles go in order, stages round robin).
   int kpos = piece * 16, fill = 0;
   auto load = [&]() {
     unsigned char* sa = smem + fill * STAGE + crow * WG_BK + swz;
     unsigned char* sb = sa + BM * WG_BK;
-    const bool kin = kpos < k, win = kpos < kpad;
-    const int dy = ky * dh, dx = kx * dw, toff = (dy * wd + dx) * cin + ci;
-#pragma unroll
-    for (int i = 0; i < XR; i++) {
-      int iy = iy0[i] + dy, ix = ix0[i] + dx;
-      bool in = kin && (unsigned)iy < (unsigned)h && (unsigned)ix < (unsigned)wd;
-      cp_async16(sa + RS * i * WG_BK, x + (unsigned)(in ? xo[i] + toff : 0), in);
-    }
+    const bool win = kpos < kpad;
+    copy_x_pieces<XR>(sa, RS * WG_BK, x, xo, iy0, ix0, tap, kpos < k, h, wd, cin, dh, dw);
 #pragma unroll
     for (int j = 0; j < WR; j++)
       cp_async16(sb + RS * j * WG_BK, win ? wp + j * wstep : w, win);
     wp += WG_BK;
     kpos += WG_BK;
     fill = fill == WG_STAGES - 1 ? 0 : fill + 1;
-    step_tap(WG_BK);
+    tap.step(WG_BK, cin, kw);
   };
   // This warpgroup's rows: halves wg * MH .. of the tile.
   const int wg = warp >> 2;

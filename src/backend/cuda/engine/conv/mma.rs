@@ -202,22 +202,13 @@ impl MmaSetup {
         // x: tiles of output channels (the blocks sharing a tile of pixels run together);
         // y: tiles of pixels.
         let k = &cx.dev.k;
-        let (f, bm, smem) = match tiles {
-            Tiles::Mma(bm) if bm == MMA_BM => {
-                (&k.conv_i8_mma, bm, mma_smem_bytes(bm, cx.dev.mma_residual))
-            }
-            Tiles::Mma(bm) => (
-                &k.conv_i8_mma64,
-                bm,
-                mma_smem_bytes(bm, cx.dev.mma_residual),
-            ),
-            Tiles::Wgmma(bm, bn) => (k.wgmma(bm, bn), bm, wgmma_smem_bytes(bm, bn)),
+        let mma_smem = |bm| mma_smem_bytes(bm, cx.dev.mma_residual);
+        let (f, bm, bn, smem) = match tiles {
+            Tiles::Mma(bm) if bm == MMA_BM => (&k.conv_i8_mma, bm, MMA_BN, mma_smem(bm)),
+            Tiles::Mma(bm) => (&k.conv_i8_mma64, bm, MMA_BN, mma_smem(bm)),
+            Tiles::Wgmma(bm, bn) => (k.wgmma(bm, bn), bm, bn, wgmma_smem_bytes(bm, bn)),
         };
-        // A warpgroup of MMA_THREADS for every 64 channels of the tile.
-        let bn = match tiles {
-            Tiles::Wgmma(_, bn) => bn,
-            Tiles::Mma(_) => MMA_BN,
-        };
+        // The wgmma kernels take a warpgroup of MMA_THREADS for every MMA_BN channels.
         let cfg = LaunchConfig {
             grid_dim: (c.cout.div_ceil(bn) as u32, l.m.div_ceil(bm) as u32, 1),
             block_dim: ((MMA_THREADS * bn / MMA_BN) as u32, 1, 1),

@@ -366,8 +366,9 @@ pub enum ConvImpl {
     /// memory once.
     MmaRows,
     /// Int8 conv (or Gemm / MatMul) as the same implicit GEMM on Hopper's warpgroup
-    /// instructions, wgmma m64n64k32 reading the tiles from shared memory (compute
-    /// capability 9.0), the same epilogue, in tiles of `bm` output pixels by `bn` channels:
+    /// instructions, wgmma m64n64k32 (m64n128k32 in 128-channel tiles) reading the tiles from
+    /// shared memory (compute capability 9.0), the same epilogue, in tiles of `bm` output
+    /// pixels by `bn` channels:
     /// WG_BM x 64 (`conv_i8_wgmma`), half that (`conv_i8_wgmma64`) or WG_BM x 128
     /// (`conv_i8_wgmma_wide`, two warpgroups).
     Wgmma {
