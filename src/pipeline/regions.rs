@@ -267,7 +267,7 @@ mod tests {
     struct ScriptedBackend {
         script: Script,
         slow: RefCell<Option<String>>,
-        built: Rc<RefCell<Vec<(String, usize)>>>,
+        built: Rc<RefCell<Vec<(&'static str, usize)>>>,
     }
 
     impl backend::Backend for ScriptedBackend {
@@ -332,7 +332,7 @@ mod tests {
                     precision: None,
                 })
                 .collect();
-            self.built.borrow_mut().push((kind.to_string(), spec.batch));
+            self.built.borrow_mut().push((kind, spec.batch));
             let info = EngineInfo {
                 layer_times,
                 layer_times_in_run: true,
@@ -350,7 +350,10 @@ mod tests {
 
     /// The bundled classifier's INT8 row (and FP16's, where `fp16_row`) at batch 1 and 2, on
     /// the scripted backend.
-    fn run_scripted(script: Script, fp16_row: bool) -> (Report, Vec<(String, usize)>, String) {
+    fn run_scripted(
+        script: Script,
+        fp16_row: bool,
+    ) -> (Report, Vec<(&'static str, usize)>, String) {
         let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("sample_models/fashion_resnet.ron");
         let mut exp = Experiment::load(&path).expect("bundled experiment");
         exp.precisions = match fp16_row {
@@ -436,9 +439,8 @@ mod tests {
             "regions are not a mixed-precision plan"
         );
         assert!(report.notes.iter().any(|n| n.contains("ran in FP16")));
-        let kinds: Vec<(&str, usize)> = built.iter().map(|(k, b)| (k.as_str(), *b)).collect();
         assert_eq!(
-            kinds,
+            built,
             [
                 ("fp32", 1),
                 ("fp32", 2),
@@ -474,7 +476,7 @@ mod tests {
         }
         assert_eq!(precision_of(&row.layer_times, &slow), None);
         assert!(!report.notes.iter().any(|n| n.contains("ran in FP16")));
-        assert_eq!(built.iter().filter(|(k, _)| k == "mixed").count(), 2);
+        assert_eq!(built.iter().filter(|(k, _)| *k == "mixed").count(), 2);
     }
 
     #[test]
@@ -523,9 +525,8 @@ mod tests {
                 .iter()
                 .any(|n| n.contains("ran in FP16 throughout"))
         );
-        let kinds: Vec<(&str, usize)> = built.iter().map(|(k, b)| (k.as_str(), *b)).collect();
         assert_eq!(
-            &kinds[4..],
+            &built[4..],
             [
                 ("int8", 1),
                 ("mixed", 1),
@@ -554,9 +555,8 @@ mod tests {
             assert_eq!(c.regions.len(), 1, "the slow layer is still found");
             assert!(!c.worth_trying() && c.mixed_ms.is_none() && c.kept == Kept::Int8);
         }
-        let kinds: Vec<(&str, usize)> = built.iter().map(|(k, b)| (k.as_str(), *b)).collect();
         assert_eq!(
-            kinds,
+            built,
             [
                 ("fp32", 1),
                 ("fp32", 2),

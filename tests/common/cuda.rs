@@ -28,10 +28,12 @@ pub fn gpu() -> Option<CudaBackend> {
 }
 
 /// Whether the GPU has Hopper's warpgroup instructions (compute capability 9.0), where the
-/// builder offers the int8 `wgmma` kernel.
+/// builder offers the int8 `wgmma` kernels: asked once per test process, since a device
+/// creates a context and loads every kernel.
 pub fn wgmma_gpu() -> bool {
     use quantscope::backend::cuda::engine::Device;
-    Device::new().is_ok_and(|d| d.compute == (9, 0))
+    static HOPPER: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *HOPPER.get_or_init(|| Device::new().is_ok_and(|d| d.compute == (9, 0)))
 }
 
 /// max |a - b| / max |b|.

@@ -10,9 +10,9 @@ use cudarc::driver::LaunchConfig;
 use super::super::args::FastDiv;
 use super::super::device::{DevBuf, Launch};
 use super::super::kernels::{
-    MMA_BK, MMA_BM, MMA_BN, MMA_COMPUTE, MMA_OCCUPANCY, MMA_THREADS, MMAS_KPADS, MMAS_MAX_SMEM,
-    ROWS_MAX_OW, ROWS_MAX_SMEM, WGMMA_COMPUTE, WGMMA_TILES, epi_i8_ok, launch, mma_smem_bytes,
-    mmas_smem_bytes, round_up, rows_codes, rows_smem_bytes, wgmma_smem_bytes,
+    Kernel, MMA_BK, MMA_BM, MMA_BN, MMA_COMPUTE, MMA_OCCUPANCY, MMA_THREADS, MMAS_KPADS,
+    MMAS_MAX_SMEM, ROWS_MAX_OW, ROWS_MAX_SMEM, WGMMA_COMPUTE, WGMMA_TILES, epi_i8_ok, launch,
+    mma_smem_bytes, mmas_smem_bytes, round_up, rows_codes, rows_smem_bytes, wgmma_smem_bytes,
 };
 use super::{ConvFamily, ConvImpl, ConvLayer, ConvSetup, ConvWay, Epi, padded_rows};
 use crate::backend::cuda::error::{CudaError, CudaResult};
@@ -145,14 +145,6 @@ fn weights(c: &ConvStep) -> CudaResult<DevBuf> {
     DevBuf::from_slice(&w)
 }
 
-/// Which implicit GEMM kernel runs a conv: the mma.sync one in tiles of so many pixels, or
-/// Hopper's wgmma one in tiles of (pixels, channels); the same parameters and weights.
-#[derive(Clone, Copy)]
-enum Tiles {
-    Mma(usize),
-    Wgmma(usize, usize),
-}
-
 struct MmaSetup {
     w: DevBuf,
     imps: Vec<ConvImpl>,
@@ -164,10 +156,24 @@ impl ConvSetup for MmaSetup {
     }
 
     fn launch(&self, cx: &Launch, l: &ConvLayer, imp: &ConvImpl, way: &ConvWay) -> CudaResult<()> {
-        match imp {
-            ConvImpl::Mma { bm } => self.implicit_gemm(cx, l, Tiles::Mma(*bm), way),
-            ConvImpl::Wgmma { bm, bn } => self.implicit_gemm(cx, l, Tiles::Wgmma(*bm, *bn), way),
-            ConvImpl::MmaStream { bm } => self.streaming(cx, l, *bm, way),
+        // The implicit GEMM kernels: the mma.sync one in tiles of `bm` pixels by MMA_BN
+        // channels, or Hopper's wgmma ones in `bm` x `bn` tiles; the same parameters and weights.
+        let k = &cx.dev.k;
+        let mma_smem = |bm| mma_smem_bytes(bm, cx.dev.mma_residual);
+        match *imp {
+            ConvImpl::Mma { bm } => {
+                let f = if bm == MMA_BM {
+                    &k.conv_i8_mma
+                } else {
+                    &k.conv_i8_mma64
+                };
+                self.implicit_gemm(cx, l, f, (bm, MMA_BN), mma_smem(bm), way)
+            }
+            ConvImpl::Wgmma { bm, bn } => {
+                let f = k.wgmma(bm, bn);
+                self.implicit_gemm(cx, l, f, (bm, bn), wgmma_smem_bytes(bm, bn), way)
+            }
+            ConvImpl::MmaStream { bm } => self.streaming(cx, l, bm, way),
             ConvImpl::MmaRows => self.rows(cx, l, way),
             _ => Err(CudaError::Internal(format!(
                 "a tensor-core setup asked for {}",
@@ -182,11 +188,15 @@ impl ConvSetup for MmaSetup {
 }
 
 impl MmaSetup {
+    /// Launches implicit GEMM kernel `f` in tiles of (pixels, channels) `bm` x `bn`, with
+    /// `smem` bytes of dynamic shared memory.
     fn implicit_gemm(
         &self,
         cx: &Launch,
         l: &ConvLayer,
-        tiles: Tiles,
+        f: &Kernel,
+        (bm, bn): (usize, usize),
+        smem: usize,
         way: &ConvWay,
     ) -> CudaResult<()> {
         let c = &l.step;
@@ -200,15 +210,8 @@ impl MmaSetup {
             (1, 1)
         };
         // x: tiles of output channels (the blocks sharing a tile of pixels run together);
-        // y: tiles of pixels.
-        let k = &cx.dev.k;
-        let mma_smem = |bm| mma_smem_bytes(bm, cx.dev.mma_residual);
-        let (f, bm, bn, smem) = match tiles {
-            Tiles::Mma(bm) if bm == MMA_BM => (&k.conv_i8_mma, bm, MMA_BN, mma_smem(bm)),
-            Tiles::Mma(bm) => (&k.conv_i8_mma64, bm, MMA_BN, mma_smem(bm)),
-            Tiles::Wgmma(bm, bn) => (k.wgmma(bm, bn), bm, bn, wgmma_smem_bytes(bm, bn)),
-        };
-        // The wgmma kernels take a warpgroup of MMA_THREADS for every MMA_BN channels.
+        // y: tiles of pixels. The wgmma kernels take a warpgroup of MMA_THREADS for every
+        // MMA_BN channels of a tile.
         let cfg = LaunchConfig {
             grid_dim: (c.cout.div_ceil(bn) as u32, l.m.div_ceil(bm) as u32, 1),
             block_dim: ((MMA_THREADS * bn / MMA_BN) as u32, 1, 1),
