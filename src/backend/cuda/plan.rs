@@ -870,13 +870,19 @@ pub fn prune_dead(plan: &mut Plan) {
 /// the step that produces its input, where that step's kernel stores through the generic
 /// typed store (any type, any scale) and nothing else reads the input: the producer writes
 /// the cast's output, one pass over the tensor instead of two. (The quantize after a concat,
-/// a pool or an input transpose, and the output's f16 -> f32 cast after its transpose.)
+/// a pool or an input transpose, the output's f16 -> f32 cast after its transpose or after an
+/// int8 conv, whose epilogue stores any type.) Where the cast reads a view of the producer's
+/// output (a Flatten or Reshape of plain data: the same elements in the same order), the
+/// producer keeps its output, now in the cast's type, and the cast's output becomes a view of
+/// it: a classifier's pool writes its int8 codes through the Flatten to the fc.
 pub fn fold_casts(plan: &mut Plan) {
     let nt = plan.tensors.len();
+    let root = |t: usize| plan.tensors[t].alias_of.unwrap_or(t);
+    // Reads of each tensor, counting those through its views.
     let mut readers = vec![0usize; nt];
     for s in &plan.steps {
         for t in s.inputs() {
-            readers[t] += 1;
+            readers[root(t)] += 1;
         }
     }
     let aliased: HashSet<usize> = plan.tensors.iter().filter_map(|t| t.alias_of).collect();
@@ -891,18 +897,24 @@ pub fn fold_casts(plan: &mut Plan) {
         } = &plan.steps[si]
         {
             let (i, o) = (*input, *out);
+            let r = plan.tensors[i].alias_of.unwrap_or(i);
+            let viewed = r != i;
             let (ti, to) = (&plan.tensors[i], &plan.tensors[o]);
-            let plain = |t: usize| plan.tensors[t].alias_of.is_none() && !aliased.contains(&t);
-            let movable = readers[i] == 1
-                && plain(i)
-                && plain(o)
-                && i != plan.input
-                && !plan.host_read().any(|h| h == i)
-                && ti.shape == to.shape
-                && ti.layout == to.layout;
-            let p = producer[i].filter(|&p| {
-                matches!(
-                    plan.steps[p],
+            let host_read = |t: usize| plan.host_read().any(|h| h == t);
+            let movable = readers[r] == 1
+                && r != plan.input
+                && !host_read(r)
+                && to.alias_of.is_none()
+                && !aliased.contains(&o)
+                && if viewed {
+                    ti.numel() == to.numel() && !host_read(o)
+                } else {
+                    !aliased.contains(&i) && ti.shape == to.shape && ti.layout == to.layout
+                };
+            let p = producer[r].filter(|&p| match &plan.steps[p] {
+                Step::Conv(c) => c.quant.as_ref().is_some_and(|q| q.is_int8()),
+                s => matches!(
+                    s,
                     Step::Unary { .. }
                         | Step::View { .. }
                         | Step::Nary { .. }
@@ -911,12 +923,22 @@ pub fn fold_casts(plan: &mut Plan) {
                         | Step::Concat { .. }
                         | Step::Resize { .. }
                         | Step::Pad { .. }
-                )
+                ),
             });
             if let (true, Some(p)) = (movable, p) {
                 let name = name.clone();
-                plan.steps[p].retarget(o, &name);
-                producer[o] = Some(p);
+                if viewed {
+                    let (dtype, scale) = (to.dtype, to.scale);
+                    for t in [r, i] {
+                        plan.tensors[t].dtype = dtype;
+                        plan.tensors[t].scale = scale;
+                    }
+                    plan.tensors[o].alias_of = Some(r);
+                    plan.steps[p].retarget(r, &name);
+                } else {
+                    plan.steps[p].retarget(o, &name);
+                    producer[o] = Some(p);
+                }
                 folded.push(si);
                 continue;
             }

@@ -128,7 +128,7 @@ __device__ __forceinline__ void conv_i8_wgmma_body(MMA_PARAMS) {
   // The residual tile in shared memory: 64-channel tiles only (the epilogue's layout).
   const bool res_smem =
       BN == MMA_BN &&
-      res_tile_in_smem(y_t, res_t, act, res, cout, (unsigned)(s_res - mma_smem) + BM * MMA_BN);
+      res_tile_in_smem(res_t, res, cout, (unsigned)(s_res - mma_smem) + BM * MMA_BN);
   if (res_smem) copy_res_tile<BM>(s_res, res, m0, n0, m, cout);
   // This thread's weight rows (crow + RS j) at its next piece; pieces past kpad (the last
   // tile of a reduction that is not a multiple of WG_BK) are zero-filled.

@@ -896,3 +896,33 @@ fn stem_convs_run_as_space_to_depth_and_compute_the_same() {
         );
     }
 }
+
+#[test]
+fn classifier_tail_writes_int8_and_f32_without_cast_steps() {
+    // GlobalAveragePool -> Flatten -> QuantizeLinear -> fc -> the f32 output: the pool writes
+    // the fc's int8 input itself (the Flatten is a view of it) and the int8 fc writes the f32
+    // output itself, so the tail is two steps, not four.
+    let b = residual_classifier(5);
+    let plan = int8_plan_of(&b, [2, 3, 16, 16], 4.0);
+    let names: Vec<&str> = plan.steps.iter().map(|s| s.name()).collect();
+    let n = plan.steps.len();
+    let (pool, fc) = (&plan.steps[n - 2], &plan.steps[n - 1]);
+    assert!(matches!(pool, Step::GlobalAvgPool { .. }), "{names:?}");
+    assert_eq!(plan.tensors[pool.output()].dtype, DType::I8, "{names:?}");
+    let Step::Conv(fc) = fc else {
+        panic!("the last step is not the fc: {names:?}")
+    };
+    assert!(fc.quant.as_ref().is_some_and(|q| q.is_int8()), "{names:?}");
+    let root = |t: usize| plan.tensors[t].alias_of.unwrap_or(t);
+    assert_eq!(root(fc.input), pool.output(), "the fc reads the pool's output");
+    assert_eq!(fc.out, plan.output, "{names:?}");
+    assert_eq!(plan.tensors[plan.output].dtype, DType::F32);
+    // The FP16 engine's fc still writes f16 and casts: its float convs' fastest kernels
+    // (cuDNN, cuBLASLt) write the engine's float type.
+    let fp16 = plan_of(&b, [2, 3, 16, 16], Precision::Fp16);
+    assert!(
+        matches!(fp16.steps.last(), Some(Step::Unary { .. })),
+        "{:?}",
+        fp16.steps.iter().map(|s| s.name()).collect::<Vec<_>>()
+    );
+}
