@@ -323,6 +323,14 @@ def ratio(qs, model_dir, out, only=None):
                                   "fp16": "fp16 throughout"}.get(c.get("kept"), "all int8")
             rec[f"all_int8_over_fp16_bs{b}"] = c["int8_ms"] / max(c["fp16_ms"], 1e-9)
             kept.append(f"bs{b} {rec[f'kept_bs{b}']} (all-int8 {rec[f'all_int8_over_fp16_bs{b}']:.2f})")
+        # An INT8 row the builder ran in FP16 throughout whose steps ran the FP16 row's kernels,
+        # layer for layer: its ratio is how two timings of one engine differ, said as such.
+        same = []
+        for b, key in ((1, "layer_times"), (32, "layer_times_batch")):
+            ks = [[(t["layer"], t["kernel"]) for t in rows[p].get(key) or []] for p in ("fp16", "int8")]
+            if ks[0] and ks[0] == ks[1]:
+                rec[f"fp16_kernels_bs{b}"] = True
+                same.append(b)
         # Two builds of one engine time within about 1 % of each other: a ratio within that of
         # 1.00 is a tie, not a loss (an INT8 row run in FP16 throughout is FP16's engine).
         slower = [b for b in (1, 32) if rec.get(f"int8_over_fp16_bs{b}", 0) > 1.01]
@@ -335,7 +343,8 @@ def ratio(qs, model_dir, out, only=None):
             ratios += " (no batch 32: see the report's notes)"
         print(f"zoo ratio {name:34s} int8 / fp16: {ratios}; kept: {'; '.join(kept) or '-'}"
               + ("; INT8 SLOWER at bs " + ",".join(map(str, slower)) if slower else "")
-              + ("; within 1 % at bs " + ",".join(map(str, tied)) if tied else ""),
+              + ("; within 1 % at bs " + ",".join(map(str, tied)) if tied else "")
+              + ("; FP16's kernels layer for layer at bs " + ",".join(map(str, same)) if same else ""),
               flush=True)
         records.append(rec)
     with open(out, "w") as f:

@@ -914,7 +914,11 @@ fn classifier_tail_writes_int8_and_f32_without_cast_steps() {
     };
     assert!(fc.quant.as_ref().is_some_and(|q| q.is_int8()), "{names:?}");
     let root = |t: usize| plan.tensors[t].alias_of.unwrap_or(t);
-    assert_eq!(root(fc.input), pool.output(), "the fc reads the pool's output");
+    assert_eq!(
+        root(fc.input),
+        pool.output(),
+        "the fc reads the pool's output"
+    );
     assert_eq!(fc.out, plan.output, "{names:?}");
     assert_eq!(plan.tensors[plan.output].dtype, DType::F32);
     // The FP16 engine's fc still writes f16 and casts: its float convs' fastest kernels
