@@ -247,8 +247,14 @@ fn check_model(
         // What quantization itself moves the output by: two engines of one int8 plan
         // differ by a few last-step roundings per layer, which must stay below that.
         let q = rel_err(&c8.out.data, &cpu32.out.data);
+        // How close each INT8 engine is to FP32, so that a failure says whether the GPU's is
+        // further from it than the CPU's or merely elsewhere.
+        let (gs, cs) = (
+            sqnr_db(&g8.out.data, &cpu32.out.data),
+            sqnr_db(&c8.out.data, &cpu32.out.data),
+        );
         lines.push(format!(
-            "int8 argmax agreement with cpu int8 {:.1} %, max rel err {e:.2e} (cpu int8 vs fp32 {q:.2e}), {} int8 / {} float nodes",
+            "int8 argmax agreement with cpu int8 {:.1} %, max rel err {e:.2e} (cpu int8 vs fp32 {q:.2e}), SQNR vs fp32: cuda {gs:.1} dB, cpu {cs:.1} dB, {} int8 / {} float nodes",
             agreement(&g8.out, &c8.out) * 100.0,
             g8.info.int8_nodes,
             g8.info.float_nodes.len()
