@@ -39,8 +39,21 @@ fn run_sample(name: &str, eval_count: usize) -> Report {
     let json = out.report.to_json();
     let back: Report = serde_json::from_str(&json).expect("report JSON parses");
     assert_eq!(back.rows.len(), 6, "fp32, fp16 and four INT8 methods");
+    // Each row's engines (batch 1 and 2) were timed again, taking turns with the others'.
+    assert!(
+        back.notes
+            .iter()
+            .any(|n| n.starts_with("Latencies were timed side by side: the 12 engines of 6 rows")),
+        "{:?}",
+        back.notes
+    );
     for r in &back.rows {
         assert!(r.error.is_none(), "{}: {:?}", r.label(), r.error);
+        assert!(
+            r.latency_batch_ms.is_some_and(|l| l.runs >= 2),
+            "{}",
+            r.label()
+        );
         assert!(
             r.latency_ms.is_some_and(|l| l.median > 0.0)
                 && r.memory_bytes.is_some()

@@ -308,6 +308,9 @@ def ratio(qs, model_dir, out, only=None):
             records.append({"model": name, "error": "no fp16 or int8 row"})
             continue
         rec = {"model": name}
+        # The rows' own timings and the side-by-side medians that replaced them (the log line).
+        rec["side_by_side"] = next((l.split(": ", 1)[1] for l in run.stderr.splitlines()
+                                    if l.startswith("timed side by side")), None)
         for key, batch in (("latency_ms", 1), ("latency_batch_ms", 32)):
             f16, i8 = rows["fp16"].get(key), rows["int8"].get(key)
             if f16 and i8:

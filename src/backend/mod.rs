@@ -237,6 +237,12 @@ pub trait Engine: Send {
     fn choose_threads(&mut self) -> Result<Option<usize>, BackendError> {
         Ok(None)
     }
+    /// Milliseconds the engine's idle threads keep cores busy after a run, waiting for the
+    /// next one. An engine timed right after this one has its runs counted only once they
+    /// have stopped ([`crate::bench::measure_side_by_side`]).
+    fn idle_spin_ms(&self) -> f64 {
+        0.0
+    }
 }
 
 pub trait Backend {

@@ -29,6 +29,7 @@ mod outputs;
 mod prepare;
 mod quantized;
 mod regions;
+mod side_by_side;
 
 pub use evaluate::*;
 pub use guard::tensor_peaks;
@@ -279,6 +280,8 @@ struct RowCtx<'a> {
     batch_ok: std::cell::Cell<bool>,
     /// Threads the CPU engines run on (None on other backends).
     threads: Option<usize>,
+    /// The timed engines kept to be timed again side by side once every row is done.
+    side_by_side: std::cell::RefCell<side_by_side::SideBySide>,
 }
 
 impl RowCtx<'_> {
@@ -343,6 +346,7 @@ impl RowCtx<'_> {
             threads: self.threads,
             ..Default::default()
         };
+        self.side_by_side.borrow_mut().begin_row();
         // Engine memory = growth over the build + peak growth while timing. Evaluation is left
         // out: it holds the FP32 outputs kept for SQNR, which are not the engine's.
         let (rss_before, _) = bench::rss_bytes();
@@ -461,7 +465,10 @@ impl RowCtx<'_> {
                 Err(e) => self.sink.log(&format!("{label}: no per-layer times: {e}")),
             }
         }
-        drop(engine);
+        match row.latency_ms {
+            Some(_) => self.side_by_side.borrow_mut().keep(engine, 1),
+            None => drop(engine),
+        }
         if self.bench_spec.batch > 1 && !self.cancel.is_cancelled() {
             match batch_source {
                 BatchSource::Build(input) => self.time_batch(input, &mut row, label),
@@ -572,6 +579,7 @@ impl RowCtx<'_> {
                 row.latency_batch_ms = Some(l);
                 row.batch = Some(b);
                 row.layer_times_batch = layers;
+                self.side_by_side.borrow_mut().keep(engine, b);
             }
             Err(e) => self.sink.log(&format!("{label}: batch {b}: {e}")),
         }
@@ -713,6 +721,10 @@ impl<'a> Rows<'a> {
         ev.row.method = method;
         ev.row.kept_float = kept_float.to_vec();
         self.ctx.sink.row(&ev.row);
+        self.ctx
+            .side_by_side
+            .borrow_mut()
+            .row_pushed(self.report.rows.len(), ev.row.error.is_some());
         if let Some(e) = &ev.row.error {
             self.ctx.sink.log(&format!("{}: {e}", ev.row.label()));
         }
@@ -808,6 +820,7 @@ impl<'a> Rows<'a> {
 
     /// Marks a stopped run as incomplete and writes every output it asks for.
     fn finish(mut self) -> RunOutput {
+        self.time_side_by_side();
         self.report.incomplete = self.ctx.cancel.is_cancelled();
         self.report
             .notes
@@ -913,6 +926,7 @@ fn run_on(
         batch_refused: Default::default(),
         batch_ok: Default::default(),
         threads: (exp.backend == backend::BackendKind::Cpu).then_some(threads),
+        side_by_side: Default::default(),
     };
     // Declared before `rows`, which borrows it for the INT8 rows.
     let int8_prepared: Prepared;
