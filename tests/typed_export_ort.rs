@@ -114,3 +114,66 @@ fn a_broken_export_is_caught_by_the_check() {
     let c = ort_check::compare(&ort, &wrong, ort_check::FP16_TOLERANCE_REL, "scaled");
     assert!(!c.within, "{}", c.line());
 }
+
+/// A branch of `If` that reads the outer graph's tensors by name, as SSDlite's post-processing
+/// does: an FP16 conv's output and an initializer only the branch reads.
+fn with_if_branch() -> quantscope::model::Model {
+    use quantscope::model::proto::{f32_tensor, float_value_info, node};
+    use tract_onnx::pb;
+    let mut b = GraphBuilder::new(&[1, 3, 16, 16]);
+    let c1 = b.conv("c1", "x", 3, 8, 3);
+    let r1 = b.op("Relu", "r1", &[&c1]);
+    let c2 = b.conv("c2", &r1, 8, 8, 3);
+    b.graph.initializer.push(f32_tensor("shift", &[1], &[0.25]));
+    b.graph.initializer.push(pb::TensorProto {
+        name: "cond".into(),
+        data_type: pb::tensor_proto::DataType::Bool as i32,
+        int32_data: vec![1],
+        ..Default::default()
+    });
+    let branch = |name: &str, op: &str, inputs: &[&str]| pb::AttributeProto {
+        name: format!("{name}_branch"),
+        r#type: pb::attribute_proto::AttributeType::Graph as i32,
+        g: Some(pb::GraphProto {
+            name: name.into(),
+            node: vec![node(op, &format!("{name}.op"), inputs, &[&format!("{name}.out")], vec![])],
+            output: vec![float_value_info(&format!("{name}.out"), None)],
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    b.graph.node.push(node(
+        "If",
+        "branch",
+        &["cond"],
+        &["branch.out"],
+        vec![
+            branch("then", "Add", &[&c2, "shift"]),
+            branch("else", "Identity", &[&c2]),
+        ],
+    ));
+    let c3 = b.conv("c3", "branch.out", 8, 4, 1);
+    b.output(&c3);
+    b.model()
+}
+
+#[test]
+fn an_if_branch_reading_outer_tensors_stays_fp32_and_runs_in_onnx_runtime() {
+    if !common::onnxruntime_available() {
+        return;
+    }
+    let dir = common::temp_dir("typed-ort-if");
+    let model = with_if_branch();
+    let typed = export::typed::fp16_model(&model, None, &[]).expect("fp16 model");
+    assert!(typed.fp16_nodes >= 2, "the convs around the If go FP16: {typed:?}");
+    let (fp32_file, fp16_file) = (dir.join("if_fp32.onnx"), dir.join("if_fp16.onnx"));
+    std::fs::write(&fp32_file, prost::Message::encode_to_vec(&model.proto)).expect("write");
+    std::fs::write(&fp16_file, typed.to_bytes()).expect("write");
+    let x = values(3 * 16 * 16, 11);
+    let shape = [1, 3, 16, 16];
+    let want = ort_check::run_onnxruntime(&fp32_file, &x, &shape).expect("FP32 model runs");
+    // Before, ONNX Runtime refused the FP16 model: the branch's Add bound float16 and float.
+    let got = ort_check::run_onnxruntime(&fp16_file, &x, &shape).expect("FP16 model runs");
+    let sqnr = ort_check::sqnr_db(&want, &got).expect("sqnr");
+    assert!(sqnr > 40.0, "FP16 against FP32: {sqnr:.1} dB");
+}

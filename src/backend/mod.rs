@@ -197,6 +197,9 @@ pub struct EngineInfo {
     pub workspace_bytes: u64,
     /// Device memory taken by the engine as the driver reports it (GPU backends).
     pub device_mem_bytes: Option<u64>,
+    /// Device memory still free once the engine was built (GPU backends).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_free_bytes: Option<u64>,
     pub layer_times: Vec<LayerTime>,
     /// The layer times are each layer's share of the whole run (they sum to its time), not
     /// each layer timed alone (the CUDA engine's profile, `engine::profile`).

@@ -222,6 +222,12 @@ fn convert(
                 init_wants.entry(t.clone()).or_default().insert(w);
             }
         }
+        // A subgraph reads the outer graph's tensors by name, in FP32 (it is kept FP32).
+        for t in captured(n) {
+            if init_names.contains(&t) {
+                init_wants.entry(t).or_default().insert(FLOAT);
+            }
+        }
     }
     // Current type of each tensor in the written graph.
     let mut cur: HashMap<String, i32> = types.clone();
@@ -257,41 +263,49 @@ fn convert(
     let mut casts = 0usize;
     let mut nodes = Vec::with_capacity(g.node.len() * 2);
     for (i, mut n) in std::mem::take(&mut g.node).into_iter().enumerate() {
+        // The name a reader wanting `want` (None: either) reads float tensor `orig` under, a
+        // Cast emitted before it where the current type differs.
+        let mut read_as = |orig: &str, want: Option<i32>, nodes: &mut Vec<pb::NodeProto>| {
+            let src = alias.get(orig).cloned().unwrap_or(orig.to_string());
+            let have = cur.get(&src).copied().unwrap_or(FLOAT);
+            let Some(want) = want.filter(|&w| w != have) else {
+                return src;
+            };
+            let key = (orig.to_string(), want);
+            if let Some(c) = copies.get(&key) {
+                return c.clone();
+            }
+            let suffix = if want == FLOAT16 { "fp16" } else { "fp32" };
+            let c = format!("{orig}_to_{suffix}");
+            nodes.push(proto::node(
+                "Cast",
+                &format!("{orig}_cast_{suffix}"),
+                &[&src],
+                &[&c],
+                vec![proto::int_attr("to", want as i64)],
+            ));
+            casts += 1;
+            cur.insert(c.clone(), want);
+            copies.insert(key, c.clone());
+            c
+        };
         for slot in 0..n.input.len() {
             let orig = n.input[slot].clone();
             if orig.is_empty() || types.get(&orig) != Some(&FLOAT) {
                 continue;
             }
-            let src = alias.get(&orig).cloned().unwrap_or(orig.clone());
-            let have = cur.get(&src).copied().unwrap_or(FLOAT);
-            let Some(want) = wanted(i, slot, &n) else {
-                n.input[slot] = src;
-                continue;
-            };
-            if have == want {
-                n.input[slot] = src;
-                continue;
-            }
-            let key = (orig.clone(), want);
-            let name = match copies.get(&key) {
-                Some(c) => c.clone(),
-                None => {
-                    let suffix = if want == FLOAT16 { "fp16" } else { "fp32" };
-                    let c = format!("{orig}_to_{suffix}");
-                    nodes.push(proto::node(
-                        "Cast",
-                        &format!("{orig}_cast_{suffix}"),
-                        &[&src],
-                        &[&c],
-                        vec![proto::int_attr("to", want as i64)],
-                    ));
-                    casts += 1;
-                    cur.insert(c.clone(), want);
-                    copies.insert(key, c.clone());
-                    c
+            n.input[slot] = read_as(&orig, wanted(i, slot, &n), &mut nodes);
+        }
+        // An `If`/`Loop` body reads outer tensors by name: each float one it reads is cast back
+        // to FP32 where it went FP16, and the body reads the cast. Without it ONNX Runtime
+        // refused SSDlite's FP16 model (an `Add` in an `If` branch bound to float16 and float).
+        for orig in captured(&n) {
+            if types.get(&orig) == Some(&FLOAT) {
+                let name = read_as(&orig, Some(FLOAT), &mut nodes);
+                if name != orig {
+                    rename_captured(&mut n, &orig, &name);
                 }
-            };
-            n.input[slot] = name;
+            }
         }
         if compute[i] == Compute::F16 {
             for o in n.output.iter_mut() {
@@ -335,6 +349,69 @@ fn convert(
         kept_fp32: kept,
         casts,
     })
+}
+
+/// The outer-scope tensors node `n`'s subgraphs read: names their nodes (and theirs, nested)
+/// read that the subgraph neither takes as an input nor defines.
+fn captured(n: &pb::NodeProto) -> Vec<String> {
+    fn reads(g: &pb::GraphProto, out: &mut Vec<String>) {
+        let defined: HashSet<&str> = g
+            .input
+            .iter()
+            .map(|i| i.name.as_str())
+            .chain(g.initializer.iter().map(|t| t.name.as_str()))
+            .chain(g.node.iter().flat_map(|n| n.output.iter().map(String::as_str)))
+            .collect();
+        let mut inner = vec![];
+        for n in &g.node {
+            inner.extend(n.input.iter().cloned());
+            for a in &n.attribute {
+                for sub in a.g.iter().chain(&a.graphs) {
+                    reads(sub, &mut inner);
+                }
+            }
+        }
+        inner.extend(g.output.iter().map(|o| o.name.clone()));
+        for t in inner {
+            if !t.is_empty() && !defined.contains(t.as_str()) && !out.contains(&t) {
+                out.push(t);
+            }
+        }
+    }
+    let mut out = vec![];
+    for a in &n.attribute {
+        for g in a.g.iter().chain(&a.graphs) {
+            reads(g, &mut out);
+        }
+    }
+    out
+}
+
+/// Makes node `n`'s subgraphs read outer tensor `from` as `to` (where no scope on the way
+/// defines `from` itself).
+fn rename_captured(n: &mut pb::NodeProto, from: &str, to: &str) {
+    fn in_graph(g: &mut pb::GraphProto, from: &str, to: &str) {
+        let defines = g.input.iter().any(|i| i.name == from)
+            || g.initializer.iter().any(|t| t.name == from)
+            || g.node.iter().any(|n| n.output.iter().any(|o| o == from));
+        if defines {
+            return;
+        }
+        for o in g.output.iter_mut().filter(|o| o.name == from) {
+            o.name = to.to_string();
+        }
+        for n in g.node.iter_mut() {
+            rename_captured(n, from, to);
+            for t in n.input.iter_mut().filter(|t| *t == from) {
+                *t = to.to_string();
+            }
+        }
+    }
+    for a in n.attribute.iter_mut() {
+        for g in a.g.iter_mut().chain(a.graphs.iter_mut()) {
+            in_graph(g, from, to);
+        }
+    }
 }
 
 /// Input slots that stay FP32 in an FP16 node: Resize's roi and scales (float32 by the spec)

@@ -713,13 +713,9 @@ pub fn fold_batch_norms(graph: &mut pb::GraphProto) -> usize {
 
 /// Removes initializers no node reads (left behind by folding and rewriting).
 pub fn drop_unused_initializers(graph: &mut pb::GraphProto) {
-    let used: HashSet<&str> = graph
-        .node
-        .iter()
-        .flat_map(|n| n.input.iter().map(|s| s.as_str()))
-        .chain(graph.output.iter().map(|o| o.name.as_str()))
-        .collect();
-    let used: HashSet<String> = used.into_iter().map(String::from).collect();
+    // Subgraphs count: an `If` branch may read an initializer no outer node reads.
+    let mut used = HashSet::new();
+    names_read(graph, &mut used);
     graph.initializer.retain(|t| used.contains(&t.name));
 }
 

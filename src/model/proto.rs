@@ -296,6 +296,15 @@ pub fn data_type_name(t: i32) -> &'static str {
     }
 }
 
+/// The element type node `n`'s subgraph attribute `attr` declares for its output `k`.
+fn subgraph_output_type(n: &pb::NodeProto, attr: &str, k: usize) -> Option<i32> {
+    let g = n.attribute.iter().find(|a| a.name == attr)?.g.as_ref()?;
+    let o = g.output.get(k)?;
+    value_info_elem_type(o)
+        .filter(|t| *t != 0)
+        .or_else(|| tensor_types(g).get(&o.name).copied())
+}
+
 /// Element type of every tensor, from the graph's inputs, initializers and value infos, then
 /// propagated through the nodes in order by each op's typing rule.
 pub fn tensor_types(g: &pb::GraphProto) -> HashMap<String, i32> {
@@ -337,15 +346,19 @@ pub fn tensor_types(g: &pb::GraphProto) -> HashMap<String, i32> {
             "OneHot" => of(2),
             _ => of(0),
         };
-        for (k, o) in n.output.iter().enumerate() {
-            if o.is_empty() {
-                continue;
-            }
-            let t = match (n.op_type.as_str(), k) {
+        let output_type = |k: usize| -> Option<i32> {
+            match (n.op_type.as_str(), k) {
                 ("TopK" | "MaxPool", 1) => Some(DataType::Int64 as i32),
+                // Output k is the branch's output k; a Loop's k-th output is its k-th carried
+                // value (input 2 + k), or a scan output (the body's output 1 + k).
+                ("If", _) => subgraph_output_type(n, "then_branch", k),
+                ("Loop", _) => of(2 + k).or_else(|| subgraph_output_type(n, "body", 1 + k)),
                 _ => first,
-            };
-            if let Some(t) = t {
+            }
+        };
+        let typed: Vec<Option<i32>> = (0..n.output.len()).map(output_type).collect();
+        for (o, t) in n.output.iter().zip(typed) {
+            if let Some(t) = t.filter(|_| !o.is_empty()) {
                 types.entry(o.clone()).or_insert(t);
             }
         }

@@ -8,15 +8,25 @@
 use super::*;
 use crate::bench::Contestant;
 
-/// Engines kept for the side-by-side timing take at most this much memory together (their
-/// weights, activations and workspace), and at most a quarter of what the host has available.
-/// Past it, an engine is dropped after its own timing and its row keeps that timing.
-const KEPT_BYTES_LIMIT: u64 = 2 << 30;
+/// Engines kept for the side-by-side timing in host memory take at most this much together
+/// (their weights, activations and workspace), and at most a quarter of what the host has
+/// available. Engines on a GPU take at most a quarter of the device memory free to them (what
+/// was free once the engine was built, plus what the kept engines and it hold). Past either, an engine
+/// is dropped after its own timing and its row keeps that timing.
+const HOST_BYTES_LIMIT: u64 = 2 << 30;
 
-/// An engine kept after its row's own timing, and the batch it was built for.
+/// An engine kept after its row's own timing, the batch it was built for and the memory it
+/// holds (on the host, or on the device).
 pub(super) struct KeptEngine {
     engine: Box<dyn Engine>,
     batch: usize,
+    bytes: Held,
+}
+
+#[derive(Clone, Copy)]
+enum Held {
+    Host(u64),
+    Device(u64),
 }
 
 /// The engines kept so far.
@@ -26,7 +36,8 @@ pub(super) struct SideBySide {
     pending: Vec<KeptEngine>,
     /// Each pushed row's engines, with the row's index in the report.
     kept: Vec<(usize, KeptEngine)>,
-    bytes: u64,
+    host_bytes: u64,
+    device_bytes: u64,
     /// Engines dropped for memory: their rows keep their own timing.
     left_out: usize,
 }
@@ -35,15 +46,37 @@ impl SideBySide {
     /// Keeps `engine` (built for `batch`, timed) for the row being made, if memory allows.
     pub(super) fn keep(&mut self, engine: Box<dyn Engine>, batch: usize) {
         let info = engine.info();
-        let bytes = info.weights_bytes + info.activations_bytes + info.workspace_bytes;
-        let limit = crate::host::available_memory_bytes()
-            .map_or(KEPT_BYTES_LIMIT, |a| (a / 4).min(KEPT_BYTES_LIMIT));
-        if self.bytes + bytes > limit {
+        let (bytes, fits) = match (info.device_mem_bytes, info.device_free_bytes) {
+            (Some(d), Some(free)) => (
+                Held::Device(d),
+                // `free` was measured with the kept engines and this one on the device.
+                4 * (self.device_bytes + d) <= free + self.device_bytes + d,
+            ),
+            _ => {
+                let h = info.weights_bytes + info.activations_bytes + info.workspace_bytes;
+                let limit = crate::host::available_memory_bytes()
+                    .map_or(HOST_BYTES_LIMIT, |a| (a / 4).min(HOST_BYTES_LIMIT));
+                (Held::Host(h), self.host_bytes + h <= limit)
+            }
+        };
+        if !fits {
             self.left_out += 1;
             return;
         }
-        self.bytes += bytes;
-        self.pending.push(KeptEngine { engine, batch });
+        self.count(bytes, true);
+        self.pending.push(KeptEngine {
+            engine,
+            batch,
+            bytes,
+        });
+    }
+
+    fn count(&mut self, bytes: Held, add: bool) {
+        let (total, b) = match bytes {
+            Held::Host(b) => (&mut self.host_bytes, b),
+            Held::Device(b) => (&mut self.device_bytes, b),
+        };
+        *total = if add { *total + b } else { total.saturating_sub(b) };
     }
 
     /// A new row begins: what an unfinished one left is not any row's.
@@ -62,9 +95,8 @@ impl SideBySide {
     }
 
     fn drop_pending(&mut self) {
-        for k in self.pending.drain(..) {
-            let info = k.engine.info();
-            self.bytes -= info.weights_bytes + info.activations_bytes + info.workspace_bytes;
+        for k in std::mem::take(&mut self.pending) {
+            self.count(k.bytes, false);
         }
     }
 }
@@ -148,9 +180,10 @@ impl Rows<'_> {
         let left_out = match sbs.left_out {
             0 => String::new(),
             n => format!(
-                " {n} engine(s) were not kept for it (together over {} MiB of memory): their rows \
-                 keep their own timing.",
-                KEPT_BYTES_LIMIT >> 20
+                " {n} engine(s) were not kept for it (the kept engines would have held more than \
+                 {} MiB of host memory, or a quarter of the GPU's free memory): their rows keep \
+                 their own timing.",
+                HOST_BYTES_LIMIT >> 20
             ),
         };
         let note = format!(
@@ -167,5 +200,60 @@ impl Rows<'_> {
         ));
         self.report.notes.push(note);
         sbs.kept.clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{BackendError, EngineInfo, Output};
+
+    struct Held(EngineInfo);
+    impl Engine for Held {
+        fn info(&self) -> &EngineInfo {
+            &self.0
+        }
+        fn batch(&self) -> usize {
+            1
+        }
+        fn run(&mut self, _: &[f32]) -> Result<Output, BackendError> {
+            unreachable!("only kept")
+        }
+    }
+
+    fn on_gpu(bytes: u64, free: u64) -> Box<dyn Engine> {
+        Box::new(Held(EngineInfo {
+            device_mem_bytes: Some(bytes),
+            device_free_bytes: Some(free),
+            // Host-side figures of a GPU engine do not count against the host's limit.
+            weights_bytes: 1 << 40,
+            ..Default::default()
+        }))
+    }
+
+    #[test]
+    fn gpu_engines_are_kept_up_to_a_quarter_of_the_free_device_memory() {
+        let mut s = SideBySide::default();
+        // 100 units free at first; each kept engine holds 10 of them (a quarter is 25).
+        s.begin_row();
+        s.keep(on_gpu(10, 90), 1);
+        s.keep(on_gpu(10, 80), 8);
+        s.row_pushed(0, false);
+        // A failed row's engines are dropped and their memory no longer counted.
+        s.begin_row();
+        s.keep(on_gpu(5, 75), 1);
+        assert_eq!(s.device_bytes, 25);
+        s.row_pushed(1, true);
+        assert_eq!(s.device_bytes, 20);
+        // A third engine of 10 would hold 30 of the 100.
+        s.begin_row();
+        s.keep(on_gpu(10, 70), 1);
+        s.keep(on_gpu(4, 76), 8);
+        s.row_pushed(2, false);
+        assert_eq!((s.left_out, s.device_bytes, s.host_bytes), (1, 24, 0));
+        assert_eq!(
+            s.kept.iter().map(|(i, k)| (*i, k.batch)).collect::<Vec<_>>(),
+            [(0, 1), (0, 8), (2, 8)]
+        );
     }
 }

@@ -171,6 +171,7 @@ impl CudaEngine {
             activations_bytes: eng.mem.activations_bytes(),
             workspace_bytes: eng.mem.scratch_bytes() + eng.lanes.workspace_bytes(),
             device_mem_bytes: Some(free_before.saturating_sub(free_after) as u64),
+            device_free_bytes: Some(free_after as u64),
             layer_times,
             layer_times_in_run,
             engine: Some(format!(
