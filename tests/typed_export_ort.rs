@@ -136,7 +136,13 @@ fn with_if_branch() -> quantscope::model::Model {
         r#type: pb::attribute_proto::AttributeType::Graph as i32,
         g: Some(pb::GraphProto {
             name: name.into(),
-            node: vec![node(op, &format!("{name}.op"), inputs, &[&format!("{name}.out")], vec![])],
+            node: vec![node(
+                op,
+                &format!("{name}.op"),
+                inputs,
+                &[&format!("{name}.out")],
+                vec![],
+            )],
             output: vec![float_value_info(&format!("{name}.out"), None)],
             ..Default::default()
         }),
@@ -165,7 +171,10 @@ fn an_if_branch_reading_outer_tensors_stays_fp32_and_runs_in_onnx_runtime() {
     let dir = common::temp_dir("typed-ort-if");
     let model = with_if_branch();
     let typed = export::typed::fp16_model(&model, None, &[]).expect("fp16 model");
-    assert!(typed.fp16_nodes >= 2, "the convs around the If go FP16: {typed:?}");
+    assert!(
+        typed.fp16_nodes >= 2,
+        "the convs around the If go FP16: {typed:?}"
+    );
     let (fp32_file, fp16_file) = (dir.join("if_fp32.onnx"), dir.join("if_fp16.onnx"));
     std::fs::write(&fp32_file, prost::Message::encode_to_vec(&model.proto)).expect("write");
     std::fs::write(&fp16_file, typed.to_bytes()).expect("write");

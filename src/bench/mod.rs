@@ -250,7 +250,8 @@ mod tests {
     use super::*;
     use crate::backend::{EngineInfo, Output};
     use std::cell::Cell;
-    use std::rc::Rc;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
 
     /// An engine whose "device time" is `base_ms` scaled by a drift that grows with every run
     /// of any engine sharing `clock` (0.01 % a run). Each run takes 0.2 ms of wall time, so a
@@ -258,17 +259,14 @@ mod tests {
     struct Drifting {
         info: EngineInfo,
         base_ms: f64,
-        clock: Rc<Cell<u64>>,
+        clock: Arc<AtomicU64>,
         spin_ms: f64,
         runs: usize,
         fail_at: Option<usize>,
     }
 
-    // The tests run each engine on one thread; Rc only shares the clock between them.
-    unsafe impl Send for Drifting {}
-
     impl Drifting {
-        fn new(base_ms: f64, clock: &Rc<Cell<u64>>) -> Self {
+        fn new(base_ms: f64, clock: &Arc<AtomicU64>) -> Self {
             Drifting {
                 info: EngineInfo::default(),
                 base_ms,
@@ -296,8 +294,7 @@ mod tests {
                 return Err(BackendError::Run("device lost".into()));
             }
             std::thread::sleep(std::time::Duration::from_micros(200));
-            let t = self.clock.get();
-            self.clock.set(t + 1);
+            let t = self.clock.fetch_add(1, Ordering::Relaxed);
             Ok(self.base_ms * (1.0 + 1e-4 * t as f64))
         }
         fn idle_spin_ms(&self) -> f64 {
@@ -316,7 +313,7 @@ mod tests {
 
     #[test]
     fn two_copies_of_one_engine_time_alike_side_by_side_under_drift() {
-        let clock = Rc::new(Cell::new(0));
+        let clock = Arc::new(AtomicU64::new(0));
         let (mut a, mut b) = (Drifting::new(1.0, &clock), Drifting::new(1.0, &clock));
         // One after another, the second comes out slower by the drift of the first's runs.
         let spec = BenchSpec {
@@ -357,7 +354,7 @@ mod tests {
 
     #[test]
     fn runs_while_the_engine_before_spins_are_not_counted_and_an_error_stops_one_engine() {
-        let clock = Rc::new(Cell::new(0));
+        let clock = Arc::new(AtomicU64::new(0));
         let mut spinning = Drifting::new(1.0, &clock);
         spinning.spin_ms = 30.0;
         let mut after = Drifting::new(2.0, &clock);

@@ -360,7 +360,11 @@ fn captured(n: &pb::NodeProto) -> Vec<String> {
             .iter()
             .map(|i| i.name.as_str())
             .chain(g.initializer.iter().map(|t| t.name.as_str()))
-            .chain(g.node.iter().flat_map(|n| n.output.iter().map(String::as_str)))
+            .chain(
+                g.node
+                    .iter()
+                    .flat_map(|n| n.output.iter().map(String::as_str)),
+            )
             .collect();
         let mut inner = vec![];
         for n in &g.node {

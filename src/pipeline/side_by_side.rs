@@ -11,8 +11,8 @@ use crate::bench::Contestant;
 /// Engines kept for the side-by-side timing in host memory take at most this much together
 /// (their weights, activations and workspace), and at most a quarter of what the host has
 /// available. Engines on a GPU take at most a quarter of the device memory free to them (what
-/// was free once the engine was built, plus what the kept engines and it hold). Past either, an engine
-/// is dropped after its own timing and its row keeps that timing.
+/// was free once the engine was built, plus what the kept engines and it hold). Past either,
+/// an engine is dropped after its own timing and its row keeps that timing.
 const HOST_BYTES_LIMIT: u64 = 2 << 30;
 
 /// An engine kept after its row's own timing, the batch it was built for and the memory it
@@ -23,6 +23,7 @@ pub(super) struct KeptEngine {
     bytes: Held,
 }
 
+/// Bytes a kept engine holds, and where.
 #[derive(Clone, Copy)]
 enum Held {
     Host(u64),
@@ -76,7 +77,11 @@ impl SideBySide {
             Held::Host(b) => (&mut self.host_bytes, b),
             Held::Device(b) => (&mut self.device_bytes, b),
         };
-        *total = if add { *total + b } else { total.saturating_sub(b) };
+        *total = if add {
+            *total + b
+        } else {
+            total.saturating_sub(b)
+        };
     }
 
     /// A new row begins: what an unfinished one left is not any row's.
@@ -252,7 +257,10 @@ mod tests {
         s.row_pushed(2, false);
         assert_eq!((s.left_out, s.device_bytes, s.host_bytes), (1, 24, 0));
         assert_eq!(
-            s.kept.iter().map(|(i, k)| (*i, k.batch)).collect::<Vec<_>>(),
+            s.kept
+                .iter()
+                .map(|(i, k)| (*i, k.batch))
+                .collect::<Vec<_>>(),
             [(0, 1), (0, 8), (2, 8)]
         );
     }
