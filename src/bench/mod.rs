@@ -173,7 +173,8 @@ pub fn measure_side_by_side(
         if live().count() == 0 || samples.iter().any(|s| s.len() >= 100_000) {
             break;
         }
-        progress(round, rounds_needed);
+        // "Until stable" may go past the rounds the minimum needs: the bar then stays full.
+        progress(round.min(rounds_needed), rounds_needed);
         for i in 0..n {
             if failed[i].is_some() {
                 continue;
