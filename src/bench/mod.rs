@@ -103,9 +103,7 @@ pub fn measure(
             }
             // Checked every 16 runs: sorting each time would cost more than a fast run.
             if samples.len() % 16 == 0 {
-                let mut sorted = samples.clone();
-                sorted.sort_by(f64::total_cmp);
-                if crate::timing::median_ci95_rel(&sorted).is_some_and(|c| c <= STABLE_CI_REL) {
+                if stable(&samples) {
                     break;
                 }
             }
@@ -113,6 +111,13 @@ pub fn measure(
         samples.push(engine.timed_run(input)?);
     }
     Ok(latency_from(samples))
+}
+
+/// Whether `samples`' median is known to ±[`STABLE_CI_REL`] ("until stable" may stop).
+fn stable(samples: &[f64]) -> bool {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    crate::timing::median_ci95_rel(&sorted).is_some_and(|c| c <= STABLE_CI_REL)
 }
 
 /// How long each engine runs in one turn when engines are timed side by side.
@@ -158,15 +163,8 @@ pub fn measure_side_by_side(
         let minimum_met =
             live().all(|i| samples[i].len() >= spec.min_runs && spent_ms[i] >= spec.min_time_ms);
         if minimum_met {
-            let stable = || {
-                live().all(|i| {
-                    let mut sorted = samples[i].clone();
-                    sorted.sort_by(f64::total_cmp);
-                    crate::timing::median_ci95_rel(&sorted).is_some_and(|c| c <= STABLE_CI_REL)
-                })
-            };
             let out_of_time = live().all(|i| spent_ms[i] >= spec.max_time_ms);
-            if !spec.until_stable || out_of_time || stable() {
+            if !spec.until_stable || out_of_time || live().all(|i| stable(&samples[i])) {
                 break;
             }
         }

@@ -551,16 +551,16 @@ impl RowCtx<'_> {
         }
     }
 
+    /// The timing input at the experiment's batch size: the timed image, repeated.
+    fn batched_input(&self) -> Vec<f32> {
+        let n = self.bench_input.len() * self.bench_spec.batch;
+        self.bench_input.iter().copied().cycle().take(n).collect()
+    }
+
     /// Times `engine` (built at the experiment's batch size) into `row`.
     fn time_built_batch(&self, mut engine: Box<dyn Engine>, row: &mut Row, label: &str) {
         let b = self.bench_spec.batch;
-        let batched: Vec<f32> = self
-            .bench_input
-            .iter()
-            .copied()
-            .cycle()
-            .take(self.bench_input.len() * b)
-            .collect();
+        let batched = self.batched_input();
         let keep_going = || !self.cancel.is_cancelled();
         let timed = crate::guard::catch(&format!("timing {label} at batch {b}"), || {
             engine

@@ -116,15 +116,9 @@ impl Rows<'_> {
         if rows.len() < 2 || self.ctx.cancel.is_cancelled() {
             return;
         }
-        let b = self.ctx.bench_spec.batch;
         let single = &self.ctx.bench_input;
-        let batched: Vec<f32> = match sbs.kept.iter().any(|(_, k)| k.batch > 1) {
-            true => single
-                .iter()
-                .copied()
-                .cycle()
-                .take(single.len() * b)
-                .collect(),
+        let batched = match sbs.kept.iter().any(|(_, k)| k.batch > 1) {
+            true => self.ctx.batched_input(),
             false => vec![],
         };
         let mut contestants: Vec<Contestant<'_>> = sbs
