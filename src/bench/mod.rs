@@ -102,10 +102,8 @@ pub fn measure(
                 break;
             }
             // Checked every 16 runs: sorting each time would cost more than a fast run.
-            if samples.len() % 16 == 0 {
-                if stable(&samples) {
-                    break;
-                }
+            if samples.len() % 16 == 0 && stable(&samples) {
+                break;
             }
         }
         samples.push(engine.timed_run(input)?);
