@@ -274,7 +274,7 @@ fn a_model_built_twice_takes_the_same_form() {
 }
 
 /// The CPU form of a Q/DQ model (activations as u8 with zero point 128, convs quantized before
-/// their ReLU / Clip) gives the model's outputs bit for bit on ONNX Runtime's exact path: the
+/// their ReLU / Clip, centering's Pads folded back into their convs) gives the model's outputs bit for bit on ONNX Runtime's exact path: the
 /// rewrites change codes and where they are taken, not values.
 #[test]
 fn the_cpu_form_is_exact() {
@@ -310,6 +310,79 @@ fn the_cpu_form_is_exact() {
         pairs_seen > 0,
         "some conv was quantized before its activation"
     );
+}
+
+/// Centering's Pads (value -c before a padded conv) go back into their convs in the CPU form:
+/// no Pad is left, and the outputs match the Q/DQ model's within one output step. (Not bit for
+/// bit on the float path this compares on: the conv sums (u - p) * s where the model summed
+/// (u - z) * s and a bias term; ONNX Runtime's integer kernels sum the same integers.)
+#[test]
+fn the_cpu_form_folds_centering_pads_into_their_convs() {
+    if !ort_here() {
+        return;
+    }
+    let m = centered();
+    let s = spec(&m);
+    let qdq = qdq_of(&m, s.hw);
+    let as_written = Model {
+        proto: qdq.proto.clone(),
+        ..m.clone()
+    }
+    .with_fixed_input(1, s.hw);
+    let mut cpu = as_written.clone();
+    assert_eq!(ortcpu::cpu_form::pads_into_convs(&mut cpu), 2);
+    assert_eq!(ortcpu::cpu_form::quantize_before_activations(&mut cpu), 2);
+    assert!(ortcpu::cpu_form::to_u8_activations(&mut cpu) > 0);
+    let g = cpu.graph.as_ref().expect("graph");
+    assert!(!g.node.iter().any(|n| n.op_type == "Pad"), "no Pad left");
+    assert!(
+        g.node
+            .iter()
+            .filter(|n| n.op_type == "Conv")
+            .all(|n| quantscope::model::proto::attr_ints(n, "pads")
+                .is_some_and(|p| p == [1, 1, 1, 1])),
+        "every 3x3 conv pads again"
+    );
+    let shape = m.input_shape(1, s.hw);
+    let a = ortcpu::OrtProbe::new(&as_written, shape, &[], 1).expect("as written");
+    let b = ortcpu::OrtProbe::new(&cpu, shape, &[], 1).expect("cpu form");
+    for seed in 0..3 {
+        let x = input(&m, s.hw, 80 + seed);
+        let ya = a.run(&x, 1).expect("run").0.data;
+        let yb = b.run(&x, 1).expect("run").0.data;
+        let step = ya.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
+        let err = ya
+            .iter()
+            .zip(&yb)
+            .fold(0f32, |m, (p, q)| m.max((p - q).abs()));
+        assert!(
+            err <= step,
+            "input {seed}: max |difference| {err}, one output step {step}"
+        );
+    }
+}
+
+/// Two ReLUs read by padded 3x3 convs, centered (`prepare::center`): each reader now reads a
+/// Pad of the shifted tensor with value -c.
+fn centered() -> Model {
+    let mut b = GraphBuilder::new(&[1, 3, 16, 16]);
+    let c1 = b.conv("c1", "x", 3, 8, 3);
+    let r1 = b.op("Relu", "r1", &[&c1]);
+    let c2 = b.conv("c2", &r1, 8, 8, 3);
+    let r2 = b.op("Relu", "r2", &[&c2]);
+    let c3 = b.conv("c3", &r2, 8, 4, 3);
+    b.output(&c3);
+    let m = b.model();
+    let maxima = [("r1.out".to_string(), 1.5f32), ("r2.out".to_string(), 2.5)].into();
+    let (centered, summary) = quantscope::prepare::center::apply(
+        &m,
+        quantscope::prepare::center::CenterSetting::On,
+        quantscope::prepare::center::Pads::Insert,
+        &maxima,
+    )
+    .expect("centers");
+    assert_eq!(summary.padded.len(), 2, "{summary:?}");
+    centered
 }
 
 /// The reference interpreter reads the same intermediate tensors on both engines, and on ONNX

@@ -321,8 +321,9 @@ fn fp8_qdq_model_runs_in_onnx_runtime_and_matches_the_fp8_engine() {
 }
 
 /// A centered model (activation centering: a ReLU6 output read by a 1x1 conv holds t - c, the
-/// 1x1 conv's bias folds c × Σ of its int8 weights) runs in ONNX Runtime as quantscope's INT8
-/// engine runs it: the fold lives in the Q/DQ file's float bias.
+/// 1x1 conv's bias folds c × Σ of its int8 weights; a ReLU output read by a padded 3x3 conv is
+/// padded with -c by a Pad node) runs in ONNX Runtime as quantscope's INT8 engine runs it: the
+/// fold lives in the Q/DQ file's float bias.
 #[test]
 fn a_centered_model_runs_in_onnx_runtime_and_matches_the_int8_engine() {
     if !common::onnxruntime_available() {
@@ -336,21 +337,34 @@ fn a_centered_model_runs_in_onnx_runtime_and_matches_the_int8_engine() {
     let hi = b.constant("hi", &[], &[6.0]);
     let t = b.op("Clip", "stem.relu6", &[&c, &lo, &hi]);
     let p = b.conv("project", &t, 8, 8, 1);
-    let y = b.head(&p, 8, 10);
+    let r = b.op("Relu", "project.relu", &[&p]);
+    let q = b.conv("spatial", &r, 8, 8, 3);
+    let y = b.head(&q, 8, 10);
     b.output(&y);
     let model = b.model();
-    let names = center::tensors(&model);
-    assert_eq!(names, vec!["stem.relu6.out".to_string()]);
+    let names = center::tensors(&model, center::Pads::Insert);
+    assert_eq!(
+        names,
+        vec!["stem.relu6.out".to_string(), "project.relu.out".to_string()]
+    );
     let probe = Probe::new(&model, [16, 16], &names).expect("probe");
-    let mut top = 0f32;
+    let mut top = vec![0f32; names.len()];
     for i in 0..24 {
         let (_, acts) = probe.run(&values(3 * 16 * 16, 500 + i)).expect("runs");
-        top = acts[0].as_ref().iter().fold(top, |m, v| m.max(*v));
+        for (t, a) in top.iter_mut().zip(&acts) {
+            *t = a.as_ref().iter().fold(*t, |m, v| m.max(*v));
+        }
     }
-    let maxima = [(names[0].clone(), top)].into_iter().collect();
-    let (centered, summary) =
-        center::apply(&model, center::CenterSetting::On, &maxima).expect("centers");
+    let maxima = names.iter().cloned().zip(top).collect();
+    let (centered, summary) = center::apply(
+        &model,
+        center::CenterSetting::On,
+        center::Pads::Insert,
+        &maxima,
+    )
+    .expect("centers");
     assert!(summary.applied(), "{summary:?}");
+    assert_eq!(summary.padded, vec!["spatial".to_string()]);
     let (centered, qdq) = calibrated_model(centered, Method::Max);
     assert_ort_matches(
         &centered,

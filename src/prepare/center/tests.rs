@@ -65,7 +65,7 @@ fn snap_weights(b: &mut GraphBuilder, names: &[&str]) {
 }
 
 fn maxima(model: &Model, inputs: &[Vec<f32>]) -> HashMap<String, f32> {
-    let names = tensors(model);
+    let names = tensors(model, Pads::Insert);
     let probe = Probe::new(model, HW, &names).expect("probe");
     let mut out: HashMap<String, f32> = HashMap::new();
     for x in inputs {
@@ -127,31 +127,78 @@ fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 #[test]
-fn centers_the_tensor_read_by_a_1x1_conv_and_says_why_not_the_other() {
+fn centers_tensors_read_by_1x1_and_padded_convs_and_pads_with_minus_c() {
     let model = two_branches().model();
-    assert_eq!(tensors(&model), vec!["a.relu6.out".to_string()]);
+    assert_eq!(
+        tensors(&model, Pads::Insert),
+        vec!["a.relu6.out".to_string(), "c.relu.out".to_string()]
+    );
+    // For the CUDA engine the padded reader's tensor stays as it is, and the note says why.
+    assert_eq!(
+        tensors(&model, Pads::Avoid),
+        vec!["a.relu6.out".to_string()]
+    );
     let inputs = grid_inputs(8);
-    let (centered, summary) =
-        apply(&model, CenterSetting::On, &maxima(&model, &inputs)).expect("applies");
-    assert_eq!(summary.centered.len(), 1, "{summary:?}");
+    let (centered, summary) = apply(
+        &model,
+        CenterSetting::On,
+        Pads::Insert,
+        &maxima(&model, &inputs),
+    )
+    .expect("applies");
+    assert_eq!(summary.centered.len(), 2, "{summary:?}");
     let c = &summary.centered[0];
     assert_eq!(c.tensor, "a.relu6.out");
     assert!(c.shift > 0.0 && c.shift <= 3.0, "{c:?}");
-    assert!(
-        summary
-            .skipped
-            .iter()
-            .any(|(t, why)| t == "c.relu.out" && why.contains("zero padding")),
-        "{:?}",
-        summary.skipped
+    assert!(summary.skipped.is_empty(), "{:?}", summary.skipped);
+    assert_eq!(summary.padded, vec!["d".to_string()]);
+    assert!(summary.note().contains("2 non-negative activations"));
+    assert!(summary.note().contains("1 readers with zero padding"));
+    let s = shifts(&centered.proto);
+    assert_eq!(s.get("a.relu6.out"), Some(&c.shift));
+    // The padded reader reads a Pad of the shifted tensor with value -c, and pads nothing.
+    let relu_c = &summary.centered[1];
+    let g = centered.graph();
+    let d = g.node.iter().find(|n| n.name == "d").expect("d");
+    assert_eq!(
+        s.get(&d.input[0]),
+        Some(&relu_c.shift),
+        "the Pad output is shifted too"
     );
-    assert!(summary.note().contains("1 non-negative activations"));
-    assert_eq!(shifts(&centered.proto).get("a.relu6.out"), Some(&c.shift));
+    assert!(proto::attr_ints(d, "pads").is_none_or(|p| p.iter().all(|&v| v == 0)));
+    let pad = g
+        .node
+        .iter()
+        .position(|n| n.op_type == "Pad" && n.output[0] == d.input[0])
+        .expect("a Pad before d");
+    assert!(pad < g.node.iter().position(|n| n.name == "d").expect("d"));
+    let value = centered
+        .initializer(&g.node[pad].input[2])
+        .expect("pad value")
+        .data[0];
+    assert_eq!(value, -relu_c.shift);
+    let (_, cuda) = apply(
+        &model,
+        CenterSetting::On,
+        Pads::Avoid,
+        &maxima(&model, &inputs),
+    )
+    .expect("applies");
+    assert_eq!(cuda.centered.len(), 1);
+    assert!(cuda.padded.is_empty());
+    assert!(
+        cuda.skipped
+            .iter()
+            .any(|(t, why)| t == "c.relu.out" && why.contains("CUDA engine")),
+        "{:?}",
+        cuda.skipped
+    );
     // Off changes nothing.
-    let (same, off) = apply(&model, CenterSetting::Off, &HashMap::new()).expect("off");
+    let (same, off) =
+        apply(&model, CenterSetting::Off, Pads::Insert, &HashMap::new()).expect("off");
     assert!(!off.applied());
     assert_eq!(same.proto, model.proto);
-    // The float function is the same.
+    // The float function is the same, border pixels included.
     for x in &inputs {
         let d = max_rel_diff(&fp32(&model, x), &fp32(&centered, x));
         assert!(d < 1e-5, "centering changed the FP32 output by {d}");
@@ -159,34 +206,75 @@ fn centers_the_tensor_read_by_a_1x1_conv_and_says_why_not_the_other() {
 }
 
 #[test]
+fn a_conv_with_automatic_padding_is_left_alone_and_said_why() {
+    let mut b = GraphBuilder::new(&[1, 3, HW[0], HW[1]]);
+    let a = b.conv("a", "x", 3, 8, 3);
+    let t = b.op("Relu", "a.relu", &[&a]);
+    let y = b.conv("b", &t, 8, 4, 3);
+    for n in b.graph.node.iter_mut().filter(|n| n.name == "b") {
+        n.attribute.retain(|a| a.name != "pads");
+        n.attribute.push(proto::str_attr("auto_pad", "SAME_UPPER"));
+    }
+    b.output(&y);
+    let model = b.model();
+    let (_, summary) = apply(
+        &model,
+        CenterSetting::On,
+        Pads::Insert,
+        &maxima(&model, &grid_inputs(2)),
+    )
+    .expect("applies");
+    assert!(!summary.applied());
+    assert!(
+        summary.skipped[0].1.contains("automatic padding"),
+        "{:?}",
+        summary.skipped
+    );
+}
+
+#[test]
 fn the_int8_error_of_a_centered_tensor_halves() {
     // Inputs and weights exact in int8: the Clip output's rounding is the only error on the
     // centered branch, so halving its step should gain about 6 dB there.
-    let mut b = GraphBuilder::new(&[1, 3, HW[0], HW[1]]);
-    let a = b.conv("a", "x", 3, 8, 3);
-    let t = clip6(&mut b, "a.relu6", &a);
-    let y = b.conv("b", &t, 8, 4, 1);
-    b.output(&y);
-    snap_weights(&mut b, &["a.w", "b.w"]);
-    let model = b.model();
-    let inputs = grid_inputs(8);
-    let (centered, summary) =
-        apply(&model, CenterSetting::On, &maxima(&model, &inputs)).expect("applies");
-    assert!(summary.applied());
-    let before = int8_sqnr(&model, &model, &inputs);
-    let after = int8_sqnr(&centered, &model, &inputs);
-    assert!(
-        after > before + 4.5,
-        "INT8 SQNR {before:.1} dB uncentered, {after:.1} dB centered"
-    );
+    // The reader is a 1x1 conv, then a 3x3 one with zero padding (through the Pad).
+    for k in [1, 3] {
+        let mut b = GraphBuilder::new(&[1, 3, HW[0], HW[1]]);
+        let a = b.conv("a", "x", 3, 8, 3);
+        let t = clip6(&mut b, "a.relu6", &a);
+        let y = b.conv("b", &t, 8, 4, k);
+        b.output(&y);
+        snap_weights(&mut b, &["a.w", "b.w"]);
+        let model = b.model();
+        let inputs = grid_inputs(8);
+        let (centered, summary) = apply(
+            &model,
+            CenterSetting::On,
+            Pads::Insert,
+            &maxima(&model, &inputs),
+        )
+        .expect("applies");
+        assert!(summary.applied());
+        assert_eq!(summary.padded.len(), k / 3);
+        let before = int8_sqnr(&model, &model, &inputs);
+        let after = int8_sqnr(&centered, &model, &inputs);
+        assert!(
+            after > before + 4.5,
+            "{k}x{k} reader: INT8 SQNR {before:.1} dB uncentered, {after:.1} dB centered"
+        );
+    }
 }
 
 #[test]
 fn gptq_keeps_the_shift_exact_for_the_weights_it_rounds() {
     let model = two_branches().model();
     let inputs = grid_inputs(8);
-    let (centered, _) =
-        apply(&model, CenterSetting::On, &maxima(&model, &inputs)).expect("applies");
+    let (centered, _) = apply(
+        &model,
+        CenterSetting::On,
+        Pads::Insert,
+        &maxima(&model, &inputs),
+    )
+    .expect("applies");
     let plan = quant::plan(&centered, &[]);
     assert!(plan.centered.contains_key("a.relu6.out"));
     let shapes = crate::model::infer_shapes(&centered, HW).expect("shapes");

@@ -80,9 +80,10 @@ pub fn calibration_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::U
             );
         let mut on = exp.center == CenterSetting::On;
         ui.checkbox(&mut on, "center ReLU").on_hover_text(
-            "Activation centering: each ReLU/ReLU6 output read only by 1x1 (unpadded) convs is \
-             shifted by half its calibration range, so int8 spends all 255 steps on it instead \
-             of 128; exact in float (the convs' biases absorb the shift)",
+            "Activation centering: each ReLU/ReLU6 output read only by convs is shifted by half \
+             its calibration range, so int8 spends all 255 steps on it instead of 128; exact in \
+             float (the convs' biases absorb the shift, and a conv with zero padding reads a \
+             Pad node that pads with the shift's negative)",
         );
         exp.center = if on {
             CenterSetting::On

@@ -305,12 +305,17 @@ pub fn build(
                 .collect();
             if CpuIsa::get().fused_int8_exact() {
                 let mut cpu = q.clone();
+                let pads = cpu_form::pads_into_convs(&mut cpu);
                 let pairs = cpu_form::quantize_before_activations(&mut cpu);
                 let u8s = cpu_form::to_u8_activations(&mut cpu);
                 let (p, note) = if pairs + u8s > 0 {
+                    let padded = match pads {
+                        0 => String::new(),
+                        n => format!(", {n} centering pads back in their convs"),
+                    };
                     let what = format!(
                         "{u8s} activations as u8 (zero point 128), {pairs} layers quantized \
-                         before their ReLU / Clip"
+                         before their ReLU / Clip{padded}"
                     );
                     faster_form(&q, &cpu, &what, &shape, threads).map_err(build_err)?
                 } else {

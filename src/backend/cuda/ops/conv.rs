@@ -418,8 +418,9 @@ pub(super) fn conv(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
 }
 
 /// The scale at which reader `ci` (reading input `slot`) quantizes a conv's output: a
-/// QuantizeLinear's own; with `through_pool`, for a max pool, the one scale all its readers
-/// quantize at (quantizing is monotone, so it commutes with the max: exact). `None` for any
+/// QuantizeLinear's own; with `through_pool`, for a max pool or a constant pad, the one scale
+/// all its readers quantize at (quantizing is monotone, so it commutes with the max, and a pad
+/// only copies values: exact). `None` for any
 /// other reader, or one whose output is a graph output.
 fn reader_q_scale(b: &Builder<'_>, ci: usize, slot: usize, through_pool: bool) -> Option<f32> {
     let c = b.g.node(ci);
@@ -433,6 +434,15 @@ fn reader_q_scale(b: &Builder<'_>, ci: usize, slot: usize, through_pool: bool) -
                 .iter()
                 .map(|&(cj, s)| reader_q_scale(b, cj, s, false)),
         ),
+        // A constant pad (activation centering's, before a padded conv: `prepare::center`)
+        // commutes with quantizing as the max does; it then copies codes.
+        "Pad" if through_pool && proto::attr_str(c, "mode").is_none_or(|m| m == "constant") => {
+            one_scale(
+                b.g.consumers(&c.output[0])
+                    .iter()
+                    .map(|&(cj, s)| reader_q_scale(b, cj, s, false)),
+            )
+        }
         _ => None,
     }
 }

@@ -652,6 +652,58 @@ fn a_max_pool_before_a_quantize_pools_int8_codes() {
     );
 }
 
+/// Activation centering's Pad (value -c) before a padded conv: the conv before it writes int8
+/// at the scale the Pad's output is quantized at, and the Pad copies int8 codes (padding with
+/// the value's code): no float tensor between the two convs.
+#[test]
+fn a_constant_pad_before_a_quantize_pads_int8_codes() {
+    let mut b = GraphBuilder::new(&[1, 4, 12, 12]);
+    let c = b.conv("a", "x", 4, 16, 3);
+    let r = b.op("Relu", "a.relu", &[&c]);
+    let pads = b.ints("pads", &[8], &[0, 0, 1, 1, 0, 0, 1, 1]);
+    let v = b.constant("v", &[], &[-1.0]);
+    let p = b.op("Pad", "pad", &[&r, &pads, &v]);
+    let w = b.random("dw.w", &[16, 1, 3, 3], 0.5);
+    let y = b.node(
+        "Conv",
+        "dw",
+        &[&p, &w],
+        vec![
+            proto::ints_attr("kernel_shape", &[3, 3]),
+            proto::int_attr("group", 16),
+        ],
+    );
+    b.output(&y);
+    let plan = int8_plan_of(&b, [1, 4, 12, 12], 4.0);
+    let (pin, pout, value) = plan
+        .steps
+        .iter()
+        .find_map(|s| match s {
+            Step::Pad {
+                input, out, value, ..
+            } => Some((*input, *out, *value)),
+            _ => None,
+        })
+        .expect("a pad step");
+    let (i, o) = (&plan.tensors[pin], &plan.tensors[pout]);
+    assert_eq!((i.dtype, o.dtype), (DType::I8, DType::I8), "{i:?} -> {o:?}");
+    assert_eq!(i.scale, o.scale);
+    assert_eq!(
+        value, -1.0,
+        "the pad value, stored as its code at the output's scale"
+    );
+    assert_eq!(
+        conv_steps(&plan)[0].out,
+        pin,
+        "the conv writes the pad's int8 input"
+    );
+    assert!(
+        !plan.steps.iter().any(|s| matches!(s, Step::Unary { .. })),
+        "no quantize or dequantize pass: {:?}",
+        plan.steps.iter().map(|s| s.name()).collect::<Vec<_>>()
+    );
+}
+
 /// An FP8 Q/DQ model plans as the INT8 one does, in E4M3: every conv quantized with its FP8
 /// codes and scales, FP8 activations between layers, and an INT8 engine refuses FP8 Q/DQ.
 #[test]
