@@ -13,6 +13,7 @@ use quantscope::calib::{Method, Stats};
 use quantscope::model::Model;
 use quantscope::model::testing::{GraphBuilder, residual_classifier, values};
 use quantscope::quant;
+use tract_onnx::pb::ModelProto;
 
 /// True when ONNX Runtime loads; in CI (which installs it) its absence is a failure.
 fn ort_here() -> bool {
@@ -283,26 +284,13 @@ fn the_cpu_form_is_exact() {
     }
     let mut pairs_seen = 0;
     for (name, m) in models() {
-        let s = spec(&m);
-        let qdq = qdq_of(&m, s.hw);
-        let as_written = Model {
-            proto: qdq.proto.clone(),
-            ..m.clone()
-        }
-        .with_fixed_input(1, s.hw);
-        let mut cpu = as_written.clone();
+        let (as_written, mut cpu) = written_and_copy(&m);
         pairs_seen += ortcpu::cpu_form::quantize_before_activations(&mut cpu);
         assert!(
             ortcpu::cpu_form::to_u8_activations(&mut cpu) > 0,
             "{name}: rewrote"
         );
-        let shape = m.input_shape(1, s.hw);
-        let a = ortcpu::OrtProbe::new(&as_written, shape, &[], 1).expect("as written");
-        let b = ortcpu::OrtProbe::new(&cpu, shape, &[], 1).expect("cpu form");
-        for seed in 0..3 {
-            let x = input(&m, s.hw, 80 + seed);
-            let ya = a.run(&x, 1).expect("run").0.data;
-            let yb = b.run(&x, 1).expect("run").0.data;
+        for (seed, ya, yb) in outputs_of_both(&m, &as_written, &cpu) {
             assert_eq!(ya, yb, "{name}, input {seed}: bit for bit");
         }
     }
@@ -322,14 +310,7 @@ fn the_cpu_form_folds_centering_pads_into_their_convs() {
         return;
     }
     let m = centered();
-    let s = spec(&m);
-    let qdq = qdq_of(&m, s.hw);
-    let as_written = Model {
-        proto: qdq.proto.clone(),
-        ..m.clone()
-    }
-    .with_fixed_input(1, s.hw);
-    let mut cpu = as_written.clone();
+    let (as_written, mut cpu) = written_and_copy(&m);
     assert_eq!(ortcpu::cpu_form::pads_into_convs(&mut cpu), 2);
     assert_eq!(ortcpu::cpu_form::quantize_before_activations(&mut cpu), 2);
     assert!(ortcpu::cpu_form::to_u8_activations(&mut cpu) > 0);
@@ -343,13 +324,7 @@ fn the_cpu_form_folds_centering_pads_into_their_convs() {
                 .is_some_and(|p| p == [1, 1, 1, 1])),
         "every 3x3 conv pads again"
     );
-    let shape = m.input_shape(1, s.hw);
-    let a = ortcpu::OrtProbe::new(&as_written, shape, &[], 1).expect("as written");
-    let b = ortcpu::OrtProbe::new(&cpu, shape, &[], 1).expect("cpu form");
-    for seed in 0..3 {
-        let x = input(&m, s.hw, 80 + seed);
-        let ya = a.run(&x, 1).expect("run").0.data;
-        let yb = b.run(&x, 1).expect("run").0.data;
+    for (seed, ya, yb) in outputs_of_both(&m, &as_written, &cpu) {
         let step = ya.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0;
         let err = ya
             .iter()
@@ -360,6 +335,35 @@ fn the_cpu_form_folds_centering_pads_into_their_convs() {
             "input {seed}: max |difference| {err}, one output step {step}"
         );
     }
+}
+
+/// `m`'s Q/DQ model as written (batch 1), and a copy for a CPU-form rewrite.
+fn written_and_copy(m: &Model) -> (ModelProto, ModelProto) {
+    let s = spec(m);
+    let qdq = qdq_of(m, s.hw);
+    let as_written = Model {
+        proto: qdq.proto.clone(),
+        ..m.clone()
+    }
+    .with_fixed_input(1, s.hw);
+    (as_written.clone(), as_written)
+}
+
+/// (input seed, output of `a`, output of `b`) for three inputs of `m`, each model on ONNX
+/// Runtime's exact path.
+fn outputs_of_both(m: &Model, a: &ModelProto, b: &ModelProto) -> Vec<(u64, Vec<f32>, Vec<f32>)> {
+    let s = spec(m);
+    let shape = m.input_shape(1, s.hw);
+    let pa = ortcpu::OrtProbe::new(a, shape, &[], 1).expect("as written");
+    let pb = ortcpu::OrtProbe::new(b, shape, &[], 1).expect("cpu form");
+    (0..3)
+        .map(|seed| {
+            let x = input(m, s.hw, 80 + seed);
+            let ya = pa.run(&x, 1).expect("run").0.data;
+            let yb = pb.run(&x, 1).expect("run").0.data;
+            (seed, ya, yb)
+        })
+        .collect()
 }
 
 /// Two ReLUs read by padded 3x3 convs, centered (`prepare::center`): each reader now reads a

@@ -79,6 +79,17 @@ fn maxima(model: &Model, inputs: &[Vec<f32>]) -> HashMap<String, f32> {
     out
 }
 
+/// `model` centered (on, with Pads) by its maxima on `inputs`.
+fn centered_on(model: &Model, inputs: &[Vec<f32>]) -> (Model, CenterSummary) {
+    apply(
+        model,
+        CenterSetting::On,
+        Pads::Insert,
+        &maxima(model, inputs),
+    )
+    .expect("applies")
+}
+
 fn fp32(model: &Model, x: &[f32]) -> Vec<f32> {
     Probe::new(model, HW, &[])
         .expect("probe")
@@ -139,13 +150,7 @@ fn centers_tensors_read_by_1x1_and_padded_convs_and_pads_with_minus_c() {
         vec!["a.relu6.out".to_string()]
     );
     let inputs = grid_inputs(8);
-    let (centered, summary) = apply(
-        &model,
-        CenterSetting::On,
-        Pads::Insert,
-        &maxima(&model, &inputs),
-    )
-    .expect("applies");
+    let (centered, summary) = centered_on(&model, &inputs);
     assert_eq!(summary.centered.len(), 2, "{summary:?}");
     let c = &summary.centered[0];
     assert_eq!(c.tensor, "a.relu6.out");
@@ -246,13 +251,7 @@ fn the_int8_error_of_a_centered_tensor_halves() {
         snap_weights(&mut b, &["a.w", "b.w"]);
         let model = b.model();
         let inputs = grid_inputs(8);
-        let (centered, summary) = apply(
-            &model,
-            CenterSetting::On,
-            Pads::Insert,
-            &maxima(&model, &inputs),
-        )
-        .expect("applies");
+        let (centered, summary) = centered_on(&model, &inputs);
         assert!(summary.applied());
         assert_eq!(summary.padded.len(), k / 3);
         let before = int8_sqnr(&model, &model, &inputs);
@@ -268,13 +267,7 @@ fn the_int8_error_of_a_centered_tensor_halves() {
 fn gptq_keeps_the_shift_exact_for_the_weights_it_rounds() {
     let model = two_branches().model();
     let inputs = grid_inputs(8);
-    let (centered, _) = apply(
-        &model,
-        CenterSetting::On,
-        Pads::Insert,
-        &maxima(&model, &inputs),
-    )
-    .expect("applies");
+    let (centered, _) = centered_on(&model, &inputs);
     let plan = quant::plan(&centered, &[]);
     assert!(plan.centered.contains_key("a.relu6.out"));
     let shapes = crate::model::infer_shapes(&centered, HW).expect("shapes");

@@ -24,13 +24,10 @@ use std::collections::{HashMap, HashSet};
 
 use tract_onnx::pb::{self, tensor_proto::DataType};
 
-/// Puts a QuantizeLinear -> DequantizeLinear pair between each quantized Conv / Gemm / MatMul
-/// and the ReLU or Clip that is its only reader, where every reader of that activation is a
-/// QuantizeLinear at one scale and zero point: the pair uses those. Returns how many pairs.
-pub fn quantize_before_activations(p: &mut pb::ModelProto) -> usize {
-    let Some(g) = p.graph.as_mut() else {
-        return 0;
-    };
+/// For each tensor of `g`, the nodes reading it and the node writing it (by index).
+fn readers_and_writers(
+    g: &pb::GraphProto,
+) -> (HashMap<String, Vec<usize>>, HashMap<String, usize>) {
     let mut readers: HashMap<String, Vec<usize>> = HashMap::new();
     let mut writer: HashMap<String, usize> = HashMap::new();
     for (i, n) in g.node.iter().enumerate() {
@@ -41,6 +38,17 @@ pub fn quantize_before_activations(p: &mut pb::ModelProto) -> usize {
             writer.insert(t.clone(), i);
         }
     }
+    (readers, writer)
+}
+
+/// Puts a QuantizeLinear -> DequantizeLinear pair between each quantized Conv / Gemm / MatMul
+/// and the ReLU or Clip that is its only reader, where every reader of that activation is a
+/// QuantizeLinear at one scale and zero point: the pair uses those. Returns how many pairs.
+pub fn quantize_before_activations(p: &mut pb::ModelProto) -> usize {
+    let Some(g) = p.graph.as_mut() else {
+        return 0;
+    };
+    let (readers, writer) = readers_and_writers(g);
     let graph_outputs: HashSet<&str> = g.output.iter().map(|o| o.name.as_str()).collect();
     let only_reader = |t: &str| match readers.get(t).map(Vec::as_slice) {
         Some([r]) if !graph_outputs.contains(t) => Some(*r),
@@ -116,16 +124,7 @@ pub fn pads_into_convs(p: &mut pb::ModelProto) -> usize {
     let Some(g) = p.graph.as_mut() else {
         return 0;
     };
-    let mut readers: HashMap<String, Vec<usize>> = HashMap::new();
-    let mut writer: HashMap<String, usize> = HashMap::new();
-    for (i, n) in g.node.iter().enumerate() {
-        for t in &n.input {
-            readers.entry(t.clone()).or_default().push(i);
-        }
-        for t in &n.output {
-            writer.insert(t.clone(), i);
-        }
-    }
+    let (readers, writer) = readers_and_writers(g);
     let graph_outputs: HashSet<String> = g.output.iter().map(|o| o.name.clone()).collect();
     let init = |name: &str| g.initializer.iter().find(|t| t.name == name);
     let scalar_f32 = |name: &str| {
