@@ -366,22 +366,34 @@ fn outputs_of_both(m: &Model, a: &ModelProto, b: &ModelProto) -> Vec<(u64, Vec<f
         .collect()
 }
 
-/// Two ReLUs read by padded 3x3 convs, centered (`prepare::center`): each reader now reads a
-/// Pad of the shifted tensor with value -c.
+/// Two ReLUs read by padded 3x3 depthwise convs, centered (`prepare::center`): each reader now
+/// reads a Pad of the shifted tensor with value -c.
 fn centered() -> Model {
     let mut b = GraphBuilder::new(&[1, 3, 16, 16]);
     let c1 = b.conv("c1", "x", 3, 8, 3);
     let r1 = b.op("Relu", "r1", &[&c1]);
-    let c2 = b.conv("c2", &r1, 8, 8, 3);
+    let depthwise = |b: &mut GraphBuilder, name: &str, x: &str| {
+        let w = b.random(&format!("{name}.w"), &[8, 1, 3, 3], 0.5);
+        b.node(
+            "Conv",
+            name,
+            &[x, &w],
+            vec![
+                quantscope::model::proto::ints_attr("kernel_shape", &[3, 3]),
+                quantscope::model::proto::ints_attr("pads", &[1, 1, 1, 1]),
+                quantscope::model::proto::int_attr("group", 8),
+            ],
+        )
+    };
+    let c2 = depthwise(&mut b, "c2", &r1);
     let r2 = b.op("Relu", "r2", &[&c2]);
-    let c3 = b.conv("c3", &r2, 8, 4, 3);
+    let c3 = depthwise(&mut b, "c3", &r2);
     b.output(&c3);
     let m = b.model();
     let maxima = [("r1.out".to_string(), 1.5f32), ("r2.out".to_string(), 2.5)].into();
     let (centered, summary) = quantscope::prepare::center::apply(
         &m,
         quantscope::prepare::center::CenterSetting::On,
-        quantscope::prepare::center::Pads::Insert,
         &maxima,
     )
     .expect("centers");

@@ -321,8 +321,8 @@ fn fp8_qdq_model_runs_in_onnx_runtime_and_matches_the_fp8_engine() {
 }
 
 /// A centered model (activation centering: a ReLU6 output read by a 1x1 conv holds t - c, the
-/// 1x1 conv's bias folds c × Σ of its int8 weights; a ReLU output read by a padded 3x3 conv is
-/// padded with -c by a Pad node) runs in ONNX Runtime as quantscope's INT8 engine runs it: the
+/// 1x1 conv's bias folds c × Σ of its int8 weights; a ReLU output read by a padded 3x3
+/// depthwise conv is padded with -c by a Pad node) runs in ONNX Runtime as quantscope's INT8 engine runs it: the
 /// fold lives in the Q/DQ file's float bias.
 #[test]
 fn a_centered_model_runs_in_onnx_runtime_and_matches_the_int8_engine() {
@@ -338,11 +338,21 @@ fn a_centered_model_runs_in_onnx_runtime_and_matches_the_int8_engine() {
     let t = b.op("Clip", "stem.relu6", &[&c, &lo, &hi]);
     let p = b.conv("project", &t, 8, 8, 1);
     let r = b.op("Relu", "project.relu", &[&p]);
-    let q = b.conv("spatial", &r, 8, 8, 3);
+    let w = b.random("spatial.w", &[8, 1, 3, 3], 0.5);
+    let q = b.node(
+        "Conv",
+        "spatial",
+        &[&r, &w],
+        vec![
+            quantscope::model::proto::ints_attr("kernel_shape", &[3, 3]),
+            quantscope::model::proto::ints_attr("pads", &[1, 1, 1, 1]),
+            quantscope::model::proto::int_attr("group", 8),
+        ],
+    );
     let y = b.head(&q, 8, 10);
     b.output(&y);
     let model = b.model();
-    let names = center::tensors(&model, center::Pads::Insert);
+    let names = center::tensors(&model);
     assert_eq!(
         names,
         vec!["stem.relu6.out".to_string(), "project.relu.out".to_string()]
@@ -356,13 +366,8 @@ fn a_centered_model_runs_in_onnx_runtime_and_matches_the_int8_engine() {
         }
     }
     let maxima = names.iter().cloned().zip(top).collect();
-    let (centered, summary) = center::apply(
-        &model,
-        center::CenterSetting::On,
-        center::Pads::Insert,
-        &maxima,
-    )
-    .expect("centers");
+    let (centered, summary) =
+        center::apply(&model, center::CenterSetting::On, &maxima).expect("centers");
     assert!(summary.applied(), "{summary:?}");
     assert_eq!(summary.padded, vec!["spatial".to_string()]);
     let (centered, qdq) = calibrated_model(centered, Method::Max);

@@ -967,10 +967,6 @@ pub fn int8_settings(exp: &Experiment) -> crate::prepare::Settings<'_> {
         cle_clip: exp.cle_clip,
         cle_scales: exp.cle_scales,
         center: exp.center,
-        center_pads: match exp.backend {
-            backend::BackendKind::Cuda => crate::prepare::center::Pads::Avoid,
-            backend::BackendKind::Cpu => crate::prepare::center::Pads::Insert,
-        },
         weight_rounding: exp.weight_rounding,
         exclude: &exp.exclude,
         correction_images: exp.correction_images,

@@ -156,20 +156,20 @@ fn bias_ok(g: &Graph<'_>, n: &pb::NodeProto) -> Result<(), String> {
     }
 }
 
-/// Whether a reader with zero padding is centered through a Pad node ([`Pads::Insert`]) or
-/// leaves its tensor alone ([`Pads::Avoid`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Pads {
-    /// CPU engines: ONNX Runtime pads the int8 codes in a pass that cost nothing measurable
-    /// (DeepLab on the 2-core EPYC: INT8 12.6-13.0 ms with 17 Pads, 12.8-13.3 without).
-    Insert,
-    /// The CUDA engine runs a Pad as a pass of its own over the tensor: MobileNetV2's INT8
-    /// engine at batch 32 took 1.94x its FP16 engine's time with them on an H200.
-    Avoid,
+/// Whether conv `n` is depthwise: as many groups as output channels, one input channel each.
+fn depthwise(g: &Graph<'_>, n: &pb::NodeProto) -> bool {
+    let groups = proto::attr_i(n, "group").unwrap_or(1);
+    let dims = n
+        .input
+        .get(1)
+        .and_then(|w| g.initializer(w))
+        .map(|w| w.dims.clone())
+        .unwrap_or_default();
+    groups > 1 && dims.len() == 4 && dims[0] == groups && dims[1] == 1
 }
 
 /// Every ReLU / Clip(0, hi) written by a conv, as a site or as (tensor, why not).
-fn find_sites(g: &Graph<'_>, pads: Pads) -> (Vec<Site>, Vec<(String, String)>) {
+fn find_sites(g: &Graph<'_>) -> (Vec<Site>, Vec<(String, String)>) {
     let (mut sites, mut skipped) = (vec![], vec![]);
     for (a, n) in g.proto.node.iter().enumerate() {
         let hi = match n.op_type.as_str() {
@@ -206,10 +206,11 @@ fn find_sites(g: &Graph<'_>, pads: Pads) -> (Vec<Site>, Vec<(String, String)>) {
                 Some(format!("read by {} `{}`", c.op_type, c.name))
             } else if explicit_pads(c).is_none() {
                 Some(format!("read by `{}` with automatic padding", c.name))
-            } else if pads == Pads::Avoid && explicit_pads(c).is_some_and(|p| !p.is_empty()) {
+            } else if explicit_pads(c).is_some_and(|p| !p.is_empty()) && !depthwise(g, c) {
                 Some(format!(
-                    "read by `{}` with zero padding (centered through a Pad on the CPU \
-                     engines only: the CUDA engine would run the Pad as a pass of its own)",
+                    "read by `{}`, a dense conv with zero padding (the CUDA engine folds a \
+                     centering Pad only into its int8 depthwise kernel; before a dense conv \
+                     it would be a pass of its own)",
                     c.name
                 ))
             } else if c
@@ -247,23 +248,17 @@ fn find_sites(g: &Graph<'_>, pads: Pads) -> (Vec<Site>, Vec<(String, String)>) {
 
 /// The tensors centering would shift: the caller measures their largest value over the
 /// calibration images (this module runs nothing).
-pub fn tensors(model: &Model, pads: Pads) -> Vec<String> {
+pub fn tensors(model: &Model) -> Vec<String> {
     let g = Graph::new(model.graph());
-    find_sites(&g, pads)
-        .0
-        .into_iter()
-        .map(|s| s.tensor)
-        .collect()
+    find_sites(&g).0.into_iter().map(|s| s.tensor).collect()
 }
 
-/// Centers the model per `setting` (readers with zero padding per `pads`), with `maxima` the
-/// calibration images' largest value of each tensor of [`tensors`] (a tensor without one, or
-/// never positive, is left alone).
+/// Centers the model per `setting`, with `maxima` the calibration images' largest value of
+/// each tensor of [`tensors`] (a tensor without one, or never positive, is left alone).
 /// Returns the model the INT8 path uses (the same model when nothing was centered).
 pub fn apply(
     model: &Model,
     setting: CenterSetting,
-    pads: Pads,
     maxima: &HashMap<String, f32>,
 ) -> Result<(Model, CenterSummary), CenterError> {
     let mut summary = CenterSummary {
@@ -275,7 +270,7 @@ pub fn apply(
     }
     let mut proto = model.proto.clone();
     let gp = proto.graph.as_mut().expect("a loaded model has a graph");
-    let (sites, skipped) = find_sites(&Graph::new(gp), pads);
+    let (sites, skipped) = find_sites(&Graph::new(gp));
     summary.skipped = skipped;
     let mut sites_shifts = vec![];
     for site in sites {

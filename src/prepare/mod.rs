@@ -143,8 +143,6 @@ pub struct Settings<'a> {
     pub cle_clip: cle::ClipPolicy,
     pub cle_scales: cle::ScaleRule,
     pub center: center::CenterSetting,
-    /// Whether centering pads for readers with zero padding (not for the CUDA engine).
-    pub center_pads: center::Pads,
     pub weight_rounding: gptq::WeightRounding,
     /// Node names or op types kept in float: GPTQ leaves them as they are.
     pub exclude: &'a [String],

@@ -57,7 +57,7 @@ pub(super) fn center(src: &Source, s: &Settings) -> (Model, Option<center::Cente
     let maxima = match s.center {
         CenterSetting::Off => Ok(HashMap::new()),
         CenterSetting::On => {
-            let tensors: Vec<(String, usize)> = center::tensors(src.model, s.center_pads)
+            let tensors: Vec<(String, usize)> = center::tensors(src.model)
                 .into_iter()
                 .map(|t| (t, 1))
                 .collect();
@@ -70,9 +70,7 @@ pub(super) fn center(src: &Source, s: &Settings) -> (Model, Option<center::Cente
     };
     let applied = maxima
         .map_err(|e| format!("activation centering: calibration pass failed ({e})"))
-        .and_then(|m| {
-            center::apply(src.model, s.center, s.center_pads, &m).map_err(|e| format!("{e:#}"))
-        });
+        .and_then(|m| center::apply(src.model, s.center, &m).map_err(|e| format!("{e:#}")));
     match applied {
         Ok((m, summary)) => {
             let note = summary.note();

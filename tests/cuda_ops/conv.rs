@@ -43,6 +43,30 @@ pub(super) fn grouped_and_dilated_conv_cases() -> Vec<Case> {
             vec![ints("pads", &[2, 2, 2, 2]), ints("dilations", &[2, 2])],
         )
     }));
+    // Activation centering's Pad (value -c) before a depthwise conv that pads nothing: the
+    // INT8 engine folds it into the row-window kernel, which then pads with -c's code.
+    for stride in [1i64, 2] {
+        cases.push(graph(
+            &format!("Centering pad folded into a depthwise conv, stride {stride}"),
+            &s,
+            13,
+            |b, x| {
+                let c = b.conv("pre", x, 4, 8, 1);
+                let r = b.op("Relu", "pre.relu", &[&c]);
+                let pads = b.ints("pads", &[8], &[0, 0, 1, 1, 0, 0, 1, 1]);
+                let v = b.constant("v", &[], &[-0.5]);
+                let p = b.op("Pad", "pad", &[&r, &pads, &v]);
+                conv_node(
+                    b,
+                    "dw",
+                    &p,
+                    [8, 1, 3, 3],
+                    true,
+                    vec![ints("strides", &[stride, stride]), int("group", 8)],
+                )
+            },
+        ));
+    }
     cases.push(graph(
         "Depthwise stride 2 asymmetric pads",
         &s,

@@ -17,16 +17,16 @@ fn clip6(b: &mut GraphBuilder, name: &str, input: &str) -> String {
     b.op("Clip", name, &[input, &lo, &hi])
 }
 
-/// conv a (3x3) -> Clip(0, 6) -> conv b (1x1), and conv c (3x3) -> Relu -> conv d (3x3,
-/// zero padding), added.
+/// conv a (3x3) -> Clip(0, 6) -> conv b (1x1), and conv c (3x3) -> Relu -> depthwise conv d
+/// (3x3, zero padding), added.
 fn two_branches() -> GraphBuilder {
     let mut b = GraphBuilder::new(&[1, 3, HW[0], HW[1]]);
     let a = b.conv("a", "x", 3, 8, 3);
     let t = clip6(&mut b, "a.relu6", &a);
-    let pb_ = b.conv("b", &t, 8, 4, 1);
+    let pb_ = b.conv("b", &t, 8, 8, 1);
     let c = b.conv("c", "x", 3, 8, 3);
     let r = b.op("Relu", "c.relu", &[&c]);
-    let d = b.conv("d", &r, 8, 4, 3);
+    let d = depthwise(&mut b, "d", &r, 8);
     let y = b.op("Add", "add", &[&pb_, &d]);
     b.output(&y);
     b
@@ -65,7 +65,7 @@ fn snap_weights(b: &mut GraphBuilder, names: &[&str]) {
 }
 
 fn maxima(model: &Model, inputs: &[Vec<f32>]) -> HashMap<String, f32> {
-    let names = tensors(model, Pads::Insert);
+    let names = tensors(model);
     let probe = Probe::new(model, HW, &names).expect("probe");
     let mut out: HashMap<String, f32> = HashMap::new();
     for x in inputs {
@@ -79,15 +79,24 @@ fn maxima(model: &Model, inputs: &[Vec<f32>]) -> HashMap<String, f32> {
     out
 }
 
-/// `model` centered (on, with Pads) by its maxima on `inputs`.
+/// `model` centered (on) by its maxima on `inputs`.
 fn centered_on(model: &Model, inputs: &[Vec<f32>]) -> (Model, CenterSummary) {
-    apply(
-        model,
-        CenterSetting::On,
-        Pads::Insert,
-        &maxima(model, inputs),
+    apply(model, CenterSetting::On, &maxima(model, inputs)).expect("applies")
+}
+
+/// A depthwise 3x3 conv (`channels` groups, zero padding 1) named `name` reading `input`.
+fn depthwise(b: &mut GraphBuilder, name: &str, input: &str, channels: usize) -> String {
+    let w = b.random(&format!("{name}.w"), &[channels, 1, 3, 3], 0.5);
+    b.node(
+        "Conv",
+        name,
+        &[input, &w],
+        vec![
+            proto::ints_attr("kernel_shape", &[3, 3]),
+            proto::ints_attr("pads", &[1, 1, 1, 1]),
+            proto::int_attr("group", channels as i64),
+        ],
     )
-    .expect("applies")
 }
 
 fn fp32(model: &Model, x: &[f32]) -> Vec<f32> {
@@ -141,13 +150,8 @@ fn max_rel_diff(a: &[f32], b: &[f32]) -> f32 {
 fn centers_tensors_read_by_1x1_and_padded_convs_and_pads_with_minus_c() {
     let model = two_branches().model();
     assert_eq!(
-        tensors(&model, Pads::Insert),
+        tensors(&model),
         vec!["a.relu6.out".to_string(), "c.relu.out".to_string()]
-    );
-    // For the CUDA engine the padded reader's tensor stays as it is, and the note says why.
-    assert_eq!(
-        tensors(&model, Pads::Avoid),
-        vec!["a.relu6.out".to_string()]
     );
     let inputs = grid_inputs(8);
     let (centered, summary) = centered_on(&model, &inputs);
@@ -182,25 +186,8 @@ fn centers_tensors_read_by_1x1_and_padded_convs_and_pads_with_minus_c() {
         .expect("pad value")
         .data[0];
     assert_eq!(value, -relu_c.shift);
-    let (_, cuda) = apply(
-        &model,
-        CenterSetting::On,
-        Pads::Avoid,
-        &maxima(&model, &inputs),
-    )
-    .expect("applies");
-    assert_eq!(cuda.centered.len(), 1);
-    assert!(cuda.padded.is_empty());
-    assert!(
-        cuda.skipped
-            .iter()
-            .any(|(t, why)| t == "c.relu.out" && why.contains("CUDA engine")),
-        "{:?}",
-        cuda.skipped
-    );
     // Off changes nothing.
-    let (same, off) =
-        apply(&model, CenterSetting::Off, Pads::Insert, &HashMap::new()).expect("off");
+    let (same, off) = apply(&model, CenterSetting::Off, &HashMap::new()).expect("off");
     assert!(!off.applied());
     assert_eq!(same.proto, model.proto);
     // The float function is the same, border pixels included.
@@ -208,6 +195,28 @@ fn centers_tensors_read_by_1x1_and_padded_convs_and_pads_with_minus_c() {
         let d = max_rel_diff(&fp32(&model, x), &fp32(&centered, x));
         assert!(d < 1e-5, "centering changed the FP32 output by {d}");
     }
+}
+
+/// A dense conv with zero padding leaves its tensor alone (the CUDA engine would run its Pad
+/// as a pass of its own), and the summary says why.
+#[test]
+fn a_dense_conv_with_zero_padding_is_left_alone_and_said_why() {
+    let mut b = GraphBuilder::new(&[1, 3, HW[0], HW[1]]);
+    let a = b.conv("a", "x", 3, 8, 3);
+    let t = b.op("Relu", "a.relu", &[&a]);
+    let y = b.conv("dense", &t, 8, 4, 3);
+    b.output(&y);
+    let model = b.model();
+    assert!(tensors(&model).is_empty());
+    let (_, summary) = centered_on(&model, &grid_inputs(2));
+    assert!(!summary.applied());
+    assert!(
+        summary.skipped[0]
+            .1
+            .contains("a dense conv with zero padding"),
+        "{:?}",
+        summary.skipped
+    );
 }
 
 #[test]
@@ -222,13 +231,8 @@ fn a_conv_with_automatic_padding_is_left_alone_and_said_why() {
     }
     b.output(&y);
     let model = b.model();
-    let (_, summary) = apply(
-        &model,
-        CenterSetting::On,
-        Pads::Insert,
-        &maxima(&model, &grid_inputs(2)),
-    )
-    .expect("applies");
+    let (_, summary) =
+        apply(&model, CenterSetting::On, &maxima(&model, &grid_inputs(2))).expect("applies");
     assert!(!summary.applied());
     assert!(
         summary.skipped[0].1.contains("automatic padding"),
@@ -241,12 +245,15 @@ fn a_conv_with_automatic_padding_is_left_alone_and_said_why() {
 fn the_int8_error_of_a_centered_tensor_halves() {
     // Inputs and weights exact in int8: the Clip output's rounding is the only error on the
     // centered branch, so halving its step should gain about 6 dB there.
-    // The reader is a 1x1 conv, then a 3x3 one with zero padding (through the Pad).
+    // The reader is a 1x1 conv, then a 3x3 depthwise one with zero padding (through the Pad).
     for k in [1, 3] {
         let mut b = GraphBuilder::new(&[1, 3, HW[0], HW[1]]);
         let a = b.conv("a", "x", 3, 8, 3);
         let t = clip6(&mut b, "a.relu6", &a);
-        let y = b.conv("b", &t, 8, 4, k);
+        let y = match k {
+            1 => b.conv("b", &t, 8, 4, 1),
+            _ => depthwise(&mut b, "b", &t, 8),
+        };
         b.output(&y);
         snap_weights(&mut b, &["a.w", "b.w"]);
         let model = b.model();

@@ -19,7 +19,7 @@ use super::{CudaEngine, log_msg};
 use crate::backend::BuildEffort;
 use crate::backend::cuda::cache::Choices;
 use crate::backend::cuda::dnn_graph::PlanPick;
-use crate::backend::cuda::error::{CudaResult, drv, have};
+use crate::backend::cuda::error::{CudaError, CudaResult, drv, have};
 
 /// Rounds in which every conv candidate is timed once; the median of its rounds decides.
 const CHOICE_ROUNDS: usize = 3;
@@ -82,7 +82,16 @@ fn shape_key(cx: &super::device::Launch, l: &super::conv::ConvLayer) -> String {
                 &xd.shape, xd.dtype, xd.layout, &od.shape, od.dtype, od.layout
             ),
             c.residual.map(|r| cx.td(r).dtype),
-            (c.cin, c.cout, c.k, c.stride, c.pads, c.dilation, c.groups),
+            (
+                c.cin,
+                c.cout,
+                c.k,
+                c.stride,
+                c.pads,
+                c.pad_code != 0,
+                c.dilation,
+                c.groups
+            ),
             (c.act, c.quant.as_ref().map(|q| q.dtype), l.float, l.tf32),
         )
     )
@@ -263,7 +272,9 @@ impl CudaEngine {
             let layer = &have(self.convs.get(&si), "conv layer")?.layer;
             let mut setups: Vec<Box<dyn ConvSetup>> = vec![];
             for fam in FAMILIES.iter().copied().chain([F16_WAY]) {
-                if !wanted(fam) || !fam.applies(&cx, layer) {
+                // Only a family that reads a pad code runs a conv centering's pad folded into.
+                let pad_ok = layer.step.pad_code == 0 || fam.takes_pad_code();
+                if !wanted(fam) || !pad_ok || !fam.applies(&cx, layer) {
                     continue;
                 }
                 match fam.prepare(&cx, layer) {
@@ -283,16 +294,29 @@ impl CudaEngine {
         let layer = &rt.layer;
         let macs = (layer.m * layer.step.cout * layer.step.reduction()) as f64;
         let direct_wanted = wanted(&DIRECT);
-        if direct_wanted && (rt.candidates().is_empty() || macs < DIRECT_MAX_MACS) {
+        // The direct kernel pads with zeros: a conv with a pad code gets it only where nothing
+        // else applies (`add_direct` then says so).
+        let small = macs < DIRECT_MAX_MACS && layer.step.pad_code == 0;
+        if direct_wanted && (rt.candidates().is_empty() || small) {
             self.add_direct(si)?;
         }
         Ok(())
     }
 
-    /// Adds the direct kernel's setup to conv step `si`: it runs every conv.
+    /// Adds the direct kernel's setup to conv step `si`: it runs every conv, except one that
+    /// pads with a code (`fold_pads_into_depthwise` folds a pad only where the row-window
+    /// kernel runs the conv, so this is a bug if it happens).
     fn add_direct(&mut self, si: usize) -> CudaResult<()> {
         let setup = {
             let cx = self.launch_cx(si);
+            let step = &have(self.convs.get(&si), "conv layer")?.layer.step;
+            if step.pad_code != 0 {
+                return Err(CudaError::Internal(format!(
+                    "{}: no kernel for its pad code {} (the row-window depthwise kernel did \
+                     not take it)",
+                    step.name, step.pad_code
+                )));
+            }
             DIRECT.prepare(&cx, &have(self.convs.get(&si), "conv layer")?.layer)?
         };
         if let Some(s) = setup {

@@ -165,7 +165,7 @@ __device__ __forceinline__ void conv_dw_i8_body(const signed char* x, const int*
                                                 const void* res, int res_t, float res_scale,
                                                 void* y, int y_t, float y_scale, int n, int h,
                                                 int wd, int c, int oh, int ow, int ph, int pw,
-                                                int act, float a0, float a1) {
+                                                int act, float a0, float a1, int pad_code) {
   pdl_enter();
   constexpr int TG = (KW + 3) / 4;
   constexpr int NCOL = (DW_PX - 1) * S + KW;
@@ -176,16 +176,19 @@ __device__ __forceinline__ void conv_dw_i8_body(const signed char* x, const int*
   int ix0 = ox0 * S - pw;
   bool inside = ix0 >= 0 && ix0 + NCOL <= wd;
   int acc[DW_PX][4] = {};
+  // The padding's code in each byte (activation centering pads with -c's code, not 0).
+  const unsigned pad4 = (unsigned)(pad_code & 0xff) * 0x01010101u;
 #pragma unroll
   for (int ky = 0; ky < KW; ky++) {
     int iy = oy * S - ph + ky;
-    if (iy < 0 || iy >= h) continue;
-    const signed char* row = x + ((b * h + iy) * wd + ix0) * c + ch;
+    bool row_in = iy >= 0 && iy < h;
+    if (!row_in && pad4 == 0u) continue;
+    const signed char* row = x + ((b * h + (row_in ? iy : 0)) * wd + ix0) * c + ch;
     unsigned col[NW * 4];
 #pragma unroll
     for (int k = 0; k < NW * 4; k++) {
-      bool ok = k < NCOL && (inside || (ix0 + k >= 0 && ix0 + k < wd));
-      col[k] = ok ? *(const unsigned*)(row + k * c) : 0u;
+      bool ok = row_in && k < NCOL && (inside || (ix0 + k >= 0 && ix0 + k < wd));
+      col[k] = ok ? *(const unsigned*)(row + k * c) : pad4;
     }
     unsigned tr[NW][4];
 #pragma unroll
@@ -220,10 +223,10 @@ __device__ __forceinline__ void conv_dw_i8_body(const signed char* x, const int*
 #define DW_I8_PARAMS                                                                          \
   const signed char *x, const int *w, const float *alpha, const float *bias, const void *res, \
       int res_t, float res_scale, void *y, int y_t, float y_scale, int n, int h, int wd, int c, \
-      int oh, int ow, int ph, int pw, int act, float a0, float a1
+      int oh, int ow, int ph, int pw, int act, float a0, float a1, int pad_code
 #define DW_I8_ARGS                                                                             \
   x, w, alpha, bias, res, res_t, res_scale, y, y_t, y_scale, n, h, wd, c, oh, ow, ph, pw, act, \
-      a0, a1
+      a0, a1, pad_code
 extern "C" __global__ void conv_dw_i8_k3s1(DW_I8_PARAMS) { conv_dw_i8_body<3, 1>(DW_I8_ARGS); }
 extern "C" __global__ void conv_dw_i8_k3s2(DW_I8_PARAMS) { conv_dw_i8_body<3, 2>(DW_I8_ARGS); }
 extern "C" __global__ void conv_dw_i8_k5s1(DW_I8_PARAMS) { conv_dw_i8_body<5, 1>(DW_I8_ARGS); }

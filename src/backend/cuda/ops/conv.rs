@@ -133,6 +133,7 @@ pub(super) fn conv(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
         k: [1, 1],
         stride: [1, 1],
         pads: [0; 4],
+        pad_code: 0,
         dilation: [1, 1],
         groups: 1,
         residual: None,

@@ -331,6 +331,7 @@ impl<'a> Builder<'a> {
         }
         crate::backend::cuda::plan::prune_dead(&mut self.plan);
         crate::backend::cuda::plan::fold_casts(&mut self.plan);
+        crate::backend::cuda::plan::fold_pads_into_depthwise(&mut self.plan);
         Ok(self.plan)
     }
 

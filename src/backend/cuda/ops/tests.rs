@@ -652,29 +652,35 @@ fn a_max_pool_before_a_quantize_pools_int8_codes() {
     );
 }
 
-/// Activation centering's Pad (value -c) before a padded conv: the conv before it writes int8
-/// at the scale the Pad's output is quantized at, and the Pad copies int8 codes (padding with
-/// the value's code): no float tensor between the two convs.
-#[test]
-fn a_constant_pad_before_a_quantize_pads_int8_codes() {
+/// conv -> ReLU -> Pad(value -1) -> `reader`, the Pad as activation centering writes it
+/// before a padded conv (`prepare::center`), planned as INT8 with every scale 4 / 127.
+fn centering_pad_before(reader_groups: usize) -> Plan {
     let mut b = GraphBuilder::new(&[1, 4, 12, 12]);
     let c = b.conv("a", "x", 4, 16, 3);
     let r = b.op("Relu", "a.relu", &[&c]);
     let pads = b.ints("pads", &[8], &[0, 0, 1, 1, 0, 0, 1, 1]);
     let v = b.constant("v", &[], &[-1.0]);
     let p = b.op("Pad", "pad", &[&r, &pads, &v]);
-    let w = b.random("dw.w", &[16, 1, 3, 3], 0.5);
+    let w = b.random("r.w", &[16, 16 / reader_groups, 3, 3], 0.5);
     let y = b.node(
         "Conv",
-        "dw",
+        "r",
         &[&p, &w],
         vec![
             proto::ints_attr("kernel_shape", &[3, 3]),
-            proto::int_attr("group", 16),
+            proto::int_attr("group", reader_groups as i64),
         ],
     );
     b.output(&y);
-    let plan = int8_plan_of(&b, [1, 4, 12, 12], 4.0);
+    int8_plan_of(&b, [1, 4, 12, 12], 4.0)
+}
+
+/// Activation centering's Pad before a dense conv: the conv before it writes int8 at the
+/// scale the Pad's output is quantized at, and the Pad copies int8 codes (padding with the
+/// value's code): no float tensor between the two convs.
+#[test]
+fn a_constant_pad_before_a_quantize_pads_int8_codes() {
+    let plan = centering_pad_before(1);
     let (pin, pout, value) = plan
         .steps
         .iter()
@@ -701,6 +707,33 @@ fn a_constant_pad_before_a_quantize_pads_int8_codes() {
         !plan.steps.iter().any(|s| matches!(s, Step::Unary { .. })),
         "no quantize or dequantize pass: {:?}",
         plan.steps.iter().map(|s| s.name()).collect::<Vec<_>>()
+    );
+}
+
+/// Before an int8 depthwise conv the row-window kernel runs, the Pad goes into the conv: no
+/// Pad step, the conv pads by the Pad's amounts with the value's code (-1 at 4 / 127: -32)
+/// and reads the first conv's int8 output itself.
+#[test]
+fn a_constant_pad_before_an_int8_depthwise_conv_folds_into_it() {
+    let plan = centering_pad_before(16);
+    assert!(
+        !plan.steps.iter().any(|s| matches!(s, Step::Pad { .. })),
+        "{:?}",
+        plan.steps.iter().map(|s| s.name()).collect::<Vec<_>>()
+    );
+    let convs = conv_steps(&plan);
+    let dw = convs
+        .iter()
+        .find(|c| c.name == "r")
+        .expect("the depthwise conv");
+    assert_eq!(dw.pads, [1, 1, 1, 1]);
+    assert_eq!(dw.pad_code, -32);
+    assert_eq!(dw.input, convs[0].out, "reads the first conv's output");
+    assert_eq!(plan.tensors[dw.input].dtype, DType::I8);
+    assert!(
+        dw.fused.iter().any(|f| f.starts_with("pad")),
+        "the Pad (with its quantize) is named among the conv's fused nodes: {:?}",
+        dw.fused
     );
 }
 
@@ -891,6 +924,7 @@ fn stem_convs_run_as_space_to_depth_and_compute_the_same() {
             k,
             stride: [s, s],
             pads: p,
+            pad_code: 0,
             ..conv.clone()
         };
         let want = host_conv(&original, &to_nhwc(&x, [n, cin, h, w]), [n, h, w]);

@@ -30,6 +30,9 @@ impl ConvFamily for Depthwise {
     fn tokens(&self) -> &'static [&'static str] {
         if self.rows { &["dwr"] } else { &["dw"] }
     }
+    fn takes_pad_code(&self) -> bool {
+        self.rows
+    }
     fn applies(&self, cx: &Launch, l: &ConvLayer) -> bool {
         if self.rows {
             rows_kernel(cx, &l.step).is_some()
@@ -177,7 +180,7 @@ impl ConvSetup for DwSetup {
                 way.input, self.w.ptr, way.alpha, l.bias.ptr,
                 e.res.0, e.res.1, e.res.2, e.out.0, e.out.1, e.out.2,
                 u(n), u(h), u(w), u(c.cin), u(l.oh), u(l.ow),
-                u(c.pads[0]), u(c.pads[1]), e.act.0, e.act.1, e.act.2)
+                u(c.pads[0]), u(c.pads[1]), e.act.0, e.act.1, e.act.2, c.pad_code as i32)
             }
             _ => Err(CudaError::Internal(format!(
                 "a depthwise setup asked for {}",

@@ -91,6 +91,10 @@ pub(super) trait ConvFamily: Sync {
     fn tokens(&self) -> &'static [&'static str];
     /// Whether it can run layer `l` at all: its types, shape, activation, the GPU.
     fn applies(&self, cx: &Launch, l: &ConvLayer) -> bool;
+    /// Whether its kernels pad with `ConvStep::pad_code` (the others pad with zeros).
+    fn takes_pad_code(&self) -> bool {
+        false
+    }
     /// Its setup for `l` (weights in its layout, descriptors, algorithms); `None` where it
     /// turns out to offer nothing.
     fn prepare(&self, cx: &Launch, l: &ConvLayer) -> CudaResult<Option<Box<dyn ConvSetup>>>;
