@@ -174,8 +174,9 @@ pub struct Experiment {
     /// (default) or from weight ranges only (the paper's data-free rule).
     pub cle_scales: crate::prepare::cle::ScaleRule,
     /// Activation centering of the model the INT8 engines are built from: non-negative
-    /// activations read by convs shifted by half their range, so symmetric int8 uses all its
-    /// steps on them (`--center-activations`; exact in float, padded readers through a Pad).
+    /// activations read by unpadded or depthwise convs shifted by half their range, so symmetric
+    /// int8 uses all its steps on them (`--center-activations`; exact in float, padded
+    /// depthwise readers through a Pad).
     pub center: crate::prepare::center::CenterSetting,
     /// How the INT8 engines' weights are rounded: nearest, or GPTQ (`--weight-rounding`; GPTQ
     /// by default, the best recipe).

@@ -286,10 +286,11 @@ pub struct EvalArgs {
     #[arg(long, value_enum, default_value_t = CleClipArg::PerChannel)]
     pub cle_clip: CleClipArg,
     /// Activation centering of the model the INT8 engines are built from: each ReLU/ReLU6
-    /// output read only by convs is shifted by half its calibration range, so symmetric int8
-    /// spends all 255 steps on it instead of 128 (exact in float: the convs' biases absorb the
-    /// shift, and a conv with zero padding reads a Pad node that pads with minus the shift;
-    /// FP32 rows keep the original). off = quantize them as they are.
+    /// output read only by unpadded or depthwise convs is shifted by half its calibration
+    /// range, so symmetric int8 spends all 255 steps on it instead of 128 (exact in float: the
+    /// convs' biases absorb the shift, and a depthwise conv with zero padding reads a Pad node
+    /// that pads with minus the shift, which the engines fold back into the conv; FP32 rows
+    /// keep the original). off = quantize them as they are.
     #[arg(long, value_enum, default_value_t = CenterArg::On)]
     pub center_activations: CenterArg,
     /// How the INT8 engines' weights are rounded: nearest (each weight to its nearest int8

@@ -109,8 +109,8 @@ impl CenterSummary {
                 let padded = match self.padded.len() {
                     0 => String::new(),
                     p => format!(
-                        " ({p} readers with zero padding now pad the shifted tensor with -c \
-                         through a Pad node)"
+                        " ({p} depthwise readers with zero padding read it through a Pad of -c, \
+                         which the engines fold back into the conv)"
                     ),
                 };
                 format!(

@@ -162,7 +162,11 @@ fn centers_tensors_read_by_1x1_and_padded_convs_and_pads_with_minus_c() {
     assert!(summary.skipped.is_empty(), "{:?}", summary.skipped);
     assert_eq!(summary.padded, vec!["d".to_string()]);
     assert!(summary.note().contains("2 non-negative activations"));
-    assert!(summary.note().contains("1 readers with zero padding"));
+    assert!(
+        summary
+            .note()
+            .contains("1 depthwise readers with zero padding")
+    );
     let s = shifts(&centered.proto);
     assert_eq!(s.get("a.relu6.out"), Some(&c.shift));
     // The padded reader reads a Pad of the shifted tensor with value -c, and pads nothing.

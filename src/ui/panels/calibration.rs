@@ -80,10 +80,11 @@ pub fn calibration_ui(wb: &mut Workbench, exp: &mut Experiment, ui: &mut egui::U
             );
         let mut on = exp.center == CenterSetting::On;
         ui.checkbox(&mut on, "center ReLU").on_hover_text(
-            "Activation centering: each ReLU/ReLU6 output read only by convs is shifted by half \
-             its calibration range, so int8 spends all 255 steps on it instead of 128; exact in \
-             float (the convs' biases absorb the shift, and a conv with zero padding reads a \
-             Pad node that pads with the shift's negative)",
+            "Activation centering: each ReLU/ReLU6 output read only by unpadded or depthwise \
+             convs is shifted by half its calibration range, so int8 spends all 255 steps on it \
+             instead of 128; exact in float (the convs' biases absorb the shift, and a \
+             depthwise conv with zero padding reads a Pad that pads with the shift's negative, \
+             which the engines fold back into the conv)",
         );
         exp.center = if on {
             CenterSetting::On
