@@ -2,19 +2,22 @@
 //! applied before calibration (after cross-layer equalization), that lets a non-negative
 //! activation use all of symmetric int8's 255 steps instead of the 128 of its positive half.
 //!
-//! A ReLU or Clip(0, hi) output t, written by a conv and read only by convs (1x1 projections:
-//! MobileNet's depthwise-to-projection tensors, ResNet bottlenecks' middle ReLU; and the
-//! padded 3x3 convs that read MobileNet's expansions and ResNet's first ReLU), becomes t - c
-//! with c = half its largest value on the calibration images: the producing conv's bias drops
-//! by c and the activation's bounds move by -c (Clip(-c, hi - c)), and each reading conv's bias
-//! gains c * (sum of its weights over the input window), so every reader's output is what it
-//! was. A reader with zero padding would read 0 at the border where t - c reads -c there, so
-//! its padding moves into a Pad node before it that pads with -c (the conv then pads nothing):
-//! padded t - c is padded t shifted by c everywhere, border included. The symmetric per-tensor
-//! scale of t - c is half that of t, so the rounding step halves (the int8 model is what
-//! unsigned activations would give, while staying TensorRT's zero-point-free Q/DQ). The Pad's
-//! output is what the reader quantizes, with the same shift. Nothing else changes (names
-//! included), so exclusions and per-tensor methods keyed by tensor still apply.
+//! A ReLU or Clip(0, hi) output t, written by a conv and read only by convs without padding
+//! (1x1 projections: MobileNet's depthwise-to-projection tensors, ResNet bottlenecks' middle
+//! ReLU) or by depthwise convs (MobileNet's expansions), becomes t - c with c = half its
+//! largest value on the calibration images: the producing conv's bias drops by c and the
+//! activation's bounds move by -c (Clip(-c, hi - c)), and each reading conv's bias gains
+//! c * (sum of its weights over the input window), so every reader's output is what it was.
+//! A reader with zero padding would read 0 at the border where t - c reads -c there, so its
+//! padding moves into a Pad node before it that pads with -c (the conv then pads nothing):
+//! padded t - c is padded t shifted by c everywhere, border included. The Pad's output is what
+//! the reader quantizes, with the same shift. Both engines fold the Pad back into the conv
+//! (ONNX Runtime's INT8 form, `cpu_form::pads_into_convs`; the CUDA engine's int8 depthwise
+//! kernel, `fold_pads_into_depthwise`). A dense conv with padding leaves its tensor alone: the
+//! CUDA engine would run its Pad as a pass of its own. The symmetric per-tensor scale of t - c
+//! is half that of t, so the rounding step halves (the int8 model is what unsigned
+//! activations would give, while staying TensorRT's zero-point-free Q/DQ). Nothing else
+//! changes (names included), so exclusions and per-tensor methods keyed by tensor still apply.
 //!
 //! The float fold is exact for float weights; the INT8 engine multiplies the shift by the
 //! int8-rounded weights instead, so the shifts travel with the model ([`SHIFTS_KEY`]) and the
