@@ -44,17 +44,7 @@ fn generated() -> Model {
     let mut b = GraphBuilder::new(&[1, 3, 16, 16]);
     let c1 = b.conv("c1", "x", 3, 8, 3);
     let r1 = b.op("Relu", "r1", &[&c1]);
-    let w = b.random("dw.w", &[8, 1, 3, 3], 0.5);
-    let dw = b.node(
-        "Conv",
-        "dw",
-        &[&r1, &w],
-        vec![
-            quantscope::model::proto::ints_attr("kernel_shape", &[3, 3]),
-            quantscope::model::proto::ints_attr("pads", &[1, 1, 1, 1]),
-            quantscope::model::proto::int_attr("group", 8),
-        ],
-    );
+    let dw = b.depthwise("dw", &r1, 8);
     let add = b.op("Add", "add", &[&dw, &r1]);
     let half = b.constant("half", &[], &[0.5]);
     let e = b.op("Mul", "scaled", &[&add, &half]);
@@ -372,22 +362,9 @@ fn centered() -> Model {
     let mut b = GraphBuilder::new(&[1, 3, 16, 16]);
     let c1 = b.conv("c1", "x", 3, 8, 3);
     let r1 = b.op("Relu", "r1", &[&c1]);
-    let depthwise = |b: &mut GraphBuilder, name: &str, x: &str| {
-        let w = b.random(&format!("{name}.w"), &[8, 1, 3, 3], 0.5);
-        b.node(
-            "Conv",
-            name,
-            &[x, &w],
-            vec![
-                quantscope::model::proto::ints_attr("kernel_shape", &[3, 3]),
-                quantscope::model::proto::ints_attr("pads", &[1, 1, 1, 1]),
-                quantscope::model::proto::int_attr("group", 8),
-            ],
-        )
-    };
-    let c2 = depthwise(&mut b, "c2", &r1);
+    let c2 = b.depthwise("c2", &r1, 8);
     let r2 = b.op("Relu", "r2", &[&c2]);
-    let c3 = depthwise(&mut b, "c3", &r2);
+    let c3 = b.depthwise("c3", &r2, 8);
     b.output(&c3);
     let m = b.model();
     let maxima = [("r1.out".to_string(), 1.5f32), ("r2.out".to_string(), 2.5)].into();

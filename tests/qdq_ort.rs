@@ -338,17 +338,7 @@ fn a_centered_model_runs_in_onnx_runtime_and_matches_the_int8_engine() {
     let t = b.op("Clip", "stem.relu6", &[&c, &lo, &hi]);
     let p = b.conv("project", &t, 8, 8, 1);
     let r = b.op("Relu", "project.relu", &[&p]);
-    let w = b.random("spatial.w", &[8, 1, 3, 3], 0.5);
-    let q = b.node(
-        "Conv",
-        "spatial",
-        &[&r, &w],
-        vec![
-            quantscope::model::proto::ints_attr("kernel_shape", &[3, 3]),
-            quantscope::model::proto::ints_attr("pads", &[1, 1, 1, 1]),
-            quantscope::model::proto::int_attr("group", 8),
-        ],
-    );
+    let q = b.depthwise("spatial", &r, 8);
     let y = b.head(&q, 8, 10);
     b.output(&y);
     let model = b.model();

@@ -51,6 +51,22 @@ impl GraphBuilder {
         name.to_string()
     }
 
+    /// A 3x3 depthwise conv (`channels` groups, weights `{name}.w` in [-0.5, 0.5), no bias),
+    /// zero padding 1.
+    pub fn depthwise(&mut self, name: &str, input: &str, channels: usize) -> String {
+        let w = self.random(&format!("{name}.w"), &[channels, 1, 3, 3], 0.5);
+        self.node(
+            "Conv",
+            name,
+            &[input, &w],
+            vec![
+                proto::ints_attr("kernel_shape", &[3, 3]),
+                proto::ints_attr("pads", &[1, 1, 1, 1]),
+                proto::int_attr("group", channels as i64),
+            ],
+        )
+    }
+
     /// A 3x3 (or 1x1) conv with bias, padding kept "same".
     pub fn conv(&mut self, name: &str, input: &str, cin: usize, cout: usize, k: usize) -> String {
         let w = self.init(

@@ -26,7 +26,7 @@ fn two_branches() -> GraphBuilder {
     let pb_ = b.conv("b", &t, 8, 8, 1);
     let c = b.conv("c", "x", 3, 8, 3);
     let r = b.op("Relu", "c.relu", &[&c]);
-    let d = depthwise(&mut b, "d", &r, 8);
+    let d = b.depthwise("d", &r, 8);
     let y = b.op("Add", "add", &[&pb_, &d]);
     b.output(&y);
     b
@@ -82,21 +82,6 @@ fn maxima(model: &Model, inputs: &[Vec<f32>]) -> HashMap<String, f32> {
 /// `model` centered (on) by its maxima on `inputs`.
 fn centered_on(model: &Model, inputs: &[Vec<f32>]) -> (Model, CenterSummary) {
     apply(model, CenterSetting::On, &maxima(model, inputs)).expect("applies")
-}
-
-/// A depthwise 3x3 conv (`channels` groups, zero padding 1) named `name` reading `input`.
-fn depthwise(b: &mut GraphBuilder, name: &str, input: &str, channels: usize) -> String {
-    let w = b.random(&format!("{name}.w"), &[channels, 1, 3, 3], 0.5);
-    b.node(
-        "Conv",
-        name,
-        &[input, &w],
-        vec![
-            proto::ints_attr("kernel_shape", &[3, 3]),
-            proto::ints_attr("pads", &[1, 1, 1, 1]),
-            proto::int_attr("group", channels as i64),
-        ],
-    )
 }
 
 fn fp32(model: &Model, x: &[f32]) -> Vec<f32> {
@@ -256,7 +241,7 @@ fn the_int8_error_of_a_centered_tensor_halves() {
         let t = clip6(&mut b, "a.relu6", &a);
         let y = match k {
             1 => b.conv("b", &t, 8, 4, 1),
-            _ => depthwise(&mut b, "b", &t, 8),
+            _ => b.depthwise("b", &t, 8),
         };
         b.output(&y);
         snap_weights(&mut b, &["a.w", "b.w"]);
