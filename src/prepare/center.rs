@@ -13,7 +13,7 @@
 //! padded t - c is padded t shifted by c everywhere, border included. The Pad's output is what
 //! the reader quantizes, with the same shift. Both engines fold the Pad back into the conv
 //! (ONNX Runtime's INT8 form, `cpu_form::pads_into_convs`; the CUDA engine's int8 depthwise
-//! kernel, `fold_pads_into_depthwise`). A dense conv with padding leaves its tensor alone: the
+//! kernels, `fold_pads_into_depthwise`). A dense conv with padding leaves its tensor alone: the
 //! CUDA engine would run its Pad as a pass of its own. The symmetric per-tensor scale of t - c
 //! is half that of t, so the rounding step halves (the int8 model is what unsigned
 //! activations would give, while staying TensorRT's zero-point-free Q/DQ). Nothing else

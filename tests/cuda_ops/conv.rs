@@ -44,26 +44,25 @@ pub(super) fn grouped_and_dilated_conv_cases() -> Vec<Case> {
         )
     }));
     // Activation centering's Pad (value -c) before a depthwise conv that pads nothing: the
-    // INT8 engine folds it into the row-window kernel, which then pads with -c's code.
-    for stride in [1i64, 2] {
+    // INT8 engine folds it into the depthwise kernel (the row-window one, or `conv_dw4` for
+    // DeepLab's dilated convs), which then pads with -c's code.
+    for (stride, d) in [(1i64, 1i64), (2, 1), (1, 2)] {
         cases.push(graph(
-            &format!("Centering pad folded into a depthwise conv, stride {stride}"),
+            &format!("Centering pad folded into a depthwise conv, stride {stride}, dilation {d}"),
             &s,
             13,
             |b, x| {
                 let c = b.conv("pre", x, 4, 8, 1);
                 let r = b.op("Relu", "pre.relu", &[&c]);
-                let pads = b.ints("pads", &[8], &[0, 0, 1, 1, 0, 0, 1, 1]);
+                let pads = b.ints("pads", &[8], &[0, 0, d, d, 0, 0, d, d]);
                 let v = b.constant("v", &[], &[-0.5]);
                 let p = b.op("Pad", "pad", &[&r, &pads, &v]);
-                conv_node(
-                    b,
-                    "dw",
-                    &p,
-                    [8, 1, 3, 3],
-                    true,
-                    vec![ints("strides", &[stride, stride]), int("group", 8)],
-                )
+                let attrs = vec![
+                    ints("strides", &[stride, stride]),
+                    ints("dilations", &[d, d]),
+                    int("group", 8),
+                ];
+                conv_node(b, "dw", &p, [8, 1, 3, 3], true, attrs)
             },
         ));
     }

@@ -374,11 +374,6 @@ impl QuantWeights {
     }
 }
 
-/// (kernel size, stride) of the row-window int8 depthwise kernels, square both ways
-/// (`conv_dw_i8_k{K}s{S}` in kernels/conv_dw.cu): MobileNets' and EfficientNets' 3x3 and 5x5
-/// depthwise layers, ConvNeXt's 7x7 ones. Only they read a pad code (`ConvStep::pad_code`).
-pub const DW_ROWS_SHAPES: [(usize, usize); 5] = [(3, 1), (3, 2), (5, 1), (5, 2), (7, 1)];
-
 /// A convolution (or Gemm/MatMul as a 1x1 convolution) with its fused epilogue.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ConvStep {
@@ -959,10 +954,10 @@ pub fn fold_casts(plan: &mut Plan) {
 }
 
 /// Folds each constant Pad of int8 codes whose only reader is an int8 depthwise conv that pads
-/// nothing, of a shape the row-window kernel runs (`DW_ROWS_SHAPES`), into that conv: the
-/// conv pads by the Pad's amounts and reads the pad value's code there (`ConvStep::pad_code`).
-/// Activation centering (`prepare::center`) puts such a Pad (value -c) before MobileNets'
-/// depthwise convs; as a pass of its own it made MobileNetV2's INT8 engine 1.94x slower than
+/// nothing into that conv: the conv pads by the Pad's amounts and reads the pad value's code
+/// there (`ConvStep::pad_code`; both int8 depthwise kernels read it, any kernel size, stride
+/// and dilation). Activation centering (`prepare::center`) puts such a Pad (value -c) before
+/// MobileNets' depthwise convs and DeepLab's dilated ones; as a pass of its own it made MobileNetV2's INT8 engine 1.94x slower than
 /// its FP16 one at batch 32 on an H200. Runs after `fold_casts`, which made the Pad write the
 /// codes its quantize wrote.
 pub fn fold_pads_into_depthwise(plan: &mut Plan) {
@@ -1014,16 +1009,12 @@ pub fn fold_pads_into_depthwise(plan: &mut Plan) {
         // Stored NHWC: nothing on batch and channels.
         let spatial =
             begin.len() == 4 && begin[0] == 0 && begin[3] == 0 && begin[1] >= 0 && begin[2] >= 0;
-        let depthwise_rows = c.quant.as_ref().is_some_and(|q| q.is_int8())
+        let depthwise = c.quant.as_ref().is_some_and(|q| q.is_int8())
             && c.groups == c.cin
             && c.cout == c.cin
             && c.cin.is_multiple_of(4)
-            && c.k[0] == c.k[1]
-            && c.stride[0] == c.stride[1]
-            && c.dilation == [1, 1]
-            && c.pads == [0; 4]
-            && DW_ROWS_SHAPES.contains(&(c.k[0], c.stride[0]));
-        if !(codes && spatial && depthwise_rows && xo.shape[..2] == xi.shape[..2]) {
+            && c.pads == [0; 4];
+        if !(codes && spatial && depthwise && xo.shape[..2] == xi.shape[..2]) {
             continue;
         }
         let (top, left) = (begin[1] as usize, begin[2] as usize);

@@ -304,16 +304,15 @@ impl CudaEngine {
     }
 
     /// Adds the direct kernel's setup to conv step `si`: it runs every conv, except one that
-    /// pads with a code (`fold_pads_into_depthwise` folds a pad only where the row-window
-    /// kernel runs the conv, so this is a bug if it happens).
+    /// pads with a code (`fold_pads_into_depthwise` folds a pad only into an int8 depthwise
+    /// conv, which the depthwise kernels run, so this is a bug if it happens).
     fn add_direct(&mut self, si: usize) -> CudaResult<()> {
         let setup = {
             let cx = self.launch_cx(si);
             let step = &have(self.convs.get(&si), "conv layer")?.layer.step;
             if step.pad_code != 0 {
                 return Err(CudaError::Internal(format!(
-                    "{}: no kernel for its pad code {} (the row-window depthwise kernel did \
-                     not take it)",
+                    "{}: no kernel for its pad code {} (the depthwise kernels did not take it)",
                     step.name, step.pad_code
                 )));
             }

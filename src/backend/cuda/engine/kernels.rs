@@ -128,7 +128,10 @@ pub(super) fn epi_i8_ok(out: DType, residual: Option<DType>, act: Act) -> bool {
 pub(super) fn rows_codes(out: DType, residual: bool, act: Act) -> bool {
     !residual && epi_i8_ok(out, None, act)
 }
-pub(super) use crate::backend::cuda::plan::DW_ROWS_SHAPES;
+/// (kernel size, stride) of the row-window int8 depthwise kernels, square both ways
+/// (`conv_dw_i8_k{K}s{S}` in kernels/conv_dw.cu): MobileNets' and EfficientNets' 3x3 and 5x5
+/// depthwise layers, ConvNeXt's 7x7 ones.
+pub(super) const DW_ROWS_SHAPES: [(usize, usize); 5] = [(3, 1), (3, 2), (5, 1), (5, 2), (7, 1)];
 /// Compute capability from which the tensor-core kernel runs (cp.async, int8 m16n8k32).
 pub(crate) const MMA_COMPUTE: (i32, i32) = (8, 0);
 /// The functions of the compiled module, one field per kernel.

@@ -68,7 +68,7 @@ extern "C" __global__ void conv_dw4(const void* x, int x_t, const void* w, const
                                     float res_scale, void* y, int y_t, float y_scale, int n,
                                     int h, int wd, int c, int oh, int ow, int kh, int kw, int sh,
                                     int sw, int ph, int pw, int dh, int dw, int act, float a0,
-                                    float a1) {
+                                    float a1, int pad_code) {
   pdl_enter();
   int b, oy, ox0, ch;
   if (!dw_place(n, oh, ow, c, b, oy, ox0, ch)) return;
@@ -78,6 +78,8 @@ extern "C" __global__ void conv_dw4(const void* x, int x_t, const void* w, const
     // int8: taps in groups of four, one __dp4a per channel and group. The four loaded words
     // (one per tap, four channels each) are transposed with byte permutes into one word per
     // channel (four taps each); weights come as [tap group][C][4] (zeros past the last tap).
+    // The padding reads pad_code in each byte (activation centering pads with -c's code).
+    const int pad4 = (int)((unsigned)(pad_code & 0xff) * 0x01010101u);
     int taps = kh * kw;
     for (int t0 = 0; t0 < taps; t0 += 4) {
       int4 wq = *(const int4*)((const signed char*)w + ((t0 >> 2) * c + ch) * 4);
@@ -92,7 +94,7 @@ extern "C" __global__ void conv_dw4(const void* x, int x_t, const void* w, const
         for (int p = 0; p < DW_PX; p++) {
           int ix = (ox0 + p) * sw - pw + kx * dw;
           bool ok = row_ok && ox0 + p < ow && ix >= 0 && ix < wd;
-          xw[j][p] = ok ? *(const int*)((const signed char*)x + (row + ix) * c + ch) : 0;
+          xw[j][p] = ok ? *(const int*)((const signed char*)x + (row + ix) * c + ch) : pad4;
         }
       }
 #pragma unroll

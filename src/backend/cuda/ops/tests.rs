@@ -654,11 +654,12 @@ fn a_max_pool_before_a_quantize_pools_int8_codes() {
 
 /// conv -> ReLU -> Pad(value -1) -> `reader`, the Pad as activation centering writes it
 /// before a padded conv (`prepare::center`), planned as INT8 with every scale 4 / 127.
-fn centering_pad_before(reader_groups: usize) -> Plan {
+fn centering_pad_before(reader_groups: usize, dilation: i64) -> Plan {
     let mut b = GraphBuilder::new(&[1, 4, 12, 12]);
     let c = b.conv("a", "x", 4, 16, 3);
     let r = b.op("Relu", "a.relu", &[&c]);
-    let pads = b.ints("pads", &[8], &[0, 0, 1, 1, 0, 0, 1, 1]);
+    let d = dilation;
+    let pads = b.ints("pads", &[8], &[0, 0, d, d, 0, 0, d, d]);
     let v = b.constant("v", &[], &[-1.0]);
     let p = b.op("Pad", "pad", &[&r, &pads, &v]);
     let w = b.random("r.w", &[16, 16 / reader_groups, 3, 3], 0.5);
@@ -668,6 +669,7 @@ fn centering_pad_before(reader_groups: usize) -> Plan {
         &[&p, &w],
         vec![
             proto::ints_attr("kernel_shape", &[3, 3]),
+            proto::ints_attr("dilations", &[d, d]),
             proto::int_attr("group", reader_groups as i64),
         ],
     );
@@ -680,7 +682,7 @@ fn centering_pad_before(reader_groups: usize) -> Plan {
 /// value's code): no float tensor between the two convs.
 #[test]
 fn a_constant_pad_before_a_quantize_pads_int8_codes() {
-    let plan = centering_pad_before(1);
+    let plan = centering_pad_before(1, 1);
     let (pin, pout, value) = plan
         .steps
         .iter()
@@ -710,31 +712,34 @@ fn a_constant_pad_before_a_quantize_pads_int8_codes() {
     );
 }
 
-/// Before an int8 depthwise conv the row-window kernel runs, the Pad goes into the conv: no
-/// Pad step, the conv pads by the Pad's amounts with the value's code (-1 at 4 / 127: -32)
-/// and reads the first conv's int8 output itself.
+/// Before an int8 depthwise conv, plain (the row-window kernel's) or dilated (DeepLab's,
+/// `conv_dw4`'s), the Pad goes into the conv: no Pad step, the conv pads by the Pad's amounts
+/// with the value's code (-1 at 4 / 127: -32) and reads the first conv's int8 output itself.
 #[test]
 fn a_constant_pad_before_an_int8_depthwise_conv_folds_into_it() {
-    let plan = centering_pad_before(16);
-    assert!(
-        !plan.steps.iter().any(|s| matches!(s, Step::Pad { .. })),
-        "{:?}",
-        plan.steps.iter().map(|s| s.name()).collect::<Vec<_>>()
-    );
-    let convs = conv_steps(&plan);
-    let dw = convs
-        .iter()
-        .find(|c| c.name == "r")
-        .expect("the depthwise conv");
-    assert_eq!(dw.pads, [1, 1, 1, 1]);
-    assert_eq!(dw.pad_code, -32);
-    assert_eq!(dw.input, convs[0].out, "reads the first conv's output");
-    assert_eq!(plan.tensors[dw.input].dtype, DType::I8);
-    assert!(
-        dw.fused.iter().any(|f| f.starts_with("pad")),
-        "the Pad (with its quantize) is named among the conv's fused nodes: {:?}",
-        dw.fused
-    );
+    for dilation in [1, 2] {
+        let plan = centering_pad_before(16, dilation);
+        assert!(
+            !plan.steps.iter().any(|s| matches!(s, Step::Pad { .. })),
+            "dilation {dilation}: {:?}",
+            plan.steps.iter().map(|s| s.name()).collect::<Vec<_>>()
+        );
+        let convs = conv_steps(&plan);
+        let dw = convs
+            .iter()
+            .find(|c| c.name == "r")
+            .expect("the depthwise conv");
+        let d = dilation as usize;
+        assert_eq!((dw.pads, dw.dilation), ([d; 4], [d; 2]));
+        assert_eq!(dw.pad_code, -32);
+        assert_eq!(dw.input, convs[0].out, "reads the first conv's output");
+        assert_eq!(plan.tensors[dw.input].dtype, DType::I8);
+        assert!(
+            dw.fused.iter().any(|f| f.starts_with("pad")),
+            "the Pad (with its quantize) is named among the conv's fused nodes: {:?}",
+            dw.fused
+        );
+    }
 }
 
 /// An FP8 Q/DQ model plans as the INT8 one does, in E4M3: every conv quantized with its FP8

@@ -1,6 +1,7 @@
 //! Depthwise convs on the NVRTC kernels: `conv_dw4` (any type, four channels of four
 //! adjacent outputs a thread) and, for int8 square kernels of DW_ROWS_SHAPES, the kernels
-//! that read each input row's window once (`conv_dw_i8_k{K}s{S}`). Epilogue fused in both.
+//! that read each input row's window once (`conv_dw_i8_k{K}s{S}`). Epilogue fused in both;
+//! both pad int8 input with the step's pad code.
 
 use super::super::device::{DevBuf, Launch};
 use super::super::kernels::{DW_ROWS_SHAPES, launch};
@@ -31,7 +32,7 @@ impl ConvFamily for Depthwise {
         if self.rows { &["dwr"] } else { &["dw"] }
     }
     fn takes_pad_code(&self) -> bool {
-        self.rows
+        true
     }
     fn applies(&self, cx: &Launch, l: &ConvLayer) -> bool {
         if self.rows {
@@ -174,7 +175,8 @@ impl ConvSetup for DwSetup {
                 e.res.0, e.res.1, e.res.2, e.out.0, e.out.1, e.out.2,
                 u(n), u(h), u(w), u(c.cin), u(l.oh), u(l.ow),
                 u(c.k[0]), u(c.k[1]), u(c.stride[0]), u(c.stride[1]), u(c.pads[0]), u(c.pads[1]),
-                u(c.dilation[0]), u(c.dilation[1]), e.act.0, e.act.1, e.act.2),
+                u(c.dilation[0]), u(c.dilation[1]), e.act.0, e.act.1, e.act.2,
+                c.pad_code as i32),
             ConvImpl::DepthwiseRows { kernel } => {
                 launch!(cx.stream, cx.dev.k.conv_dw_i8[*kernel], threads;
                 way.input, self.w.ptr, way.alpha, l.bias.ptr,
