@@ -205,14 +205,15 @@ fn find_sites(g: &Graph<'_>) -> (Vec<Site>, Vec<(String, String)>) {
         }
         let reader_problem = readers.iter().find_map(|&(r, slot)| {
             let c = g.node(r);
+            let pads = explicit_pads(c);
             if !is_conv(c) || slot != 0 {
                 Some(format!("read by {} `{}`", c.op_type, c.name))
-            } else if explicit_pads(c).is_none() {
+            } else if pads.is_none() {
                 Some(format!("read by `{}` with automatic padding", c.name))
-            } else if explicit_pads(c).is_some_and(|p| !p.is_empty()) && !depthwise(g, c) {
+            } else if pads.is_some_and(|p| !p.is_empty()) && !depthwise(g, c) {
                 Some(format!(
                     "read by `{}`, a dense conv with zero padding (the CUDA engine folds a \
-                     centering Pad only into its int8 depthwise kernel; before a dense conv \
+                     centering Pad only into its int8 depthwise kernels; before a dense conv \
                      it would be a pass of its own)",
                     c.name
                 ))
