@@ -183,7 +183,7 @@ fn every_float_conv_implementation_matches_cpu_on_a_ghost_block() {
 fn every_conv_implementation_matches_cpu_on_a_mobilenet_block() {
     let Some(_) = gpu() else { return };
     let int8 = [
-        &["cudnng", "gemmf", "gemm", "f16+cudnn", "dw", "dwr"][..],
+        &["cudnng", "gemmf", "gemm", "f16+cudnn", "dw", "dwr", "dwt"][..],
         &int8_kernels(),
     ]
     .concat();
@@ -199,7 +199,16 @@ fn every_conv_implementation_matches_cpu_on_a_mobilenet_block() {
 fn every_conv_implementation_matches_cpu_on_an_efficientnet_block() {
     let Some(_) = gpu() else { return };
     let int8 = [
-        &["cudnng", "gemm", "f16+cudnn", "dw", "dwr", "mmas", "mmas64"][..],
+        &[
+            "cudnng",
+            "gemm",
+            "f16+cudnn",
+            "dw",
+            "dwr",
+            "dwt",
+            "mmas",
+            "mmas64",
+        ][..],
         &int8_kernels(),
     ]
     .concat();
@@ -350,22 +359,45 @@ fn every_conv_implementation_matches_cpu_on_stems() {
 }
 
 /// The same on a chain of depthwise convs, one of each kernel size and stride the int8
-/// row-window kernels have (`dwr`), against the depthwise kernel they stand beside (`dw`)
-/// and the direct one: padded edges, and rows of 14 and 7 outputs (partial groups of four).
+/// row-window kernels have (`dwr`), then a dilated one and one that reads a centering Pad
+/// folded into it (a pad code), against the other depthwise kernels (`dw`, the shared-memory
+/// tile one `dwt`) and the direct one: padded edges, rows of 14 and 7 outputs (partial groups
+/// of four), 24 channels (six groups, no power of two).
 #[test]
 fn every_depthwise_implementation_matches_cpu_at_each_row_kernel_shape() {
+    use quantscope::backend::cuda::ops as plan;
+    use quantscope::backend::cuda::plan::{DType, Step};
     let Some(_) = gpu() else { return };
+    let m = depthwise_chain().model();
+    let hw = m.input_hw(None).expect("the chain's input size");
+    let q = max_qdq(&m, hw, 4).expect("qdq");
+    let p = Model {
+        proto: q.proto.clone(),
+        ..m.clone()
+    }
+    .with_fixed_input(2, hw);
+    let pl = plan::lower(&p, m.input_shape(2, hw), Precision::Int8).expect("int8 plan");
+    // The centering Pad folds into the last depthwise conv, which writes FP16 for the pool.
+    let last = pl.steps.iter().find_map(|s| match s {
+        Step::Conv(c) if c.pad_code != 0 => Some(c),
+        _ => None,
+    });
+    let last = last.expect("the centering Pad folds into the last depthwise conv");
+    assert_eq!(pl.tensors[last.out].dtype, DType::F16, "{}", last.name);
     every_conv_implementation_matches_cpu(
         depthwise_chain(),
         false,
         &["dw", "direct"],
-        &["dw", "dwr", "direct"],
+        &["dw", "dwr", "dwt", "direct"],
     );
 }
 
 /// Depthwise convs on [1, 24, 14, 14], pads k / 2: 3x3 stride 1 + ReLU, 3x3 stride 2 +
 /// ReLU6 (Clip), 5x5 stride 1 + SiLU, 5x5 stride 2, 7x7 stride 1 + ReLU (14 -> 14 -> 7 -> 7
-/// -> 4 -> 4 pixels a side).
+/// -> 4 -> 4 pixels a side); then 3x3 dilation 2 (pads 2) + ReLU, and activation centering's
+/// Pad of -0.5 (one pixel a side) before a 3x3 conv that pads nothing (4 -> 4 -> 6 -> 4),
+/// with SiLU, whose output a global average pool reads in float, as EfficientNets'
+/// squeeze-excite does (the depthwise kernels' FP16 epilogue).
 fn depthwise_chain() -> GraphBuilder {
     let c = 24;
     let mut b = GraphBuilder::new(&[1, c, 14, 14]);
@@ -400,8 +432,47 @@ fn depthwise_chain() -> GraphBuilder {
             _ => b.op("Relu", &format!("{name}.relu"), &[&y]),
         };
     }
-    b.output(&x);
+    let dilated = depthwise(
+        &mut b,
+        "dw5",
+        &x,
+        c,
+        vec![proto::ints_attr("dilations", &[2, 2])],
+    );
+    x = b.op("Relu", "dw5.relu", &[&dilated]);
+    let pads = b.ints("dw6.pads", &[8], &[0, 0, 1, 1, 0, 0, 1, 1]);
+    let v = b.constant("dw6.value", &[], &[-0.5]);
+    let padded = b.op("Pad", "dw6.pad", &[&x, &pads, &v]);
+    let y = depthwise(
+        &mut b,
+        "dw6",
+        &padded,
+        c,
+        vec![proto::ints_attr("pads", &[0; 4])],
+    );
+    let sg = b.op("Sigmoid", "dw6.sigmoid", &[&y]);
+    let silu = b.op("Mul", "dw6.silu", &[&y, &sg]);
+    let pooled = b.op("GlobalAveragePool", "pool", &[&silu]);
+    b.output(&pooled);
     b
+}
+
+/// A 3x3 depthwise conv of `c` channels with random weights and bias, pads 2 a side unless
+/// `attrs` say otherwise.
+fn depthwise(
+    b: &mut GraphBuilder,
+    name: &str,
+    x: &str,
+    c: usize,
+    mut attrs: Vec<tract_onnx::pb::AttributeProto>,
+) -> String {
+    let w = b.random(&format!("{name}.w"), &[c, 1, 3, 3], 2.0 / 9.0);
+    let bias = b.random(&format!("{name}.b"), &[c], 0.1);
+    if !attrs.iter().any(|a| a.name == "pads") {
+        attrs.push(proto::ints_attr("pads", &[2; 4]));
+    }
+    attrs.push(proto::int_attr("group", c as i64));
+    b.node("Conv", name, &[x, &w, &bias], attrs)
 }
 
 /// The float ways of running a conv that the MobileNet and EfficientNet blocks each reach.

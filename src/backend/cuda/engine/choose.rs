@@ -197,8 +197,7 @@ impl CudaEngine {
         self.add_setups(si, |f| {
             named_family.is_none_or(|t| !f.tokens().contains(&t))
         })?;
-        let rt = self.convs.get_mut(&si).expect("conv");
-        let cands = avoid_filter(rt.candidates());
+        let cands = self.candidates_of(si)?;
         let setup_ms = setup_start.elapsed().as_secs_f64() * 1e3;
         seen.setup_ms += setup_ms;
         let (setup, pick) = match cands.as_slice() {
@@ -252,9 +251,11 @@ impl CudaEngine {
             }
         }
         self.add_direct(si)?;
-        let rt = self.convs.get_mut(&si).expect("conv");
-        let (setup, pick) = have(rt.candidates().pop(), "the direct kernel's candidate")?;
-        rt.keep(setup, pick.clone());
+        let (setup, pick) = have(self.candidates_of(si)?.pop(), "a candidate")?;
+        self.convs
+            .get_mut(&si)
+            .expect("conv")
+            .keep(setup, pick.clone());
         Ok(pick)
     }
 
@@ -294,9 +295,8 @@ impl CudaEngine {
         let layer = &rt.layer;
         let macs = (layer.m * layer.step.cout * layer.step.reduction()) as f64;
         let direct_wanted = wanted(&DIRECT);
-        // The direct kernel pads with zeros: a conv with a pad code gets it only where nothing
-        // else applies (`add_direct` then says so).
-        let small = macs < DIRECT_MAX_MACS && layer.step.pad_code == 0;
+        // The direct kernel pads with zeros: `add_direct` leaves a conv with a pad code out.
+        let small = macs < DIRECT_MAX_MACS;
         if direct_wanted && (rt.candidates().is_empty() || small) {
             self.add_direct(si)?;
         }
@@ -304,24 +304,45 @@ impl CudaEngine {
     }
 
     /// Adds the direct kernel's setup to conv step `si`: it runs every conv, except one that
-    /// pads with a code (`fold_pads_into_depthwise` folds a pad only into an int8 depthwise
-    /// conv, which the depthwise kernels run, so this is a bug if it happens).
+    /// pads with a code, which it leaves to the depthwise kernels (a choice naming the direct
+    /// kernel there, cached or forced, then falls back to timing those).
     fn add_direct(&mut self, si: usize) -> CudaResult<()> {
         let setup = {
             let cx = self.launch_cx(si);
-            let step = &have(self.convs.get(&si), "conv layer")?.layer.step;
-            if step.pad_code != 0 {
-                return Err(CudaError::Internal(format!(
-                    "{}: no kernel for its pad code {} (the depthwise kernels did not take it)",
-                    step.name, step.pad_code
-                )));
+            let layer = &have(self.convs.get(&si), "conv layer")?.layer;
+            if layer.step.pad_code != 0 {
+                return Ok(());
             }
-            DIRECT.prepare(&cx, &have(self.convs.get(&si), "conv layer")?.layer)?
+            DIRECT.prepare(&cx, layer)?
         };
         if let Some(s) = setup {
             self.convs.get_mut(&si).expect("conv").add(s);
         }
         Ok(())
+    }
+
+    /// The candidates of conv step `si`, or an error where none could be set up (the direct
+    /// kernel runs every conv but one with a pad code, and `fold_pads_into_depthwise` folds a
+    /// pad only into an int8 depthwise conv, which every depthwise kernel runs: a bug).
+    fn candidates_of(&self, si: usize) -> CudaResult<Vec<(usize, ConvImpl)>> {
+        let rt = have(self.convs.get(&si), "conv layer")?;
+        let cands = avoid_filter(rt.candidates());
+        if cands.is_empty() {
+            let step = &rt.layer.step;
+            let why = if step.pad_code != 0 {
+                format!(
+                    "its pad code {} (the depthwise kernels did not take it)",
+                    step.pad_code
+                )
+            } else {
+                "it".to_string()
+            };
+            return Err(CudaError::Internal(format!(
+                "{}: no kernel for {why}",
+                step.name
+            )));
+        }
+        Ok(cands)
     }
 
     /// Times `cands` of conv step `si` in CHOICE_ROUNDS rounds, each round every candidate

@@ -141,6 +141,7 @@ pub(super) struct Kernels {
     pub(super) conv_dw4: Kernel,
     /// `conv_dw_i8_k{K}s{S}` for each of DW_ROWS_SHAPES, in order.
     pub(super) conv_dw_i8: Vec<Kernel>,
+    pub(super) conv_dw_i8_tile: Kernel,
     pub(super) im2col: Kernel,
     pub(super) im2col_v16: Kernel,
     pub(super) unary: Kernel,
@@ -200,6 +201,7 @@ impl Kernels {
                 .iter()
                 .map(|(k, s)| f(&format!("conv_dw_i8_k{k}s{s}")))
                 .collect::<Result<_, _>>()?,
+            conv_dw_i8_tile: f("conv_dw_i8_tile")?,
             im2col: f("im2col")?,
             im2col_v16: f("im2col_v16")?,
             unary: f("unary")?,
@@ -294,7 +296,7 @@ impl Kernels {
 
 /// Names of the kernels the engine loads (the compile check makes sure each is in the PTX).
 #[cfg(test)]
-pub(super) const KERNEL_NAMES: [&str; 45] = [
+pub(super) const KERNEL_NAMES: [&str; 46] = [
     "epilogue",
     "conv_direct",
     "conv_dw4",
@@ -303,6 +305,7 @@ pub(super) const KERNEL_NAMES: [&str; 45] = [
     "conv_dw_i8_k5s1",
     "conv_dw_i8_k5s2",
     "conv_dw_i8_k7s1",
+    "conv_dw_i8_tile",
     "im2col",
     "im2col_v16",
     "unary",

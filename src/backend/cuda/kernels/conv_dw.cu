@@ -11,15 +11,50 @@
 // and the host keeps input and output under 2^31 elements, so indices are 32-bit (conv_direct's
 // 64-bit divisions per output cost more than the arithmetic of a 3x3 depthwise tap).
 #define DW_PX 4
+// The FP16 output of a thread's sums with activation ACT known at compile time and no
+// residual: EfficientNets' depthwise outputs (SiLU) feed a squeeze-excite pool in float.
+// Through conv_direct's epilogue, each of the 16 values of a thread's outputs took the
+// activation's switch, and each store st4's reciprocal of a scale FP16 does not use; on
+// EfficientNet-B0 at batch 32 that made the depthwise kernels instruction-bound.
+template <int ACT>
+__device__ __forceinline__ void dw_store_f16(const int acc[DW_PX][4], int np, int o0, int c,
+                                             float4 al, float4 bi, __half* y, float a0,
+                                             float a1) {
+#pragma unroll
+  for (int p = 0; p < DW_PX; p++) {
+    if (p >= np) break;
+    float v0 = act_f((float)acc[p][0] * al.x + bi.x, ACT, a0, a1);
+    float v1 = act_f((float)acc[p][1] * al.y + bi.y, ACT, a0, a1);
+    float v2 = act_f((float)acc[p][2] * al.z + bi.z, ACT, a0, a1);
+    float v3 = act_f((float)acc[p][3] * al.w + bi.w, ACT, a0, a1);
+    __half2 lo = __floats2half2_rn(v0, v1), hi = __floats2half2_rn(v2, v3);
+    uint2 raw;
+    raw.x = *(unsigned int*)&lo;
+    raw.y = *(unsigned int*)&hi;
+    *(uint2*)(y + o0 + p * c) = raw;
+  }
+}
 // The depthwise kernels' epilogue over a thread's exact int32 sums (int8 input) of `np`
 // outputs along x, DW_PX at most, the first at element offset o0 of y (channels ch .. ch + 3):
-// the int8 epilogue where it applies, else conv_direct's (any output type, activation and
-// residual; EfficientNets' depthwise outputs feed a squeeze-excite pool in float).
+// the int8 epilogue where it applies; FP16 with no residual and the usual activations
+// through dw_store_f16; else conv_direct's (any output type, activation and residual).
 __device__ __forceinline__ void dw_epilogue_i32(const int acc[DW_PX][4], int np, int o0, int c,
                                                 int ch, const float* alpha, const float* bias,
                                                 const void* res, int res_t, float res_scale,
                                                 void* y, int y_t, float y_scale, int act,
                                                 float a0, float a1) {
+  if (y_t == 1 && res_t < 0) {
+    float4 al = *(const float4*)(alpha + ch), bi = *(const float4*)(bias + ch);
+    __half* yh = (__half*)y;
+    switch (act) {
+      case 0: dw_store_f16<0>(acc, np, o0, c, al, bi, yh, a0, a1); return;
+      case 1: dw_store_f16<1>(acc, np, o0, c, al, bi, yh, a0, a1); return;
+      case 2: dw_store_f16<2>(acc, np, o0, c, al, bi, yh, a0, a1); return;
+      case 4: dw_store_f16<4>(acc, np, o0, c, al, bi, yh, a0, a1); return;
+      case 24: dw_store_f16<24>(acc, np, o0, c, al, bi, yh, a0, a1); return;
+      default: break;
+    }
+  }
   if (epi_i8_ok(y_t, res_t, act)) {
     const EpiI8 e = epi_i8(alpha, bias, ch, res_scale, y_scale, act, a0, a1);
 #pragma unroll
@@ -234,3 +269,101 @@ extern "C" __global__ void conv_dw_i8_k3s2(DW_I8_PARAMS) { conv_dw_i8_body<3, 2>
 extern "C" __global__ void conv_dw_i8_k5s1(DW_I8_PARAMS) { conv_dw_i8_body<5, 1>(DW_I8_ARGS); }
 extern "C" __global__ void conv_dw_i8_k5s2(DW_I8_PARAMS) { conv_dw_i8_body<5, 2>(DW_I8_ARGS); }
 extern "C" __global__ void conv_dw_i8_k7s1(DW_I8_PARAMS) { conv_dw_i8_body<7, 1>(DW_I8_ARGS); }
+
+// Int8 depthwise convolution through shared memory, any kernel size, stride and dilation:
+// a block takes a tile of toh x tow outputs of one image and a slab of cg channel groups
+// (four channels each), copies the input window the tile reads (the padding as pad_code) and
+// the slab's weights into shared memory once, then each thread computes four channels of its
+// outputs from there, a group of four taps at a time (__dp4a, weights [ceil(KH * KW / 4)][C]
+// [4] as conv_dw4's, whose tap offsets in the window the block also keeps). Where the row
+// kernels give each thread four outputs along x, this one spreads a tile's outputs over the
+// block: on an H200 the builder took it for 13 of EfficientNet-B0's 16 depthwise layers at
+// batch 1 (grids of a few hundred blocks), and the row kernel for all 16 at batch 32.
+// Shared memory: int4 tap offsets [tg], int4 weights [tg][cg], words [tih][tiw][cg] (the host
+// sizes the tile, under 48 KiB). Threads past (blockDim / cg) * cg idle. Blocks: (image, tile
+// row, tile column, slab), the slab fastest. 256 threads, at most 48 registers so that five
+// blocks fit an SM (53 unbounded, four blocks; 40 spilled).
+extern "C" __global__ void __launch_bounds__(256, 5)
+    conv_dw_i8_tile(const signed char* x, const int* w, const float* alpha, const float* bias,
+                    const void* res, int res_t, float res_scale, void* y, int y_t,
+                    float y_scale, int n, int h, int wd, int c, int oh, int ow, int kh, int kw,
+                    int sh, int sw, int ph, int pw, int dh, int dw, int act, float a0, float a1,
+                    int pad_code, int toh, int tow, int cg) {
+  extern __shared__ __align__(16) unsigned char dwt_smem[];
+  pdl_trigger();
+  const int taps = kh * kw, tg = (taps + 3) >> 2, c4 = c >> 2;
+  const int tih = (toh - 1) * sh + (kh - 1) * dh + 1, tiw = (tow - 1) * sw + (kw - 1) * dw + 1;
+  int4* toff = (int4*)dwt_smem;
+  int4* wt = toff + tg;
+  unsigned* tile = (unsigned*)(wt + tg * cg);
+  const int slabs = (c4 + cg - 1) / cg, tiles_x = (ow + tow - 1) / tow;
+  const int tiles_y = (oh + toh - 1) / toh;
+  int bi = blockIdx.x;
+  const int g0 = (bi % slabs) * cg;
+  bi /= slabs;
+  const int ox0 = (bi % tiles_x) * tow;
+  bi /= tiles_x;
+  const int oy0 = (bi % tiles_y) * toh, b = bi / tiles_y;
+  // Constants first, while the kernel before this one finishes (programmatic launch): each
+  // tap's word offset in the window (0 past the last tap, whose weights are 0), the weights.
+  for (int i = threadIdx.x; i < tg * 4; i += blockDim.x) {
+    int ky = i / kw, kx = i - ky * kw;
+    ((int*)toff)[i] = i < taps ? (ky * dh * tiw + kx * dw) * cg : 0;
+  }
+  for (int i = threadIdx.x; i < tg * cg; i += blockDim.x) {
+    int t = i / cg, gg = g0 + i - t * cg;
+    wt[i] = gg < c4 ? *(const int4*)(w + (t * c4 + gg) * 4) : make_int4(0, 0, 0, 0);
+  }
+  pdl_wait();
+  // The window, in runs of cg words (a pixel's slab), four pixels a thread at a time so their
+  // loads are in flight together. A thread keeps its channel group; its pixels step by np.
+  const int np = blockDim.x / cg, gl = threadIdx.x % cg, p0 = threadIdx.x / cg;
+  const int iy0 = oy0 * sh - ph, ix0 = ox0 * sw - pw, npix = tih * tiw;
+  const unsigned pad4 = (unsigned)(pad_code & 0xff) * 0x01010101u;
+  const bool g_ok = g0 + gl < c4;
+  if (p0 < np) {
+    int r = p0 / tiw, col = p0 - (p0 / tiw) * tiw;
+    for (int p = p0; p < npix; p += 4 * np) {
+      unsigned v[4];
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        int iy = iy0 + r, ix = ix0 + col;
+        bool in = iy >= 0 && iy < h && ix >= 0 && ix < wd;
+        v[k] = !g_ok ? 0u
+               : in  ? *(const unsigned*)(x + ((b * h + iy) * wd + ix) * c + (g0 + gl) * 4)
+                     : pad4;
+        col += np;
+        while (col >= tiw) {
+          col -= tiw;
+          r++;
+        }
+      }
+#pragma unroll
+      for (int k = 0; k < 4; k++) {
+        if (p + k * np < npix) tile[(p + k * np) * cg + gl] = v[k];
+      }
+    }
+  }
+  __syncthreads();
+  if (p0 >= np || !g_ok) return;
+  const int ch = (g0 + gl) * 4;
+  for (int p = p0; p < toh * tow; p += np) {
+    int oyl = p / tow, oxl = p - oyl * tow, oy = oy0 + oyl, ox = ox0 + oxl;
+    if (oy >= oh || ox >= ow) continue;
+    const unsigned* base = tile + (oyl * sh * tiw + oxl * sw) * cg + gl;
+    int acc[DW_PX][4] = {};
+    for (int t = 0; t < tg; t++) {
+      int4 o = toff[t], wq = wt[t * cg + gl];
+      unsigned x0 = base[o.x], x1 = base[o.y], x2 = base[o.z], x3 = base[o.w];
+      // Four taps' words (four channels each) into one word per channel (four taps each).
+      unsigned a = __byte_perm(x0, x1, 0x5140), bb = __byte_perm(x0, x1, 0x7362);
+      unsigned cc = __byte_perm(x2, x3, 0x5140), d = __byte_perm(x2, x3, 0x7362);
+      acc[0][0] = __dp4a((int)__byte_perm(a, cc, 0x5410), wq.x, acc[0][0]);
+      acc[0][1] = __dp4a((int)__byte_perm(a, cc, 0x7632), wq.y, acc[0][1]);
+      acc[0][2] = __dp4a((int)__byte_perm(bb, d, 0x5410), wq.z, acc[0][2]);
+      acc[0][3] = __dp4a((int)__byte_perm(bb, d, 0x7632), wq.w, acc[0][3]);
+    }
+    dw_epilogue_i32(acc, 1, ((b * oh + oy) * ow + ox) * c + ch, c, ch, alpha, bias, res, res_t,
+                    res_scale, y, y_t, y_scale, act, a0, a1);
+  }
+}

@@ -1,7 +1,10 @@
 //! Depthwise convs on the NVRTC kernels: `conv_dw4` (any type, four channels of four
-//! adjacent outputs a thread) and, for int8 square kernels of DW_ROWS_SHAPES, the kernels
-//! that read each input row's window once (`conv_dw_i8_k{K}s{S}`). Epilogue fused in both;
-//! both pad int8 input with the step's pad code.
+//! adjacent outputs a thread); for int8 square kernels of DW_ROWS_SHAPES, the kernels that
+//! read each input row's window once (`conv_dw_i8_k{K}s{S}`); and for any int8 one, the
+//! kernel that copies a tile's input window into shared memory once (`conv_dw_i8_tile`).
+//! Epilogue fused in all three; all pad int8 input with the step's pad code.
+
+use cudarc::driver::LaunchConfig;
 
 use super::super::device::{DevBuf, Launch};
 use super::super::kernels::{DW_ROWS_SHAPES, launch};
@@ -9,46 +12,72 @@ use super::{ConvFamily, ConvImpl, ConvLayer, ConvSetup, ConvWay, Epi};
 use crate::backend::cuda::error::{CudaError, CudaResult};
 use crate::backend::cuda::plan::{ConvStep, DType};
 
-/// `conv_dw4` (`rows: false`) or the row-window int8 kernels (`rows: true`).
-pub(super) struct Depthwise {
-    rows: bool,
+/// Which depthwise kernel a family runs.
+#[derive(Clone, Copy, PartialEq)]
+enum DwKernel {
+    /// `conv_dw4`: any input type, each tap read from global memory (L1).
+    Taps,
+    /// `conv_dw_i8_k{K}s{S}`: int8, each input row's window read once per output row.
+    Rows,
+    /// `conv_dw_i8_tile`: int8, a tile's input window copied into shared memory once.
+    Tile,
 }
 
-pub(super) const DEPTHWISE: Depthwise = Depthwise { rows: false };
-pub(super) const DEPTHWISE_ROWS: Depthwise = Depthwise { rows: true };
+/// A family of one depthwise kernel.
+pub(super) struct Depthwise {
+    kernel: DwKernel,
+}
+
+pub(super) const DEPTHWISE: Depthwise = Depthwise {
+    kernel: DwKernel::Taps,
+};
+pub(super) const DEPTHWISE_ROWS: Depthwise = Depthwise {
+    kernel: DwKernel::Rows,
+};
+pub(super) const DEPTHWISE_TILE: Depthwise = Depthwise {
+    kernel: DwKernel::Tile,
+};
 
 impl ConvFamily for Depthwise {
     fn name(&self) -> &'static str {
-        if self.rows {
-            "row-window depthwise kernel"
-        } else {
-            "depthwise kernel"
+        match self.kernel {
+            DwKernel::Taps => "depthwise kernel",
+            DwKernel::Rows => "row-window depthwise kernel",
+            DwKernel::Tile => "shared-memory tile depthwise kernel",
         }
     }
     fn optional(&self) -> bool {
         false
     }
     fn tokens(&self) -> &'static [&'static str] {
-        if self.rows { &["dwr"] } else { &["dw"] }
+        match self.kernel {
+            DwKernel::Taps => &["dw"],
+            DwKernel::Rows => &["dwr"],
+            DwKernel::Tile => &["dwt"],
+        }
     }
     fn takes_pad_code(&self) -> bool {
         true
     }
     fn applies(&self, cx: &Launch, l: &ConvLayer) -> bool {
-        if self.rows {
-            rows_kernel(cx, &l.step).is_some()
-        } else {
-            depthwise_ok(cx, &l.step)
+        match self.kernel {
+            DwKernel::Taps => depthwise_ok(cx, &l.step),
+            DwKernel::Rows => rows_kernel(cx, &l.step).is_some(),
+            DwKernel::Tile => tile_of(cx, l).is_some(),
         }
     }
     fn prepare(&self, cx: &Launch, l: &ConvLayer) -> CudaResult<Option<Box<dyn ConvSetup>>> {
         let c = &l.step;
-        let setup = match rows_kernel(cx, c).filter(|_| self.rows) {
-            Some(kernel) => DwSetup {
+        let setup = match (self.kernel, rows_kernel(cx, c), tile_of(cx, l)) {
+            (DwKernel::Rows, Some(kernel), _) => DwSetup {
                 w: rows_weights(c)?,
                 imp: ConvImpl::DepthwiseRows { kernel },
             },
-            None => DwSetup {
+            (DwKernel::Tile, _, Some(_)) => DwSetup {
+                w: weights(c, l.float)?,
+                imp: ConvImpl::DepthwiseTile,
+            },
+            _ => DwSetup {
                 w: weights(c, l.float)?,
                 imp: ConvImpl::Depthwise,
             },
@@ -91,6 +120,84 @@ fn rows_kernel(cx: &Launch, c: &ConvStep) -> Option<usize> {
         && c.stride[0] == c.stride[1]
         && c.dilation == [1, 1])
     .then_some(shape)
+}
+
+/// Threads of a `conv_dw_i8_tile` block.
+const TILE_THREADS: usize = 256;
+/// Channel groups (of four) a tile block takes at most: 64 channels, so that a pixel's slab is
+/// two 32-byte sectors of the NHWC input and a warp's 32 threads read two adjacent pixels.
+const TILE_GROUPS: usize = 16;
+/// The input window's bytes a tile block aims under: a few blocks an SM (228 KiB on Hopper).
+const TILE_WINDOW_BYTES: usize = 24 << 10;
+/// Shared memory a launch gets without raising the kernel's limit.
+const TILE_SMEM_MAX: usize = 48 << 10;
+
+/// How `conv_dw_i8_tile` splits a layer: tiles of `toh` x `tow` outputs and slabs of `cg`
+/// channel groups, `blocks` blocks of `smem` bytes of shared memory each.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct DwTile {
+    pub toh: usize,
+    pub tow: usize,
+    pub cg: usize,
+    pub blocks: usize,
+    pub smem: usize,
+}
+
+/// The tile of a depthwise layer of `n` images, `c` channels (a multiple of 4), `[oh, ow]`
+/// outputs, kernel `k`, stride `s`, dilation `d`, on a GPU of `sms` SMs: channels in even
+/// slabs of at most TILE_GROUPS groups; the output tile from 32 x 32 down (halving its longer
+/// side) until its input window fits TILE_WINDOW_BYTES and the grid has two blocks an SM,
+/// or it is 4 x 4 (a small image's halo would then cost more than the idle SMs). `None` where
+/// even that window does not fit the shared memory a launch gets (a large dilation).
+pub(crate) fn dw_tile(
+    n: usize,
+    c: usize,
+    out: [usize; 2],
+    k: [usize; 2],
+    s: [usize; 2],
+    d: [usize; 2],
+    sms: usize,
+) -> Option<DwTile> {
+    let c4 = c / 4;
+    let slabs = c4.div_ceil(TILE_GROUPS);
+    let cg = c4.div_ceil(slabs);
+    let taps_groups = (k[0] * k[1]).div_ceil(4);
+    let span = |t: usize, i: usize| (t - 1) * s[i] + (k[i] - 1) * d[i] + 1;
+    let window = |t: [usize; 2]| span(t[0], 0) * span(t[1], 1) * cg * 4;
+    let blocks = |t: [usize; 2]| n * out[0].div_ceil(t[0]) * out[1].div_ceil(t[1]) * slabs;
+    let mut t = [out[0].min(32), out[1].min(32)];
+    while (window(t) > TILE_WINDOW_BYTES || blocks(t) < 2 * sms) && t[0] * t[1] > 16 {
+        let i = usize::from(t[1] > t[0]);
+        t[i] = t[i].div_ceil(2);
+    }
+    let smem = 16 * taps_groups * (1 + cg) + window(t);
+    (smem <= TILE_SMEM_MAX && c4 > 0).then_some(DwTile {
+        toh: t[0],
+        tow: t[1],
+        cg,
+        blocks: blocks(t),
+        smem,
+    })
+}
+
+/// The tile `conv_dw_i8_tile` runs layer `l` in, if it takes the layer: an int8 depthwise
+/// layer reading int8 that `depthwise_ok` takes, whose window fits (`dw_tile`).
+fn tile_of(cx: &Launch, l: &ConvLayer) -> Option<DwTile> {
+    let c = &l.step;
+    let int8 = c.quant.as_ref().is_some_and(|q| q.is_int8()) && cx.td(c.input).dtype == DType::I8;
+    if !(int8 && depthwise_ok(cx, c)) {
+        return None;
+    }
+    let n = cx.td(c.input).shape[0];
+    dw_tile(
+        n,
+        c.cin,
+        [l.oh, l.ow],
+        c.k,
+        c.stride,
+        c.dilation,
+        cx.dev.sms,
+    )
 }
 
 /// The row-window depthwise kernel's weights: int8 `[KH][ceil(KW / 4)][C][4]`, a row's taps
@@ -184,6 +291,22 @@ impl ConvSetup for DwSetup {
                 u(n), u(h), u(w), u(c.cin), u(l.oh), u(l.ow),
                 u(c.pads[0]), u(c.pads[1]), e.act.0, e.act.1, e.act.2, c.pad_code as i32)
             }
+            ConvImpl::DepthwiseTile => {
+                let t = tile_of(cx, l)
+                    .ok_or_else(|| CudaError::Internal(format!("{}: no depthwise tile", c.name)))?;
+                let cfg = LaunchConfig {
+                    grid_dim: (t.blocks as u32, 1, 1),
+                    block_dim: (TILE_THREADS as u32, 1, 1),
+                    shared_mem_bytes: t.smem as u32,
+                };
+                launch!(cx.stream, cx.dev.k.conv_dw_i8_tile, cfg cfg;
+                way.input, self.w.ptr, way.alpha, l.bias.ptr,
+                e.res.0, e.res.1, e.res.2, e.out.0, e.out.1, e.out.2,
+                u(n), u(h), u(w), u(c.cin), u(l.oh), u(l.ow),
+                u(c.k[0]), u(c.k[1]), u(c.stride[0]), u(c.stride[1]), u(c.pads[0]), u(c.pads[1]),
+                u(c.dilation[0]), u(c.dilation[1]), e.act.0, e.act.1, e.act.2,
+                c.pad_code as i32, u(t.toh), u(t.tow), u(t.cg))
+            }
             _ => Err(CudaError::Internal(format!(
                 "a depthwise setup asked for {}",
                 imp.key()
@@ -193,5 +316,54 @@ impl ConvSetup for DwSetup {
 
     fn weights_bytes(&self) -> u64 {
         self.w.bytes as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// EfficientNet-B0's and DeepLab's depthwise shapes on a 132-SM GPU: the window fits,
+    /// the grid covers every output and channel, and a small grid shrinks the tile.
+    #[test]
+    fn tiles_fit_shared_memory_and_cover_the_layer() {
+        let shapes = [
+            // (n, c, out, k, s, d)
+            (32, 32, 112, 3, 1, 1),
+            (32, 96, 56, 3, 2, 1),
+            (32, 240, 28, 5, 1, 1),
+            (32, 672, 14, 5, 1, 1),
+            (32, 1152, 7, 3, 1, 1),
+            (1, 72, 56, 5, 2, 1),
+            (1, 960, 33, 3, 1, 4),
+            (1, 24, 14, 7, 1, 1),
+        ];
+        for (n, c, o, k, s, d) in shapes {
+            let t = dw_tile(n, c, [o, o], [k, k], [s, s], [d, d], 132).expect("a tile");
+            let span = |t: usize| (t - 1) * s + (k - 1) * d + 1;
+            let window = span(t.toh) * span(t.tow) * t.cg * 4;
+            let slabs = (c / 4).div_ceil(t.cg);
+            assert!(t.cg <= TILE_GROUPS && slabs * t.cg >= c / 4, "{c}: {t:?}");
+            assert!(t.smem <= TILE_SMEM_MAX && t.smem >= window, "{t:?}");
+            assert!(window <= TILE_WINDOW_BYTES || t.toh * t.tow <= 16, "{t:?}");
+            let tiles = o.div_ceil(t.toh) * o.div_ceil(t.tow);
+            assert_eq!(t.blocks, n * tiles * slabs, "{t:?}");
+            assert!(t.blocks >= 264 || t.toh * t.tow <= 16, "{o}x{o}x{c}: {t:?}");
+        }
+        // Channels split into even slabs: 72 channels as two of 9 groups, not 16 + 2.
+        let t = dw_tile(1, 72, [56, 56], [3, 3], [1, 1], [1, 1], 132).expect("a tile");
+        assert_eq!(t.cg, 9);
+        // 3x3 stride 1 over 32 channels at 56x56, batch 32: a 32 x 32 tile reads a 34 x 34
+        // window of 32-byte slabs (37 KB), so it halves to 16 x 32 (19.6 KB), whose 256 blocks
+        // are under two an SM: 16 x 16, 512 blocks.
+        let t = dw_tile(32, 32, [56, 56], [3, 3], [1, 1], [1, 1], 132).expect("a tile");
+        assert_eq!((t.toh, t.tow, t.blocks), (16, 16, 512));
+    }
+
+    /// A dilation whose 4 x 4 tile's window outgrows shared memory takes no tile.
+    #[test]
+    fn a_window_too_large_takes_no_tile() {
+        assert!(dw_tile(1, 256, [65, 65], [3, 3], [1, 1], [36, 36], 132).is_none());
+        assert!(dw_tile(1, 256, [65, 65], [3, 3], [1, 1], [2, 2], 132).is_some());
     }
 }

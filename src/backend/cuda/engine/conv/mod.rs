@@ -30,13 +30,14 @@ pub(super) const COL_MAX_BYTES: usize = 256 << 20;
 
 /// The families in the order their candidates are timed (the direct kernel, the fallback,
 /// is `DIRECT`, outside the list).
-pub(super) const FAMILIES: [&dyn ConvFamily; 8] = [
+pub(super) const FAMILIES: [&dyn ConvFamily; 9] = [
     &gemm::GEMM,
     &gemm::GEMM_FUSED,
     &cudnn::CUDNN,
     &graph::GRAPH,
     &depthwise::DEPTHWISE,
     &depthwise::DEPTHWISE_ROWS,
+    &depthwise::DEPTHWISE_TILE,
     &pointwise::POINTWISE,
     &mma::MMA,
 ];
@@ -347,6 +348,9 @@ pub enum ConvImpl {
     DepthwiseRows {
         kernel: usize,
     },
+    /// Int8 depthwise conv on the kernel that copies each tile's input window and weights
+    /// into shared memory once (`conv_dw_i8_tile`, any kernel size, stride and dilation).
+    DepthwiseTile,
     /// Int8 1x1 conv (or Gemm / MatMul) on the `__dp4a` kernel (`conv_pw_i8`), epilogue fused.
     Pointwise,
     /// The same on `conv_pw_i8_word`: a thread per four output channels of a pixel, so that
@@ -400,6 +404,7 @@ impl ConvImpl {
             ConvImpl::CudnnGraph { plan } => format!("cudnng:{plan}"),
             ConvImpl::Depthwise => "dw".into(),
             ConvImpl::DepthwiseRows { .. } => "dwr".into(),
+            ConvImpl::DepthwiseTile => "dwt".into(),
             ConvImpl::Pointwise => "pw".into(),
             ConvImpl::PointwiseWord => "pww".into(),
             ConvImpl::Mma { bm } if *bm == MMA_BM => "mma".into(),
@@ -439,6 +444,7 @@ impl ConvImpl {
             }
             ConvImpl::Depthwise => "depthwise kernel".into(),
             ConvImpl::DepthwiseRows { .. } => "depthwise kernel, a row window at a time".into(),
+            ConvImpl::DepthwiseTile => "depthwise kernel, a tile's window in shared memory".into(),
             ConvImpl::Pointwise => "pointwise dp4a kernel".into(),
             ConvImpl::PointwiseWord => "pointwise dp4a kernel, 4 channels a thread".into(),
             ConvImpl::Mma { bm } => {
@@ -556,6 +562,11 @@ mod tests {
                 ConvImpl::DepthwiseRows { kernel: 0 },
                 "dwr",
                 "row-window depthwise kernel",
+            ),
+            (
+                ConvImpl::DepthwiseTile,
+                "dwt",
+                "shared-memory tile depthwise kernel",
             ),
             (ConvImpl::PointwiseWord, "pww", "pointwise kernel"),
             (
