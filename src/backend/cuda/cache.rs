@@ -12,11 +12,12 @@ use serde::{Deserialize, Serialize};
 pub struct Choices {
     pub version: u32,
     /// Conv node name -> implementation key (`ConvImpl::key`): `direct`, `dw` (the depthwise
-    /// kernel), `dwr` (the int8 row-window depthwise kernels), `pw` / `pww` (the int8
-    /// pointwise kernels), `mma` / `mma64` (the int8 tensor-core kernel's 128- and 64-pixel
-    /// tiles), `mmas` / `mmas64` (the streaming 1x1 tensor-core kernel's), `mmar` (the
-    /// row-at-a-time one), `wgmma` / `wgmma64` / `wgmmaw` (Hopper's implicit GEMM kernel in
-    /// 128 x 64, 64 x 64 and 128 x 128 tiles), `gemm:<i>:<rows|im2col>`,
+    /// kernel), `dwr` (the int8 row-window depthwise kernels), `dwt` (the int8 depthwise
+    /// kernel through shared memory), `pw` / `pww` (the int8 pointwise kernels), `mma` /
+    /// `mma64` (the int8 tensor-core kernel's 128- and 64-pixel tiles), `mmas` / `mmas64`
+    /// (the streaming 1x1 tensor-core kernel's), `mmar` (the row-at-a-time one), `wgmma` /
+    /// `wgmma64` / `wgmmaw` (Hopper's implicit GEMM kernel in 128 x 64, 64 x 64 and 128 x 128
+    /// tiles), `gemm:<i>:<rows|im2col>`,
     /// `gemmf:<i>:<rows|im2col>` (the output written by cuBLASLt's epilogue), `cudnn:<algo>`,
     /// `cudnng:<plan>` (cuDNN graph conv, epilogue fused), and those after `f16+` (an int8
     /// layer run in FP16). A key without its algorithm (`gemmf`, `f16+cudnn`) picks the first
@@ -32,7 +33,8 @@ pub struct Choices {
 /// 6: `cudnng:<i>` indexes cuDNN's heuristic list, not the plans that finalized, so that a
 /// known choice finalizes its plan alone.
 /// 7: `wgmma`, `wgmma64` and `wgmmaw` came (Hopper's int8 implicit GEMM kernel).
-pub const VERSION: u32 = 7;
+/// 8: `dwt` came (the int8 depthwise kernel through shared memory).
+pub const VERSION: u32 = 8;
 
 /// `~/.cache/quantscope/cuda` (or `$XDG_CACHE_HOME/quantscope/cuda`); QUANTSCOPE_CUDA_CACHE
 /// overrides the folder, `QUANTSCOPE_CUDA_CACHE=off` disables the cache.

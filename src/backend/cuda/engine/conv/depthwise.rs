@@ -13,7 +13,7 @@ use crate::backend::cuda::error::{CudaError, CudaResult};
 use crate::backend::cuda::plan::{ConvStep, DType};
 
 /// Which depthwise kernel a family runs.
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy)]
 enum DwKernel {
     /// `conv_dw4`: any input type, each tap read from global memory (L1).
     Taps,
@@ -134,13 +134,13 @@ const TILE_SMEM_MAX: usize = 48 << 10;
 
 /// How `conv_dw_i8_tile` splits a layer: tiles of `toh` x `tow` outputs and slabs of `cg`
 /// channel groups, `blocks` blocks of `smem` bytes of shared memory each.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct DwTile {
-    pub toh: usize,
-    pub tow: usize,
-    pub cg: usize,
-    pub blocks: usize,
-    pub smem: usize,
+#[derive(Debug, Clone, Copy)]
+struct DwTile {
+    toh: usize,
+    tow: usize,
+    cg: usize,
+    blocks: usize,
+    smem: usize,
 }
 
 /// The tile of a depthwise layer of `n` images, `c` channels (a multiple of 4), `[oh, ow]`
@@ -149,7 +149,7 @@ pub(crate) struct DwTile {
 /// side) until its input window fits TILE_WINDOW_BYTES and the grid has two blocks an SM,
 /// or it is 4 x 4 (a small image's halo would then cost more than the idle SMs). `None` where
 /// even that window does not fit the shared memory a launch gets (a large dilation).
-pub(crate) fn dw_tile(
+fn dw_tile(
     n: usize,
     c: usize,
     out: [usize; 2],
