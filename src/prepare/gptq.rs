@@ -1,9 +1,10 @@
 //! Data-aware weight rounding (GPTQ; Frantar et al., 2023, "OPTQ: accurate quantization for
 //! generative pre-trained transformers"), for the INT8 engines. Each quantized layer's weights
 //! are rounded to the int8 grid of their usual scale (max |w| per output channel / 127) one
-//! input column at a time, and each column's rounding error is pushed onto the columns not yet
-//! rounded through the inverse of H = Σ x xᵀ, the second moment of the layer's inputs over the
-//! calibration images. What stays closest to FP32 is the layer's output, not each weight.
+//! input column at a time, the inputs with the most energy first (act order), and each column's
+//! rounding error is pushed onto the columns not yet rounded through the inverse of H = Σ x xᵀ,
+//! the second moment of the layer's inputs over the calibration images. What stays closest to
+//! FP32 is the layer's output, not each weight.
 //!
 //! Each channel's largest weight keeps ±127 (no error is pushed onto it), so the scales do not
 //! move: the result is written back into the model as values on the int8 grid, and the Q/DQ
@@ -421,6 +422,32 @@ fn inverse_factor(h: &mut [f64], d: usize) -> Option<Vec<f64>> {
     None
 }
 
+/// Rounds one problem's rows (`d` wide, inputs of moment `h`) with GPTQ, columns in order of
+/// decreasing H diagonal ("act order", GPTQ's `desc_act`): the inputs with the most energy are
+/// rounded first, while the most columns are left to take their error. On DeepLab coco96
+/// (../shared, default recipe) it lifted every method: max / percentile / MSE / entropy
+/// 40.71 / 40.86 / 41.49 / 41.00 → 41.52 / 41.34 / 41.67 / 41.13 of FP32's 41.70 (README,
+/// "GPTQ in act order").
+fn round_problem(rows: &mut [f32], d: usize, scales: &[f32], h: Vec<f64>) -> Result<(), String> {
+    let mut perm: Vec<usize> = (0..d).collect();
+    perm.sort_by(|&a, &b| h[b * d + b].total_cmp(&h[a * d + a]));
+    let mut hp: Vec<f64> = (0..d * d)
+        .map(|i| h[perm[i / d] * d + perm[i % d]])
+        .collect();
+    let u = inverse_factor(&mut hp, d).ok_or("its input moments are not positive definite")?;
+    let mut permuted: Vec<f32> = rows
+        .chunks(d)
+        .flat_map(|r| perm.iter().map(|&j| r[j]))
+        .collect();
+    round_rows(&mut permuted, d, scales, &u);
+    for (r, q) in rows.chunks_mut(d).zip(permuted.chunks(d)) {
+        for (i, &j) in perm.iter().enumerate() {
+            r[j] = q[i];
+        }
+    }
+    Ok(())
+}
+
 /// Rounds each row of `rows` (`d` wide) to multiples of its scale in [-127, 127], GPTQ-style
 /// along `u`; each row's largest weight receives no error, so it keeps ±127 and the scale.
 fn round_rows(rows: &mut [f32], d: usize, scales: &[f32], u: &[f64]) {
@@ -557,15 +584,14 @@ pub fn round_layer(
             if a > 0.0 { a / 127.0 } else { 0.0 }
         })
         .collect();
-    for (p, mut h) in m.h.into_iter().enumerate() {
-        let u = inverse_factor(&mut h, d).ok_or("its input moments are not positive definite")?;
+    for (p, h) in m.h.into_iter().enumerate() {
         let span = p * per_problem * d..(p + 1) * per_problem * d;
-        round_rows(
+        round_problem(
             &mut rows[span],
             d,
             &scales[p * per_problem..(p + 1) * per_problem],
-            &u,
-        );
+            h,
+        )?;
     }
     let data = match &layer.shape {
         Shape::Dense { k, n, b_nk: false } => {
