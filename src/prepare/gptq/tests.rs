@@ -35,11 +35,8 @@ fn output_error(w: &[f32], q: &[f32], x: &[f32], d: usize) -> f64 {
         .sum()
 }
 
-#[test]
-fn gptq_rounds_to_the_grid_keeps_scales_and_beats_nearest_on_the_output() {
-    let (rows, d, n) = (6, 24, 400);
-    let w = values(rows * d, 11);
-    let x = correlated_inputs(n, d, 21);
+/// H = Σ x xᵀ over the rows of `x` (`d` wide), and each row of `w`'s scale, max |w| / 127.
+fn moment_and_scales(w: &[f32], x: &[f32], d: usize) -> (Vec<f64>, Vec<f32>) {
     let mut h = vec![0.0f64; d * d];
     for xs in x.chunks(d) {
         for i in 0..d {
@@ -48,10 +45,19 @@ fn gptq_rounds_to_the_grid_keeps_scales_and_beats_nearest_on_the_output() {
             }
         }
     }
-    let scales: Vec<f32> = w
+    let scales = w
         .chunks(d)
         .map(|r| r.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0)
         .collect();
+    (h, scales)
+}
+
+#[test]
+fn gptq_rounds_to_the_grid_keeps_scales_and_beats_nearest_on_the_output() {
+    let (rows, d, n) = (6, 24, 400);
+    let w = values(rows * d, 11);
+    let x = correlated_inputs(n, d, 21);
+    let (h, scales) = moment_and_scales(&w, &x, d);
     let mut q = w.clone();
     round_problem(&mut q, d, &scales, h).expect("positive definite");
     let nearest: Vec<f32> = w
@@ -99,18 +105,7 @@ fn act_order_beats_the_natural_order_where_a_few_inputs_carry_the_energy() {
             xs[d - 1 - c] *= 12.0;
         }
     }
-    let mut h = vec![0.0f64; d * d];
-    for xs in x.chunks(d) {
-        for i in 0..d {
-            for j in 0..d {
-                h[i * d + j] += xs[i] as f64 * xs[j] as f64;
-            }
-        }
-    }
-    let scales: Vec<f32> = w
-        .chunks(d)
-        .map(|r| r.iter().fold(0f32, |m, v| m.max(v.abs())) / 127.0)
-        .collect();
+    let (h, scales) = moment_and_scales(&w, &x, d);
     let mut natural = w.clone();
     let u = inverse_factor(&mut h.clone(), d).expect("positive definite");
     round_rows(&mut natural, d, &scales, &u);
