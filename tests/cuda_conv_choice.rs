@@ -236,8 +236,9 @@ fn every_conv_implementation_matches_cpu_on_a_bottleneck_block() {
 /// several pixel tiles, its copies of the next tile beside the current one's work: ResNet
 /// layer1's expansion at batch 16 (50,176 pixels, 64 -> 256 channels: 392 tiles of 128 pixels
 /// for a grid of about 132 blocks on an H100 or H200), one 1x1 conv with no residual and one
-/// with it and ReLU, then a 256 -> 64 reduction (reduction 256: the 64-pixel kernel only) and
-/// a float head, forced on every conv, against the CPU INT8 engine within two output steps.
+/// with it and ReLU, then a 256 -> 64 reduction with hard swish (reduction 256: the 64-pixel
+/// kernel only) and a float head, forced on every conv, against the CPU INT8 engine within two
+/// output steps.
 #[test]
 fn streaming_1x1_kernels_match_cpu_over_many_tiles() {
     use quantscope::backend::cuda::ops as plan;
@@ -248,11 +249,11 @@ fn streaming_1x1_kernels_match_cpu_over_many_tiles() {
     let add = b.op("Add", "block.add", &[&e, &s]);
     let r = b.op("Relu", "block.relu", &[&add]);
     let c = b.conv("reduce", &r, 256, 64, 1);
-    let c = b.op("Relu", "reduce.relu", &[&c]);
+    let c = b.op("HardSwish", "reduce.hswish", &[&c]);
     // A head whose float output (the graph's) no streaming kernel writes.
     let y = b.conv("head", &c, 64, 16, 1);
     b.output(&y);
-    let m = b.model();
+    let m = b.model_opset(14);
     let (batch, hw) = (16, [56, 56]);
     let x = input_for(&m, batch, hw, 13);
     let (q, cpu8, step) = int8_reference(&m, BuildSpec { batch, hw }, &x);
@@ -317,8 +318,8 @@ fn implicit_gemm_kernels_match_cpu_over_many_tiles_and_stages() {
 }
 
 /// Every conv implementation against the CPU, as on the blocks above, on two stems of a
-/// [1, 3, 50, 50] image, concatenated: ResNet's 7x7 stride-2 3 -> 64 and MobileNet's 3x3
-/// stride-2 3 -> 32 (each + ReLU). The planner regroups them into 4x4 and 2x2 stride-1 convs
+/// [1, 3, 50, 50] image, concatenated: ResNet's 7x7 stride-2 3 -> 64 + ReLU and MobileNetV3's
+/// 3x3 stride-2 3 -> 32 + hard swish. The planner regroups them into 4x4 and 2x2 stride-1 convs
 /// over 16 channels, which the row-at-a-time tensor-core kernel (`mmar`) takes: rows of 25
 /// output pixels (a 16-pixel tile and a partial one), padded edges, 32 output channels (half
 /// a tile of channels).
@@ -326,7 +327,7 @@ fn implicit_gemm_kernels_match_cpu_over_many_tiles_and_stages() {
 fn every_conv_implementation_matches_cpu_on_stems() {
     let Some(_) = gpu() else { return };
     let mut b = GraphBuilder::new(&[1, 3, 50, 50]);
-    let stem = |b: &mut GraphBuilder, name: &str, cout: usize, k: usize| {
+    let stem = |b: &mut GraphBuilder, name: &str, cout: usize, k: usize, act: &str| {
         let w = b.random(
             &format!("{name}.w"),
             &[cout, 3, k, k],
@@ -343,10 +344,10 @@ fn every_conv_implementation_matches_cpu_on_stems() {
                 proto::ints_attr("strides", &[2, 2]),
             ],
         );
-        b.op("Relu", &format!("{name}.relu"), &[&c])
+        b.op(act, &format!("{name}.act"), &[&c])
     };
-    let r7 = stem(&mut b, "stem7", 64, 7);
-    let r3 = stem(&mut b, "stem3", 32, 3);
+    let r7 = stem(&mut b, "stem7", 64, 7, "Relu");
+    let r3 = stem(&mut b, "stem3", 32, 3, "HardSwish");
     let y = b.node(
         "Concat",
         "cat",
@@ -368,7 +369,7 @@ fn every_depthwise_implementation_matches_cpu_at_each_row_kernel_shape() {
     use quantscope::backend::cuda::ops as plan;
     use quantscope::backend::cuda::plan::{DType, Step};
     let Some(_) = gpu() else { return };
-    let m = depthwise_chain().model();
+    let m = depthwise_chain().model_opset(14);
     let hw = m.input_hw(None).expect("the chain's input size");
     let q = max_qdq(&m, hw, 4).expect("qdq");
     let p = Model {
@@ -393,7 +394,7 @@ fn every_depthwise_implementation_matches_cpu_at_each_row_kernel_shape() {
 }
 
 /// Depthwise convs on [1, 24, 14, 14], pads k / 2: 3x3 stride 1 + ReLU, 3x3 stride 2 +
-/// ReLU6 (Clip), 5x5 stride 1 + SiLU, 5x5 stride 2, 7x7 stride 1 + ReLU (14 -> 14 -> 7 -> 7
+/// ReLU6 (Clip), 5x5 stride 1 + SiLU, 5x5 stride 2, 7x7 stride 1 + hard swish (14 -> 14 -> 7 -> 7
 /// -> 4 -> 4 pixels a side); then 3x3 dilation 2 (pads 2) + ReLU, and activation centering's
 /// Pad of -0.5 (one pixel a side) before a 3x3 conv that pads nothing (4 -> 4 -> 6 -> 4),
 /// with SiLU, whose output a global average pool reads in float, as EfficientNets'
@@ -429,6 +430,7 @@ fn depthwise_chain() -> GraphBuilder {
                 b.op("Mul", &format!("{name}.silu"), &[&y, &sg])
             }
             3 => y,
+            4 => b.op("HardSwish", &format!("{name}.hswish"), &[&y]),
             _ => b.op("Relu", &format!("{name}.relu"), &[&y]),
         };
     }
@@ -510,7 +512,8 @@ fn every_conv_implementation_matches_cpu(
     int8_families: &[&str],
 ) {
     use quantscope::backend::cuda::ops as plan;
-    let m = b.model();
+    // Opset 14: HardSwish.
+    let m = b.model_opset(14);
     let (batch, hw) = (2, m.input_hw(None).expect("the block's input size"));
     let p = m.with_fixed_input(batch, hw);
     let x = input_for(&m, batch, hw, 11);

@@ -428,7 +428,7 @@ fn inverse_factor(h: &mut [f64], d: usize) -> Option<Vec<f64>> {
 /// (../shared, default recipe) it lifted every method: max / percentile / MSE / entropy
 /// 40.71 / 40.86 / 41.49 / 41.00 → 41.52 / 41.34 / 41.67 / 41.13 of FP32's 41.70 (README,
 /// "GPTQ in act order").
-fn round_problem(rows: &mut [f32], d: usize, scales: &[f32], h: Vec<f64>) -> Result<(), String> {
+fn round_problem(rows: &mut [f32], d: usize, scales: &[f32], h: &[f64]) -> Result<(), String> {
     let mut perm: Vec<usize> = (0..d).collect();
     perm.sort_by(|&a, &b| h[b * d + b].total_cmp(&h[a * d + a]));
     let mut hp: Vec<f64> = (0..d * d)
@@ -584,7 +584,7 @@ pub fn round_layer(
             if a > 0.0 { a / 127.0 } else { 0.0 }
         })
         .collect();
-    for (p, h) in m.h.into_iter().enumerate() {
+    for (p, h) in m.h.iter().enumerate() {
         let span = p * per_problem * d..(p + 1) * per_problem * d;
         round_problem(
             &mut rows[span],

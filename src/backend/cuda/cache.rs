@@ -34,7 +34,9 @@ pub struct Choices {
 /// known choice finalizes its plan alone.
 /// 7: `wgmma`, `wgmma64` and `wgmmaw` came (Hopper's int8 implicit GEMM kernel).
 /// 8: `dwt` came (the int8 depthwise kernel through shared memory).
-pub const VERSION: u32 = 8;
+/// 9: hard swish came to the int8 register epilogue, so `mmas`, `mmas64` and `mmar`'s codes
+/// take hard-swish layers they did not, and the row depthwise kernel's speed changed.
+pub const VERSION: u32 = 9;
 
 /// `~/.cache/quantscope/cuda` (or `$XDG_CACHE_HOME/quantscope/cuda`); QUANTSCOPE_CUDA_CACHE
 /// overrides the folder, `QUANTSCOPE_CUDA_CACHE=off` disables the cache.

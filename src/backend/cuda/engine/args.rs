@@ -57,6 +57,7 @@ pub(super) struct FastDiv {
     pub(super) magic: [u32; MAX_RANK],
     pub(super) shift: [u32; MAX_RANK],
 }
+unsafe impl DeviceRepr for FastDiv {}
 
 impl FastDiv {
     /// With l = ceil(log2 d) and magic = ceil(2^(31 + l) / d) < 2^32 (e = magic * d -

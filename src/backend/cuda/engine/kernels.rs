@@ -117,11 +117,14 @@ pub(super) fn rows_smem_bytes(kpad: usize, kh: usize, kw: usize, ow: usize, code
 pub(super) const ROWS_CODE_LD: usize = MMA_BN + 16;
 /// kernels/epi_i8.cuh's `epi_i8_ok`: whether the tensor-core kernels' int8 epilogue computes an
 /// output of type `out` with a residual of type `residual` (or none) and activation `act`:
-/// int8 out, an int8 residual or none, ReLU, clip, SiLU or no activation.
+/// int8 out, an int8 residual or none, ReLU, clip, SiLU, hard swish or no activation.
 pub(super) fn epi_i8_ok(out: DType, residual: Option<DType>, act: Act) -> bool {
     out == DType::I8
         && residual.is_none_or(|r| r == DType::I8)
-        && matches!(act, Act::None | Act::Relu | Act::Clip(..) | Act::Silu)
+        && matches!(
+            act,
+            Act::None | Act::Relu | Act::Clip(..) | Act::Silu | Act::HardSwish
+        )
 }
 /// Whether the row-at-a-time kernel stages int8 codes (its epilogue in registers) for an
 /// output of type `out` with activation `act`: `epi_i8_ok` without a residual.

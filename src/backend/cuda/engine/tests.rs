@@ -183,10 +183,9 @@ fn tensor_core_tile_constants_match_the_kernels() {
     assert_eq!(ROWS_CODE_LD, MMA_BN + 16);
     // The host's `epi_i8_ok` (and `rows_codes`, which sizes the row kernel's shared memory)
     // against the kernel's `epi_i8_ok`: the same outputs, residuals and activations.
-    assert!(
-        KERNELS
-            .contains("return y_t == 2 && (res_t < 0 || res_t == 2) && (act <= 2 || act == 24);")
-    );
+    assert!(KERNELS.contains(
+        "return y_t == 2 && (res_t < 0 || res_t == 2) && (act <= 2 || act == 4 || act == 24);"
+    ));
     for act in [
         Act::None,
         Act::Relu,
@@ -202,7 +201,7 @@ fn tensor_core_tile_constants_match_the_kernels() {
             for residual in [false, true] {
                 assert_eq!(
                     rows_codes(out, residual, act),
-                    out == DType::I8 && !residual && (code <= 2 || code == 24),
+                    out == DType::I8 && !residual && (code <= 2 || code == 4 || code == 24),
                     "{act:?} {out:?} {residual}"
                 );
             }
@@ -211,7 +210,9 @@ fn tensor_core_tile_constants_match_the_kernels() {
                 let res_t = res.map_or(-1, |d| d.code());
                 assert_eq!(
                     epi_i8_ok(out, res, act),
-                    out.code() == 2 && (res_t < 0 || res_t == 2) && (code <= 2 || code == 24),
+                    out.code() == 2
+                        && (res_t < 0 || res_t == 2)
+                        && (code <= 2 || code == 4 || code == 24),
                     "{act:?} {out:?} {res:?}"
                 );
             }

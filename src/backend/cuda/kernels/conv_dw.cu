@@ -11,6 +11,17 @@
 // and the host keeps input and output under 2^31 elements, so indices are 32-bit (conv_direct's
 // 64-bit divisions per output cost more than the arithmetic of a 3x3 depthwise tap).
 #define DW_PX 4
+// act_f with ACT known, but SiLU through the flush-to-zero forms of ex2 and rcp: without
+// `.ftz` each takes a range test and two scalings for denormals, which an FP16 output rounds
+// to the same value (below FP16's least subnormal, 6e-8, either way).
+template <int ACT>
+__device__ __forceinline__ float dw_act(float v, float a0, float a1) {
+  if (ACT != 24) return act_f(v, ACT, a0, a1);
+  float e, r;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(v * -1.4426950408889634f));
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(1.f + e));
+  return v * r;
+}
 // The FP16 output of a thread's sums with activation ACT known at compile time and no
 // residual: EfficientNets' depthwise outputs (SiLU) feed a squeeze-excite pool in float.
 // Through conv_direct's epilogue, each of the 16 values of a thread's outputs took the
@@ -23,10 +34,10 @@ __device__ __forceinline__ void dw_store_f16(const int acc[DW_PX][4], int np, in
 #pragma unroll
   for (int p = 0; p < DW_PX; p++) {
     if (p >= np) break;
-    float v0 = act_f((float)acc[p][0] * al.x + bi.x, ACT, a0, a1);
-    float v1 = act_f((float)acc[p][1] * al.y + bi.y, ACT, a0, a1);
-    float v2 = act_f((float)acc[p][2] * al.z + bi.z, ACT, a0, a1);
-    float v3 = act_f((float)acc[p][3] * al.w + bi.w, ACT, a0, a1);
+    float v0 = dw_act<ACT>((float)acc[p][0] * al.x + bi.x, a0, a1);
+    float v1 = dw_act<ACT>((float)acc[p][1] * al.y + bi.y, a0, a1);
+    float v2 = dw_act<ACT>((float)acc[p][2] * al.z + bi.z, a0, a1);
+    float v3 = dw_act<ACT>((float)acc[p][3] * al.w + bi.w, a0, a1);
     __half2 lo = __floats2half2_rn(v0, v1), hi = __floats2half2_rn(v2, v3);
     uint2 raw;
     raw.x = *(unsigned int*)&lo;
@@ -85,17 +96,20 @@ __device__ __forceinline__ void dw_epilogue_i32(const int acc[DW_PX][4], int np,
 }
 // A depthwise thread's outputs: image b, output row oy, the DW_PX columns from ox0, channels
 // ch .. ch + 3 (consecutive threads take consecutive channel groups); false past the last.
-__device__ __forceinline__ bool dw_place(int n, int oh, int ow, int c, int& b, int& oy,
-                                         int& ox0, int& ch) {
-  int i = blockIdx.x * blockDim.x + threadIdx.x;
-  int c4 = c >> 2, owp = (ow + DW_PX - 1) / DW_PX;
-  if (i >= n * oh * owp * c4) return false;
-  ch = (i % c4) * 4;
-  int t = i / c4;
-  ox0 = (t % owp) * DW_PX;
-  t /= owp;
-  oy = t % oh;
-  b = t / oh;
+// The index unravels through `f` (the host's FastDiv of [c / 4, ceil(ow / DW_PX), oh]): three
+// signed 32-bit divisions were about 90 of a row kernel's 811 instructions a thread.
+__device__ __forceinline__ bool dw_place(int n, int oh, int ow, int c, const FastDiv& f, int& b,
+                                         int& oy, int& ox0, int& ch) {
+  unsigned i = blockIdx.x * blockDim.x + threadIdx.x;
+  unsigned c4 = c >> 2, owp = (ow + DW_PX - 1) / DW_PX;
+  if (i >= (unsigned)n * oh * owp * c4) return false;
+  unsigned q = f.magic[0] ? __umulhi(i, f.magic[0]) >> f.shift[0] : i;
+  ch = (int)(i - q * c4) * 4;
+  unsigned t = f.magic[1] ? __umulhi(q, f.magic[1]) >> f.shift[1] : q;
+  ox0 = (int)(q - t * owp) * DW_PX;
+  unsigned bb = f.magic[2] ? __umulhi(t, f.magic[2]) >> f.shift[2] : t;
+  oy = (int)(t - bb * oh);
+  b = (int)bb;
   return true;
 }
 extern "C" __global__ void conv_dw4(const void* x, int x_t, const void* w, const float* alpha,
@@ -103,10 +117,10 @@ extern "C" __global__ void conv_dw4(const void* x, int x_t, const void* w, const
                                     float res_scale, void* y, int y_t, float y_scale, int n,
                                     int h, int wd, int c, int oh, int ow, int kh, int kw, int sh,
                                     int sw, int ph, int pw, int dh, int dw, int act, float a0,
-                                    float a1, int pad_code) {
+                                    float a1, int pad_code, FastDiv div) {
   pdl_enter();
   int b, oy, ox0, ch;
-  if (!dw_place(n, oh, ow, c, b, oy, ox0, ch)) return;
+  if (!dw_place(n, oh, ow, c, div, b, oy, ox0, ch)) return;
   float acc[DW_PX][4] = {};
   int acci[DW_PX][4] = {};
   if (x_t == 2) {
@@ -202,16 +216,28 @@ __device__ __forceinline__ void conv_dw_i8_body(const signed char* x, const int*
                                                 const void* res, int res_t, float res_scale,
                                                 void* y, int y_t, float y_scale, int n, int h,
                                                 int wd, int c, int oh, int ow, int ph, int pw,
-                                                int act, float a0, float a1, int pad_code) {
+                                                int act, float a0, float a1, int pad_code,
+                                                const FastDiv& div) {
   pdl_enter();
   constexpr int TG = (KW + 3) / 4;
   constexpr int NCOL = (DW_PX - 1) * S + KW;
   // Words a channel's columns take, covering the last window's last byte.
   constexpr int NW = ((DW_PX - 1) * S + 4 * TG + 3) / 4;
   int b, oy, ox0, ch;
-  if (!dw_place(n, oh, ow, c, b, oy, ox0, ch)) return;
-  int ix0 = ox0 * S - pw;
-  bool inside = ix0 >= 0 && ix0 + NCOL <= wd;
+  if (!dw_place(n, oh, ow, c, div, b, oy, ox0, ch)) return;
+  const int ix0 = ox0 * S - pw;
+  // Each column's byte offset in a row, clamped into the row so that every load is in
+  // bounds, and which columns are inside it: the same for all KW rows. Outside columns and
+  // rows take the padding after the load (a select): with the loads conditional, each was a
+  // branch of its own, about 20 instructions, and the loads were most of a thread's work.
+  int coff[NCOL];
+  unsigned cols_in = 0;
+#pragma unroll
+  for (int k = 0; k < NCOL; k++) {
+    int ix = ix0 + k;
+    cols_in |= (unsigned)(ix >= 0 && ix < wd) << k;
+    coff[k] = min(max(ix, 0), wd - 1) * c;
+  }
   int acc[DW_PX][4] = {};
   // The padding's code in each byte (activation centering pads with -c's code, not 0).
   const unsigned pad4 = (unsigned)(pad_code & 0xff) * 0x01010101u;
@@ -220,12 +246,13 @@ __device__ __forceinline__ void conv_dw_i8_body(const signed char* x, const int*
     int iy = oy * S - ph + ky;
     bool row_in = iy >= 0 && iy < h;
     if (!row_in && pad4 == 0u) continue;
-    const signed char* row = x + ((b * h + (row_in ? iy : 0)) * wd + ix0) * c + ch;
+    const unsigned in = row_in ? cols_in : 0u;
+    const signed char* row = x + (b * h + min(max(iy, 0), h - 1)) * wd * c + ch;
     unsigned col[NW * 4];
 #pragma unroll
     for (int k = 0; k < NW * 4; k++) {
-      bool ok = row_in && k < NCOL && (inside || (ix0 + k >= 0 && ix0 + k < wd));
-      col[k] = ok ? *(const unsigned*)(row + k * c) : pad4;
+      unsigned v = k < NCOL ? __ldg((const unsigned*)(row + coff[k < NCOL ? k : 0])) : 0u;
+      col[k] = k < NCOL && (in >> k & 1u) ? v : pad4;
     }
     unsigned tr[NW][4];
 #pragma unroll
@@ -260,10 +287,10 @@ __device__ __forceinline__ void conv_dw_i8_body(const signed char* x, const int*
 #define DW_I8_PARAMS                                                                          \
   const signed char *x, const int *w, const float *alpha, const float *bias, const void *res, \
       int res_t, float res_scale, void *y, int y_t, float y_scale, int n, int h, int wd, int c, \
-      int oh, int ow, int ph, int pw, int act, float a0, float a1, int pad_code
+      int oh, int ow, int ph, int pw, int act, float a0, float a1, int pad_code, FastDiv div
 #define DW_I8_ARGS                                                                             \
   x, w, alpha, bias, res, res_t, res_scale, y, y_t, y_scale, n, h, wd, c, oh, ow, ph, pw, act, \
-      a0, a1, pad_code
+      a0, a1, pad_code, div
 extern "C" __global__ void conv_dw_i8_k3s1(DW_I8_PARAMS) { conv_dw_i8_body<3, 1>(DW_I8_ARGS); }
 extern "C" __global__ void conv_dw_i8_k3s2(DW_I8_PARAMS) { conv_dw_i8_body<3, 2>(DW_I8_ARGS); }
 extern "C" __global__ void conv_dw_i8_k5s1(DW_I8_PARAMS) { conv_dw_i8_body<5, 1>(DW_I8_ARGS); }

@@ -118,7 +118,7 @@ __device__ __forceinline__ void mma_k32(int (&acc)[MI][4][4], const unsigned cha
 #define MMA_EPI_ARGS res, res_t, res_scale, y, y_t, y_scale, cout, act, a0, a1
 // The int8 epilogue's rows (below): this thread's words of channels cl .. cl + 3 in rows r0,
 // r0 + row_step, ..., yp and rp (with RES) at row r0, step bytes a row_step rows.
-template <bool SILU, bool RES>
+template <int EA, bool RES>
 __device__ __forceinline__ void mma_epi_i8_rows(const EpiI8& e, const int* so,
                                                 const unsigned char* s_res, bool res_smem,
                                                 int rows, int r0, int cl, unsigned* yp,
@@ -139,7 +139,7 @@ __device__ __forceinline__ void mma_epi_i8_rows(const EpiI8& e, const int* so,
     for (int i = 0; i < MMA_EPI_ROWS; i++) {
       int r = rb + i * row_step;
       if (r >= rows) break;
-      *yp = epi_i8_word_as<SILU, RES>(e, *(const int4*)&so[r * MMA_OUT_LD + cl],
+      *yp = epi_i8_word_as<EA, RES>(e, *(const int4*)&so[r * MMA_OUT_LD + cl],
                                       RES ? rq[i] : 0u);
       yp = (unsigned*)((signed char*)yp + step);
     }
@@ -164,16 +164,17 @@ __device__ __forceinline__ void mma_epilogue(const int tid, const int* so, const
     unsigned* yp = (unsigned*)((signed char*)y + at);
     const unsigned* rp = (const unsigned*)((const signed char*)res + (res_t == 2 ? at : 0));
     // One loop for each activation and residual, chosen once.
-    if (e.silu) {
-      if (res_t == 2)
-        mma_epi_i8_rows<true, true>(e, so, s_res, res_smem, rows, r0, cl, yp, rp, step);
-      else
-        mma_epi_i8_rows<true, false>(e, so, s_res, res_smem, rows, r0, cl, yp, rp, step);
-    } else if (res_t == 2) {
-      mma_epi_i8_rows<false, true>(e, so, s_res, res_smem, rows, r0, cl, yp, rp, step);
-    } else {
-      mma_epi_i8_rows<false, false>(e, so, s_res, res_smem, rows, r0, cl, yp, rp, step);
+#define QS_EPI_ROWS(EA)                                                                \
+  if (res_t == 2)                                                                      \
+    mma_epi_i8_rows<EA, true>(e, so, s_res, res_smem, rows, r0, cl, yp, rp, step);   \
+  else                                                                                 \
+    mma_epi_i8_rows<EA, false>(e, so, s_res, res_smem, rows, r0, cl, yp, rp, step);
+    switch (e.kind) {
+      case EPI_SILU: QS_EPI_ROWS(EPI_SILU) break;
+      case EPI_HSWISH: QS_EPI_ROWS(EPI_HSWISH) break;
+      default: QS_EPI_ROWS(EPI_LINEAR)
     }
+#undef QS_EPI_ROWS
     return;
   }
   // Every other output, residual and activation (float outputs of layers that feed float
@@ -434,7 +435,7 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, 6) conv_i8_mma64(MMA_P
 // into the row's staged codes. Staging the int32 sums instead took 31.5 KiB of shared memory
 // a block on ResNet-50's stem (three blocks an SM where this allows five) and a shared-memory
 // round trip a word: that stem took 57 us at batch 32 on an H200, this way 43.
-template <bool SILU>
+template <int EA>
 __device__ __forceinline__ void rows_codes(const int (&acc)[ROWS_MT][2][4], int mt,
                                            unsigned char* s_out, int g, int c0,
                                            const float2* al, const float2* bi, float y_scale,
@@ -449,7 +450,7 @@ __device__ __forceinline__ void rows_codes(const int (&acc)[ROWS_MT][2][4], int 
 #pragma unroll
     for (int i = 0; i < ROWS_MT; i++) {
       if (i < mt) {
-        const unsigned q = epi_i8_word_as<SILU, false>(
+        const unsigned q = epi_i8_word_as<EA, false>(
             e, make_int4(acc[i][j][0], acc[i][j][1], acc[i][j][2], acc[i][j][3]), 0u);
         unsigned char* p = s_out + (i * 16 + g) * ROWS_CODE_LD + c;
         *(unsigned short*)p = (unsigned short)q;
@@ -563,9 +564,11 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS)
         const float2 *al = (const float2*)s_al, *bi = (const float2*)s_bi;
         const int c0 = wc + 2 * t4;
         if (act == 24)
-          rows_codes<true>(acc, mt, s_out, g, c0, al, bi, y_scale, act, a0, a1);
+          rows_codes<EPI_SILU>(acc, mt, s_out, g, c0, al, bi, y_scale, act, a0, a1);
+        else if (act == 4)
+          rows_codes<EPI_HSWISH>(acc, mt, s_out, g, c0, al, bi, y_scale, act, a0, a1);
         else
-          rows_codes<false>(acc, mt, s_out, g, c0, al, bi, y_scale, act, a0, a1);
+          rows_codes<EPI_LINEAR>(acc, mt, s_out, g, c0, al, bi, y_scale, act, a0, a1);
       }
       __syncthreads();
       rows_store(s_out, (signed char*)y + (i64)row * ow * cout + n0, ow, min(MMA_BN, cout - n0),
@@ -622,7 +625,7 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS)
 __device__ __forceinline__ int mmas_channel(int col) {
   return (col & ~15) | ((col & 6) << 1) | ((col >> 2) & 2) | (col & 1);
 }
-template <int BM, bool SILU, bool RES>
+template <int BM, int EA, bool RES>
 __device__ __forceinline__ void mmas_tiles(unsigned char* smem, const signed char* x,
                                            const signed char* res, float res_scale,
                                            signed char* y, float y_scale, int cout, int act,
@@ -690,8 +693,8 @@ __device__ __forceinline__ void mmas_tiles(unsigned char* smem, const signed cha
         unsigned* p8 = p + 8 * ROWS_CODE_LD / 4;
         const int(&lo)[4] = acc[i][2 * jp], (&hi)[4] = acc[i][2 * jp + 1];
         const unsigned r = RES ? *p : 0u, r8 = RES ? *p8 : 0u;
-        *p = epi_i8_word_as<SILU, RES>(e, make_int4(lo[0], lo[1], hi[0], hi[1]), r);
-        *p8 = epi_i8_word_as<SILU, RES>(e, make_int4(lo[2], lo[3], hi[2], hi[3]), r8);
+        *p = epi_i8_word_as<EA, RES>(e, make_int4(lo[0], lo[1], hi[0], hi[1]), r);
+        *p8 = epi_i8_word_as<EA, RES>(e, make_int4(lo[2], lo[3], hi[2], hi[3]), r8);
       }
     }
     __syncthreads();
@@ -727,20 +730,21 @@ __device__ __forceinline__ void conv_i8_mmas_body(const signed char* x, const si
   const signed char* r8 = (const signed char*)res;
   signed char* y8 = (signed char*)y;
   // One tile loop for each activation and residual, chosen once.
+#define QS_MMAS_TILES(EA)                                                                   \
+  if (res_t == 2)                                                                           \
+    mmas_tiles<BM, EA, true>(smem, x, r8, res_scale, y8, y_scale, cout, act, a0, a1, m, cin, \
+                             kpad);                                                         \
+  else                                                                                      \
+    mmas_tiles<BM, EA, false>(smem, x, r8, res_scale, y8, y_scale, cout, act, a0, a1, m, cin, \
+                              kpad);
   if (act == 24) {
-    if (res_t == 2)
-      mmas_tiles<BM, true, true>(smem, x, r8, res_scale, y8, y_scale, cout, act, a0, a1, m, cin,
-                                 kpad);
-    else
-      mmas_tiles<BM, true, false>(smem, x, r8, res_scale, y8, y_scale, cout, act, a0, a1, m,
-                                  cin, kpad);
-  } else if (res_t == 2) {
-    mmas_tiles<BM, false, true>(smem, x, r8, res_scale, y8, y_scale, cout, act, a0, a1, m, cin,
-                                kpad);
+    QS_MMAS_TILES(EPI_SILU)
+  } else if (act == 4) {
+    QS_MMAS_TILES(EPI_HSWISH)
   } else {
-    mmas_tiles<BM, false, false>(smem, x, r8, res_scale, y8, y_scale, cout, act, a0, a1, m, cin,
-                                 kpad);
+    QS_MMAS_TILES(EPI_LINEAR)
   }
+#undef QS_MMAS_TILES
 #else
   __trap();
 #endif

@@ -129,13 +129,18 @@ __device__ __forceinline__ void ld_n(const void* p, int t, i64 i, float scale, f
     }
     return;
   }
-  if (N == 8 && t == 1) {
-    uint4 q = *(const uint4*)((const __half*)p + i);
-    unsigned w[4] = {q.x, q.y, q.z, q.w};
+  // FP16 in 16-byte words: a squeeze-excite multiply writing int8 (N 16) read its FP16 input
+  // 8 bytes a load through ld4.
+  if ((N == 8 || N == 16) && t == 1) {
 #pragma unroll
-    for (int j = 0; j < 4; j++) {
-      float2 f = __half22float2(*(const __half2*)&w[j]);
-      v[2 * j] = f.x, v[2 * j + 1] = f.y;
+    for (int g = 0; g < N / 8; g++) {
+      uint4 q = *(const uint4*)((const __half*)p + i + 8 * g);
+      unsigned w[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+      for (int j = 0; j < 4; j++) {
+        float2 f = __half22float2(*(const __half2*)&w[j]);
+        v[8 * g + 2 * j] = f.x, v[8 * g + 2 * j + 1] = f.y;
+      }
     }
     return;
   }

@@ -6,6 +6,7 @@
 
 use cudarc::driver::LaunchConfig;
 
+use super::super::args::FastDiv;
 use super::super::device::{DevBuf, Launch};
 use super::super::kernels::{DW_ROWS_SHAPES, launch};
 use super::{ConvFamily, ConvImpl, ConvLayer, ConvSetup, ConvWay, Epi};
@@ -274,8 +275,10 @@ impl ConvSetup for DwSetup {
         let u = |v: usize| v as i32;
         let (h, w) = l.in_hw(cx.plan);
         let n = cx.td(c.input).shape[0];
-        // Threads: four channels of DW_PX (4) adjacent outputs along x each.
+        // Threads: four channels of DW_PX (4) adjacent outputs along x each, unravelled as
+        // [n, oh, ceil(ow / 4), c / 4] (`dw_place`).
         let threads = cx.td(c.out).numel() / l.ow / 4 * l.ow.div_ceil(4);
+        let place = FastDiv::of(&[c.cin as i64 / 4, l.ow.div_ceil(4) as i64, l.oh as i64]);
         match imp {
             ConvImpl::Depthwise => launch!(cx.stream, cx.dev.k.conv_dw4, threads;
                 way.input, way.in_t.code(), self.w.ptr, way.alpha, l.bias.ptr,
@@ -283,13 +286,13 @@ impl ConvSetup for DwSetup {
                 u(n), u(h), u(w), u(c.cin), u(l.oh), u(l.ow),
                 u(c.k[0]), u(c.k[1]), u(c.stride[0]), u(c.stride[1]), u(c.pads[0]), u(c.pads[1]),
                 u(c.dilation[0]), u(c.dilation[1]), e.act.0, e.act.1, e.act.2,
-                c.pad_code as i32),
+                c.pad_code as i32, place),
             ConvImpl::DepthwiseRows { kernel } => {
                 launch!(cx.stream, cx.dev.k.conv_dw_i8[*kernel], threads;
                 way.input, self.w.ptr, way.alpha, l.bias.ptr,
                 e.res.0, e.res.1, e.res.2, e.out.0, e.out.1, e.out.2,
                 u(n), u(h), u(w), u(c.cin), u(l.oh), u(l.ow),
-                u(c.pads[0]), u(c.pads[1]), e.act.0, e.act.1, e.act.2, c.pad_code as i32)
+                u(c.pads[0]), u(c.pads[1]), e.act.0, e.act.1, e.act.2, c.pad_code as i32, place)
             }
             ConvImpl::DepthwiseTile => {
                 let t = tile_of(cx, l)
