@@ -140,7 +140,7 @@ __device__ __forceinline__ void mma_epi_i8_rows(const EpiI8& e, const int* so,
       int r = rb + i * row_step;
       if (r >= rows) break;
       *yp = epi_i8_word_as<EA, RES>(e, *(const int4*)&so[r * MMA_OUT_LD + cl],
-                                      RES ? rq[i] : 0u);
+                                    RES ? rq[i] : 0u);
       yp = (unsigned*)((signed char*)yp + step);
     }
   }
