@@ -59,7 +59,7 @@ fn gptq_rounds_to_the_grid_keeps_scales_and_beats_nearest_on_the_output() {
     let x = correlated_inputs(n, d, 21);
     let (h, scales) = moment_and_scales(&w, &x, d);
     let mut q = w.clone();
-    round_problem(&mut q, d, &scales, h).expect("positive definite");
+    round_problem(&mut q, d, &scales, &h).expect("positive definite");
     let nearest: Vec<f32> = w
         .iter()
         .enumerate()
@@ -110,7 +110,7 @@ fn act_order_beats_the_natural_order_where_a_few_inputs_carry_the_energy() {
     let u = inverse_factor(&mut h.clone(), d).expect("positive definite");
     round_rows(&mut natural, d, &scales, &u);
     let mut ordered = w.clone();
-    round_problem(&mut ordered, d, &scales, h).expect("positive definite");
+    round_problem(&mut ordered, d, &scales, &h).expect("positive definite");
     let (e_natural, e_ordered) = (
         output_error(&w, &natural, &x, d),
         output_error(&w, &ordered, &x, d),
