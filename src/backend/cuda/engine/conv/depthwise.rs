@@ -73,14 +73,17 @@ impl ConvFamily for Depthwise {
             (DwKernel::Rows, Some(kernel), _) => DwSetup {
                 w: rows_weights(c)?,
                 imp: ConvImpl::DepthwiseRows { kernel },
+                tile: None,
             },
-            (DwKernel::Tile, _, Some(_)) => DwSetup {
+            (DwKernel::Tile, _, Some(t)) => DwSetup {
                 w: weights(c, l.float)?,
                 imp: ConvImpl::DepthwiseTile,
+                tile: Some(t),
             },
             _ => DwSetup {
                 w: weights(c, l.float)?,
                 imp: ConvImpl::Depthwise,
+                tile: None,
             },
         };
         Ok(Some(Box::new(setup)))
@@ -258,10 +261,12 @@ fn weights(c: &ConvStep, float: DType) -> CudaResult<DevBuf> {
     }
 }
 
-/// A depthwise layer's weights in its kernel's layout, and which kernel.
+/// A depthwise layer's weights in its kernel's layout, which kernel, and the tile kernel's
+/// split of the layer (sized once, at setup).
 struct DwSetup {
     w: DevBuf,
     imp: ConvImpl,
+    tile: Option<DwTile>,
 }
 
 impl ConvSetup for DwSetup {
@@ -295,7 +300,8 @@ impl ConvSetup for DwSetup {
                 u(c.pads[0]), u(c.pads[1]), e.act.0, e.act.1, e.act.2, c.pad_code as i32, place)
             }
             ConvImpl::DepthwiseTile => {
-                let t = tile_of(cx, l)
+                let t = self
+                    .tile
                     .ok_or_else(|| CudaError::Internal(format!("{}: no depthwise tile", c.name)))?;
                 let cfg = LaunchConfig {
                     grid_dim: (t.blocks as u32, 1, 1),
