@@ -69,24 +69,19 @@ impl ConvFamily for Depthwise {
     }
     fn prepare(&self, cx: &Launch, l: &ConvLayer) -> CudaResult<Option<Box<dyn ConvSetup>>> {
         let c = &l.step;
-        let setup = match (self.kernel, rows_kernel(cx, c), tile_of(cx, l)) {
-            (DwKernel::Rows, Some(kernel), _) => DwSetup {
-                w: rows_weights(c)?,
-                imp: ConvImpl::DepthwiseRows { kernel },
-                tile: None,
-            },
-            (DwKernel::Tile, _, Some(t)) => DwSetup {
-                w: weights(c, l.float)?,
-                imp: ConvImpl::DepthwiseTile,
-                tile: Some(t),
-            },
-            _ => DwSetup {
-                w: weights(c, l.float)?,
-                imp: ConvImpl::Depthwise,
-                tile: None,
-            },
+        // What `applies` found, sized once more and kept (the vectorized kernel where it
+        // finds nothing: `applies` said it would).
+        let run = match self.kernel {
+            DwKernel::Taps => None,
+            DwKernel::Rows => rows_kernel(cx, c).map(DwRun::Rows),
+            DwKernel::Tile => tile_of(cx, l).map(DwRun::Tile),
+        }
+        .unwrap_or(DwRun::Taps);
+        let w = match run {
+            DwRun::Rows(_) => rows_weights(c)?,
+            DwRun::Taps | DwRun::Tile(_) => weights(c, l.float)?,
         };
-        Ok(Some(Box::new(setup)))
+        Ok(Some(Box::new(DwSetup { w, run })))
     }
 }
 
@@ -261,17 +256,34 @@ fn weights(c: &ConvStep, float: DType) -> CudaResult<DevBuf> {
     }
 }
 
-/// A depthwise layer's weights in its kernel's layout, which kernel, and the tile kernel's
-/// split of the layer (sized once, at setup).
+/// A depthwise layer's weights in its kernel's layout, and the kernel it runs.
 struct DwSetup {
     w: DevBuf,
-    imp: ConvImpl,
-    tile: Option<DwTile>,
+    run: DwRun,
+}
+
+/// The kernel a depthwise setup runs, with what was sized for it at setup: the row kernel's
+/// index in DW_ROWS_SHAPES, the tile kernel's split of the layer.
+#[derive(Clone, Copy)]
+enum DwRun {
+    Taps,
+    Rows(usize),
+    Tile(DwTile),
+}
+
+impl DwRun {
+    fn imp(self) -> ConvImpl {
+        match self {
+            DwRun::Taps => ConvImpl::Depthwise,
+            DwRun::Rows(kernel) => ConvImpl::DepthwiseRows { kernel },
+            DwRun::Tile(_) => ConvImpl::DepthwiseTile,
+        }
+    }
 }
 
 impl ConvSetup for DwSetup {
     fn candidates(&self, _l: &ConvLayer) -> Vec<ConvImpl> {
-        vec![self.imp.clone()]
+        vec![self.run.imp()]
     }
 
     fn launch(&self, cx: &Launch, l: &ConvLayer, imp: &ConvImpl, way: &ConvWay) -> CudaResult<()> {
@@ -284,25 +296,28 @@ impl ConvSetup for DwSetup {
         // [n, oh, ceil(ow / 4), c / 4] (`dw_place`).
         let threads = cx.td(c.out).numel() / l.ow / 4 * l.ow.div_ceil(4);
         let place = FastDiv::of(&[c.cin as i64 / 4, l.ow.div_ceil(4) as i64, l.oh as i64]);
-        match imp {
-            ConvImpl::Depthwise => launch!(cx.stream, cx.dev.k.conv_dw4, threads;
+        if *imp != self.run.imp() {
+            return Err(CudaError::Internal(format!(
+                "a depthwise setup asked for {}",
+                imp.key()
+            )));
+        }
+        match self.run {
+            DwRun::Taps => launch!(cx.stream, cx.dev.k.conv_dw4, threads;
                 way.input, way.in_t.code(), self.w.ptr, way.alpha, l.bias.ptr,
                 e.res.0, e.res.1, e.res.2, e.out.0, e.out.1, e.out.2,
                 u(n), u(h), u(w), u(c.cin), u(l.oh), u(l.ow),
                 u(c.k[0]), u(c.k[1]), u(c.stride[0]), u(c.stride[1]), u(c.pads[0]), u(c.pads[1]),
                 u(c.dilation[0]), u(c.dilation[1]), e.act.0, e.act.1, e.act.2,
                 c.pad_code as i32, place),
-            ConvImpl::DepthwiseRows { kernel } => {
-                launch!(cx.stream, cx.dev.k.conv_dw_i8[*kernel], threads;
+            DwRun::Rows(kernel) => {
+                launch!(cx.stream, cx.dev.k.conv_dw_i8[kernel], threads;
                 way.input, self.w.ptr, way.alpha, l.bias.ptr,
                 e.res.0, e.res.1, e.res.2, e.out.0, e.out.1, e.out.2,
                 u(n), u(h), u(w), u(c.cin), u(l.oh), u(l.ow),
                 u(c.pads[0]), u(c.pads[1]), e.act.0, e.act.1, e.act.2, c.pad_code as i32, place)
             }
-            ConvImpl::DepthwiseTile => {
-                let t = self
-                    .tile
-                    .ok_or_else(|| CudaError::Internal(format!("{}: no depthwise tile", c.name)))?;
+            DwRun::Tile(t) => {
                 let cfg = LaunchConfig {
                     grid_dim: (t.blocks as u32, 1, 1),
                     block_dim: (TILE_THREADS as u32, 1, 1),
@@ -316,10 +331,6 @@ impl ConvSetup for DwSetup {
                 u(c.dilation[0]), u(c.dilation[1]), e.act.0, e.act.1, e.act.2,
                 c.pad_code as i32, u(t.toh), u(t.tow), u(t.cg))
             }
-            _ => Err(CudaError::Internal(format!(
-                "a depthwise setup asked for {}",
-                imp.key()
-            ))),
         }
     }
 
