@@ -359,6 +359,40 @@ fn every_conv_implementation_matches_cpu_on_stems() {
     every_conv_implementation_matches_cpu(b, false, &["direct"], &int8);
 }
 
+/// The same on a classifier's end, where the int8 GEMV (`pwv`) takes the layers of a few
+/// rows: a 3x3 conv + ReLU on [2, 32, 4, 4], its global average pool, two 1x1 convs on the
+/// pooled [2, 64, 1, 1] (64 -> 20 + ReLU, then 20 -> 64 + hard swish: a squeeze-excitation's
+/// shape, two rows each, the second's 20-byte rows read a word at a time) and the Gemm to 100
+/// classes with its float output; against the other int8 kernels that take rows (both
+/// `__dp4a` pointwise ones, the tensor-core ones) and the direct one.
+#[test]
+fn classifier_rows_on_every_int8_kernel_match_cpu() {
+    let mut b = GraphBuilder::new(&[1, 32, 4, 4]);
+    let c = b.conv("conv", "x", 32, 64, 3);
+    let r = b.op("Relu", "conv.relu", &[&c]);
+    let p = b.op("GlobalAveragePool", "pool", &[&r]);
+    let s1 = b.conv("squeeze", &p, 64, 20, 1);
+    let s1 = b.op("Relu", "squeeze.relu", &[&s1]);
+    let s2 = b.conv("excite", &s1, 20, 64, 1);
+    let s2 = b.op("HardSwish", "excite.act", &[&s2]);
+    let f = b.op("Flatten", "flatten", &[&s2]);
+    let w = b.random("fc.w", &[100, 64], 0.5);
+    let bias = b.random("fc.b", &[100], 0.1);
+    let y = b.node(
+        "Gemm",
+        "fc",
+        &[&f, &w, &bias],
+        vec![proto::int_attr("transB", 1)],
+    );
+    b.output(&y);
+    let int8 = [
+        &["pwv", "pw", "pww", "mma", "mma64", "direct"][..],
+        hopper_kernels(),
+    ]
+    .concat();
+    every_conv_implementation_matches_cpu(b, false, &["direct"], &int8);
+}
+
 /// The same on a chain of depthwise convs, one of each kernel size and stride the int8
 /// row-window kernels have (`dwr`), then a dilated one and one that reads a centering Pad
 /// folded into it (a pad code), against the other depthwise kernels (`dw`, the shared-memory

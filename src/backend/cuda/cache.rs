@@ -13,7 +13,8 @@ pub struct Choices {
     pub version: u32,
     /// Conv node name -> implementation key (`ConvImpl::key`): `direct`, `dw` (the depthwise
     /// kernel), `dwr` (the int8 row-window depthwise kernels), `dwt` (the int8 depthwise
-    /// kernel through shared memory), `pw` / `pww` (the int8 pointwise kernels), `mma` /
+    /// kernel through shared memory), `pw` / `pww` (the int8 pointwise kernels), `pwv` (the
+    /// int8 GEMV for a few rows), `mma` /
     /// `mma64` (the int8 tensor-core kernel's 128- and 64-pixel tiles), `mmas` / `mmas64`
     /// (the streaming 1x1 tensor-core kernel's), `mmar` (the row-at-a-time one), `wgmma` /
     /// `wgmma64` / `wgmmaw` (Hopper's implicit GEMM kernel in 128 x 64, 64 x 64 and 128 x 128
@@ -36,7 +37,8 @@ pub struct Choices {
 /// 8: `dwt` came (the int8 depthwise kernel through shared memory).
 /// 9: hard swish came to the int8 register epilogue, so `mmas`, `mmas64` and `mmar`'s codes
 /// take hard-swish layers they did not, and the row depthwise kernel's speed changed.
-pub const VERSION: u32 = 9;
+/// 10: `pwv` came (the int8 GEMV for 1x1 layers of a few rows).
+pub const VERSION: u32 = 10;
 
 /// `~/.cache/quantscope/cuda` (or `$XDG_CACHE_HOME/quantscope/cuda`); QUANTSCOPE_CUDA_CACHE
 /// overrides the folder, `QUANTSCOPE_CUDA_CACHE=off` disables the cache.

@@ -20,6 +20,10 @@ pub(super) const PW_CO: usize = 16;
 pub(super) const PW_THREADS: usize = 128;
 /// Shared memory the pointwise kernel may take per block (the default dynamic limit).
 pub(super) const PW_MAX_SHARED_BYTES: usize = 48 << 10;
+/// The int8 GEMV kernel's most rows and threads a block (a warp per four output channels):
+/// `GV_MAX_M`, `GV_THREADS` in kernels/conv_pw_i8.cu.
+pub(super) const GV_MAX_M: usize = 8;
+pub(super) const GV_THREADS: usize = 64;
 /// The int8 tensor-core conv kernel's tile: output pixels and channels a block computes,
 /// bytes of the reduction a stage copies, threads a block (`MMA_BM`, `MMA_BN`, `MMA_BK`,
 /// `MMA_THREADS` in kernels/conv_i8_mma.cu).
@@ -173,6 +177,7 @@ pub(super) struct Kernels {
     pub(super) space_to_depth16: Kernel,
     pub(super) conv_pw_i8: Kernel,
     pub(super) conv_pw_i8_word: Kernel,
+    pub(super) conv_pw_i8_gemv: Kernel,
     pub(super) conv_i8_mma: Kernel,
     pub(super) conv_i8_mma64: Kernel,
     pub(super) conv_i8_rows: Kernel,
@@ -233,6 +238,7 @@ impl Kernels {
             space_to_depth16: f("space_to_depth16")?,
             conv_pw_i8: f("conv_pw_i8")?,
             conv_pw_i8_word: f("conv_pw_i8_word")?,
+            conv_pw_i8_gemv: f("conv_pw_i8_gemv")?,
             conv_i8_mma: f("conv_i8_mma")?,
             conv_i8_mma64: f("conv_i8_mma64")?,
             conv_i8_rows: f("conv_i8_rows")?,
@@ -299,7 +305,7 @@ impl Kernels {
 
 /// Names of the kernels the engine loads (the compile check makes sure each is in the PTX).
 #[cfg(test)]
-pub(super) const KERNEL_NAMES: [&str; 46] = [
+pub(super) const KERNEL_NAMES: [&str; 47] = [
     "epilogue",
     "conv_direct",
     "conv_dw4",
@@ -337,6 +343,7 @@ pub(super) const KERNEL_NAMES: [&str; 46] = [
     "space_to_depth16",
     "conv_pw_i8",
     "conv_pw_i8_word",
+    "conv_pw_i8_gemv",
     "conv_i8_mma",
     "conv_i8_mma64",
     "conv_i8_rows",

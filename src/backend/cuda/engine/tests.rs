@@ -140,7 +140,8 @@ fn argument_structs_match_kernels_cu() {
 /// The host's copies of the tensor-core kernel's tile constants and launch bounds are the
 /// kernel's: the launch's dynamic shared memory (`mma_smem_bytes`) is sized from them (a
 /// smaller size than the kernel's layout would let its copies write past the block's
-/// share), and whether the residual tile gets room from the blocks an SM they ask for.
+/// share), and whether the residual tile gets room from the blocks an SM they ask for. The
+/// int8 GEMV kernel's rows and block size too (its grid is sized from them).
 #[test]
 fn tensor_core_tile_constants_match_the_kernels() {
     for (name, v) in [
@@ -155,7 +156,13 @@ fn tensor_core_tile_constants_match_the_kernels() {
             "{name} {v}"
         );
     }
-    for (name, v) in [("WG_BM", WG_BM), ("WG_BK", WG_BK), ("WG_STAGES", WG_STAGES)] {
+    for (name, v) in [
+        ("WG_BM", WG_BM),
+        ("WG_BK", WG_BK),
+        ("WG_STAGES", WG_STAGES),
+        ("GV_MAX_M", GV_MAX_M),
+        ("GV_THREADS", GV_THREADS),
+    ] {
         assert!(
             KERNELS.contains(&format!("#define {name} {v}\n")),
             "{name} {v}"

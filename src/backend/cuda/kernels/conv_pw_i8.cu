@@ -1,5 +1,6 @@
 // Pointwise (1x1) int8 convolution and Gemm / MatMul on __dp4a: a thread per pixel
-// (conv_pw_i8) or per output word (conv_pw_i8_word).
+// (conv_pw_i8) or per output word (conv_pw_i8_word), and a warp per four output channels of
+// a few rows (conv_pw_i8_gemv).
 
 // Pointwise (1x1, stride 1) int8 convolution, and Gemm / MatMul as one, on __dp4a: x int8
 // [m, k] (NHWC pixels or rows), weights as 32-bit words [k / 4, cout] (word v * cout + c holds
@@ -144,5 +145,121 @@ extern "C" __global__ void conv_pw_i8_word(const signed char* x, const int* w,
                          act_f(a1c * al.y + bi.y + r.y, act, a0, a1),
                          act_f(a2c * al.z + bi.z + r.z, act, a0, a1),
                          act_f(a3c * al.w + bi.w + r.w, act, a0, a1));
+  st4(y, y_t, at, v, y_scale);
+}
+
+// Int8 1x1 conv or Gemm / MatMul rows of at most GV_MAX_M output pixels (a classifier at
+// batch 1, the squeeze-excitation convs of a pooled vector) as a weight-streaming GEMV on
+// __dp4a, conv_pw_i8's epilogue. Such a layer is its weights' bytes: ResNet-50's fc at batch
+// 1 is 2 MB of weights for 2 M multiply-adds, and the tensor-core kernels ran it on 16
+// tiles of 64 channels, 16 SMs streaming 128 KB each in 64-byte stages (10.3 us in an engine's
+// run on an H200). Here each warp computes four output channels (whole epilogue words) for
+// every row: its lanes read the four weight rows in coalesced V-byte pieces (16, or 4 where k
+// is no multiple of 16: the squeezed side of a squeeze-excitation), GV_UNROLL warp-wide steps
+// of each row in flight, so that every block's weights are requested at once. The first
+// weights load before the programmatic-launch wait (constants: the copy overlaps the kernel
+// before), the rows after it. The partial sums are reduced across the warp (exact int32), and
+// lane r writes row r. Weights int8 [cout][k] row-major; k % 4 == 0, cout % 4 == 0,
+// m <= GV_MAX_M, m * k and m * cout < 2^31; grid ceil(cout / (4 * GV_THREADS / 32)),
+// GV_THREADS threads.
+#define GV_MAX_M 8
+#define GV_THREADS 64
+#define GV_UNROLL 4
+// V bytes at p (16-byte or 4-byte aligned) as an int4, zeros past them.
+template <int V>
+__device__ __forceinline__ int4 gv_load(const signed char* p) {
+  if (V == 16) return __ldg((const int4*)p);
+  return make_int4(__ldg((const int*)p), 0, 0, 0);
+}
+template <int V>
+__device__ __forceinline__ void gv_dot(int& acc, int4 a, int4 b) {
+  acc = __dp4a(a.x, b.x, acc);
+  if (V == 16) {
+    acc = __dp4a(a.y, b.y, acc);
+    acc = __dp4a(a.z, b.z, acc);
+    acc = __dp4a(a.w, b.w, acc);
+  }
+}
+// The sums of this lane's pieces for rows 0 .. m - 1 and channels c0 .. c0 + 3 (`live`: c0 is
+// inside cout), the weights' first step requested before the programmatic-launch wait.
+template <int V>
+__device__ __forceinline__ void gv_sums(int (&acc)[GV_MAX_M][4], const signed char* x,
+                                        const signed char* wr, bool live, int m, int k,
+                                        int lane) {
+  constexpr int STEP = 32 * V;
+  int4 wv[GV_UNROLL][4];
+  // The weights of steps base .. base + GV_UNROLL (zero past k or past cout).
+  auto load_w = [&](int base) {
+#pragma unroll
+    for (int u = 0; u < GV_UNROLL; u++) {
+      const int kk = base + u * STEP + lane * V;
+#pragma unroll
+      for (int j = 0; j < 4; j++)
+        wv[u][j] = live && kk < k ? gv_load<V>(wr + (i64)j * k + kk) : make_int4(0, 0, 0, 0);
+    }
+  };
+  load_w(0);
+  pdl_wait();
+  for (int base = 0; base < k; base += GV_UNROLL * STEP) {
+#pragma unroll
+    for (int u = 0; u < GV_UNROLL; u++) {
+      const int kk = base + u * STEP + lane * V;
+      if (kk >= k) break;
+#pragma unroll
+      for (int r = 0; r < GV_MAX_M; r++) {
+        if (r >= m) break;
+        const int4 a = gv_load<V>(x + (i64)r * k + kk);
+#pragma unroll
+        for (int j = 0; j < 4; j++) gv_dot<V>(acc[r][j], a, wv[u][j]);
+      }
+    }
+    if (base + GV_UNROLL * STEP < k) load_w(base + GV_UNROLL * STEP);
+  }
+}
+extern "C" __global__ void __launch_bounds__(GV_THREADS)
+    conv_pw_i8_gemv(const signed char* x, const signed char* w, const float* alpha,
+                    const float* bias, const void* res, int res_t, float res_scale, void* y,
+                    int y_t, float y_scale, int m, int k, int cout, int act, float a0,
+                    float a1) {
+  pdl_trigger();
+  const int lane = threadIdx.x & 31;
+  const int c0 = (blockIdx.x * (GV_THREADS / 32) + (threadIdx.x >> 5)) * 4;
+  const bool live = c0 < cout;
+  const signed char* wr = w + (i64)(live ? c0 : 0) * k;
+  int acc[GV_MAX_M][4];
+#pragma unroll
+  for (int r = 0; r < GV_MAX_M; r++)
+#pragma unroll
+    for (int j = 0; j < 4; j++) acc[r][j] = 0;
+  if ((k & 15) == 0)
+    gv_sums<16>(acc, x, wr, live, m, k, lane);
+  else
+    gv_sums<4>(acc, x, wr, live, m, k, lane);
+  // Every lane ends with the warp's totals; lane r keeps row r's (selects, not a register
+  // array indexed by the lane, which would go through local memory).
+  int4 s = make_int4(0, 0, 0, 0);
+#pragma unroll
+  for (int r = 0; r < GV_MAX_M; r++) {
+    if (r >= m) break;
+#pragma unroll
+    for (int j = 0; j < 4; j++)
+#pragma unroll
+      for (int o = 16; o > 0; o >>= 1) acc[r][j] += __shfl_xor_sync(0xffffffffu, acc[r][j], o);
+    if (lane == r) s = make_int4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
+  }
+  if (!live || lane >= m) return;
+  const i64 at = (i64)lane * cout + c0;
+  if (epi_i8_ok(y_t, res_t, act)) {
+    unsigned r = res_t == 2 ? *(const unsigned*)((const signed char*)res + at) : 0u;
+    *(unsigned*)((signed char*)y + at) =
+        epi_i8_word(epi_i8(alpha, bias, c0, res_scale, y_scale, act, a0, a1), s, r);
+    return;
+  }
+  float4 al = *(const float4*)(alpha + c0), bi = *(const float4*)(bias + c0);
+  float4 r = res_t >= 0 ? ld4(res, res_t, at, res_scale) : make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 v = make_float4(act_f(s.x * al.x + bi.x + r.x, act, a0, a1),
+                         act_f(s.y * al.y + bi.y + r.y, act, a0, a1),
+                         act_f(s.z * al.z + bi.z + r.z, act, a0, a1),
+                         act_f(s.w * al.w + bi.w + r.w, act, a0, a1));
   st4(y, y_t, at, v, y_scale);
 }
