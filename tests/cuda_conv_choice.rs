@@ -360,18 +360,27 @@ fn every_conv_implementation_matches_cpu_on_stems() {
 }
 
 /// The same on a classifier's end, where the int8 GEMV (`pwv`) takes the layers of a few
-/// rows: a 3x3 conv + ReLU on [2, 32, 4, 4], its global average pool, two 1x1 convs on the
-/// pooled [2, 64, 1, 1] (64 -> 20 + ReLU, then 20 -> 64 + hard swish: a squeeze-excitation's
-/// shape, two rows each, the second's 20-byte rows read a word at a time) and the Gemm to 100
+/// rows: a 3x3 conv + ReLU on [n, 32, 4, 4], its global average pool, two 1x1 convs on the
+/// pooled [n, 2080, 1, 1] (2080 -> 20 + ReLU, a reduction longer than the GEMV's 2048 bytes
+/// of weights in flight, so that it loads them in two rounds; then 20 -> 64 + hard swish,
+/// 20-byte rows read a word at a time: a squeeze-excitation's shape) and the Gemm to 100
 /// classes with its float output; against the other int8 kernels that take rows (both
-/// `__dp4a` pointwise ones, the tensor-core ones) and the direct one.
+/// `__dp4a` pointwise ones, the tensor-core ones) and the direct one. Batch 2 and 4 (the
+/// GEMV's most rows).
 #[test]
 fn classifier_rows_on_every_int8_kernel_match_cpu() {
+    let Some(_) = gpu() else { return };
+    for batch in [2, 4] {
+        classifier_rows_at(batch);
+    }
+}
+
+fn classifier_rows_at(batch: usize) {
     let mut b = GraphBuilder::new(&[1, 32, 4, 4]);
-    let c = b.conv("conv", "x", 32, 64, 3);
+    let c = b.conv("conv", "x", 32, 2080, 3);
     let r = b.op("Relu", "conv.relu", &[&c]);
     let p = b.op("GlobalAveragePool", "pool", &[&r]);
-    let s1 = b.conv("squeeze", &p, 64, 20, 1);
+    let s1 = b.conv("squeeze", &p, 2080, 20, 1);
     let s1 = b.op("Relu", "squeeze.relu", &[&s1]);
     let s2 = b.conv("excite", &s1, 20, 64, 1);
     let s2 = b.op("HardSwish", "excite.act", &[&s2]);
@@ -390,7 +399,7 @@ fn classifier_rows_on_every_int8_kernel_match_cpu() {
         hopper_kernels(),
     ]
     .concat();
-    every_conv_implementation_matches_cpu(b, false, &["direct"], &int8);
+    every_conv_implementation_matches_cpu_at(b, batch, false, &["direct"], &int8);
 }
 
 /// The same on a chain of depthwise convs, one of each kernel size and stride the int8
@@ -545,10 +554,21 @@ fn every_conv_implementation_matches_cpu(
     float_families: &[&str],
     int8_families: &[&str],
 ) {
+    every_conv_implementation_matches_cpu_at(b, 2, dense_on_cudnng, float_families, int8_families)
+}
+
+/// The same at batch `batch`.
+fn every_conv_implementation_matches_cpu_at(
+    b: GraphBuilder,
+    batch: usize,
+    dense_on_cudnng: bool,
+    float_families: &[&str],
+    int8_families: &[&str],
+) {
     use quantscope::backend::cuda::ops as plan;
     // Opset 14: HardSwish.
     let m = b.model_opset(14);
-    let (batch, hw) = (2, m.input_hw(None).expect("the block's input size"));
+    let hw = m.input_hw(None).expect("the block's input size");
     let p = m.with_fixed_input(batch, hw);
     let x = input_for(&m, batch, hw, 11);
     let spec = BuildSpec { batch, hw };

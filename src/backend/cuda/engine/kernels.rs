@@ -22,7 +22,7 @@ pub(super) const PW_THREADS: usize = 128;
 pub(super) const PW_MAX_SHARED_BYTES: usize = 48 << 10;
 /// The int8 GEMV kernel's most rows and threads a block (a warp per four output channels):
 /// `GV_MAX_M`, `GV_THREADS` in kernels/conv_pw_i8.cu.
-pub(super) const GV_MAX_M: usize = 8;
+pub(super) const GV_MAX_M: usize = 4;
 pub(super) const GV_THREADS: usize = 64;
 /// The int8 tensor-core conv kernel's tile: output pixels and channels a block computes,
 /// bytes of the reduction a stage copies, threads a block (`MMA_BM`, `MMA_BN`, `MMA_BK`,

@@ -149,7 +149,7 @@ extern "C" __global__ void conv_pw_i8_word(const signed char* x, const int* w,
 }
 
 // Int8 1x1 conv or Gemm / MatMul rows of at most GV_MAX_M output pixels (a classifier at
-// batch 1, the squeeze-excitation convs of a pooled vector) as a weight-streaming GEMV on
+// batch 1 to 4, the squeeze-excitation convs of a pooled vector) as a weight-streaming GEMV on
 // __dp4a, conv_pw_i8's epilogue. Such a layer is its weights' bytes: ResNet-50's fc at batch
 // 1 is 2 MB of weights for 2 M multiply-adds, and the tensor-core kernels ran it on 16
 // tiles of 64 channels, 16 SMs streaming 128 KB each in 64-byte stages (10.3 us in an engine's
@@ -159,10 +159,14 @@ extern "C" __global__ void conv_pw_i8_word(const signed char* x, const int* w,
 // of each row in flight, so that every block's weights are requested at once. The first
 // weights load before the programmatic-launch wait (constants: the copy overlaps the kernel
 // before), the rows after it. The partial sums are reduced across the warp (exact int32), and
-// lane r writes row r. Weights int8 [cout][k] row-major; k % 4 == 0, cout % 4 == 0,
-// m <= GV_MAX_M, m * k and m * cout < 2^31; grid ceil(cout / (4 * GV_THREADS / 32)),
-// GV_THREADS threads.
-#define GV_MAX_M 8
+// lane r writes row r. Each row costs its reads of x from L2 and its __dp4a: on an H200 a
+// version taking 32 rows (8 at a time) ran ResNet-50's fc at batch 32 in 31 us against 7 on
+// the tensor cores, and EfficientNet-B0's squeeze-excitation convs 4-10x slower than the
+// fastest candidate; at batch 1 it is the fastest or within 0.2 us of it. Weights int8
+// [cout][k] row-major; k % 4 == 0, cout % 4 == 0, m <= GV_MAX_M, m * k and m * cout < 2^31;
+// grid ceil(cout / (4 * GV_THREADS / 32)), GV_THREADS threads (eight blocks an SM in the
+// launch bounds: without them ptxas spilled a few bytes for sm_90a).
+#define GV_MAX_M 4
 #define GV_THREADS 64
 #define GV_UNROLL 4
 // V bytes at p (16-byte or 4-byte aligned) as an int4, zeros past them.
@@ -216,7 +220,7 @@ __device__ __forceinline__ void gv_sums(int (&acc)[GV_MAX_M][4], const signed ch
     if (base + GV_UNROLL * STEP < k) load_w(base + GV_UNROLL * STEP);
   }
 }
-extern "C" __global__ void __launch_bounds__(GV_THREADS)
+extern "C" __global__ void __launch_bounds__(GV_THREADS, 8)
     conv_pw_i8_gemv(const signed char* x, const signed char* w, const float* alpha,
                     const float* bias, const void* res, int res_t, float res_scale, void* y,
                     int y_t, float y_scale, int m, int k, int cout, int act, float a0,

@@ -1,7 +1,7 @@
-//! Int8 1x1 convs and Gemm / MatMul rows of a few output pixels (a classifier at batch 1, the
-//! squeeze-excitation convs of a pooled vector) on the weight-streaming `__dp4a` GEMV,
-//! `conv_pw_i8_gemv`: a warp per four output channels, every block's weights requested at
-//! once, so that the layer takes about its weights' bytes at the memory's pace.
+//! Int8 1x1 convs and Gemm / MatMul of a few output rows (at most `GV_MAX_M`: a classifier at
+//! batch 1 to 4, the squeeze-excitation convs of a pooled vector) on the weight-streaming
+//! `__dp4a` GEMV, `conv_pw_i8_gemv`: a warp per four output channels, every block's weights
+//! requested at once, so that the layer takes about its weights' bytes at the memory's pace.
 
 use cudarc::driver::LaunchConfig;
 
