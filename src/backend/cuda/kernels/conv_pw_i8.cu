@@ -2,6 +2,29 @@
 // (conv_pw_i8) or per output word (conv_pw_i8_word), and a warp per four output channels of
 // a few rows (conv_pw_i8_gemv).
 
+// One output word of the pointwise kernels (conv_pw_i8_word's, conv_pw_i8_gemv's): channels
+// c .. c + 3 of the output at element `at`, from their int32 sums s, through the int8
+// epilogue where it applies, else the generic conversions (conv_pw_i8 runs the same two
+// paths, chosen once for its PW_CO channels).
+__device__ __forceinline__ void pw_store_word(int4 s, i64 at, int c, const float* alpha,
+                                              const float* bias, const void* res, int res_t,
+                                              float res_scale, void* y, int y_t, float y_scale,
+                                              int act, float a0, float a1) {
+  if (epi_i8_ok(y_t, res_t, act)) {
+    unsigned r = res_t == 2 ? *(const unsigned*)((const signed char*)res + at) : 0u;
+    *(unsigned*)((signed char*)y + at) =
+        epi_i8_word(epi_i8(alpha, bias, c, res_scale, y_scale, act, a0, a1), s, r);
+    return;
+  }
+  float4 al = *(const float4*)(alpha + c), bi = *(const float4*)(bias + c);
+  float4 r = res_t >= 0 ? ld4(res, res_t, at, res_scale) : make_float4(0.f, 0.f, 0.f, 0.f);
+  float4 v = make_float4(act_f(s.x * al.x + bi.x + r.x, act, a0, a1),
+                         act_f(s.y * al.y + bi.y + r.y, act, a0, a1),
+                         act_f(s.z * al.z + bi.z + r.z, act, a0, a1),
+                         act_f(s.w * al.w + bi.w + r.w, act, a0, a1));
+  st4(y, y_t, at, v, y_scale);
+}
+
 // Pointwise (1x1, stride 1) int8 convolution, and Gemm / MatMul as one, on __dp4a: x int8
 // [m, k] (NHWC pixels or rows), weights as 32-bit words [k / 4, cout] (word v * cout + c holds
 // w[c][4v .. 4v + 4], the layout conv_pw_i8_word reads), exact int32 sums, then conv_direct's
@@ -131,21 +154,8 @@ extern "C" __global__ void conv_pw_i8_word(const signed char* x, const int* w,
     }
   }
 #undef PW_WORD
-  int c = 4 * g;
-  i64 at = (i64)i * 4;
-  if (epi_i8_ok(y_t, res_t, act)) {
-    unsigned r = res_t == 2 ? *(const unsigned*)((const signed char*)res + at) : 0u;
-    *(unsigned*)((signed char*)y + at) = epi_i8_word(
-        epi_i8(alpha, bias, c, res_scale, y_scale, act, a0, a1), make_int4(a0c, a1c, a2c, a3c), r);
-    return;
-  }
-  float4 al = *(const float4*)(alpha + c), bi = *(const float4*)(bias + c);
-  float4 r = res_t >= 0 ? ld4(res, res_t, at, res_scale) : make_float4(0.f, 0.f, 0.f, 0.f);
-  float4 v = make_float4(act_f(a0c * al.x + bi.x + r.x, act, a0, a1),
-                         act_f(a1c * al.y + bi.y + r.y, act, a0, a1),
-                         act_f(a2c * al.z + bi.z + r.z, act, a0, a1),
-                         act_f(a3c * al.w + bi.w + r.w, act, a0, a1));
-  st4(y, y_t, at, v, y_scale);
+  pw_store_word(make_int4(a0c, a1c, a2c, a3c), (i64)i * 4, 4 * g, alpha, bias, res, res_t,
+                res_scale, y, y_t, y_scale, act, a0, a1);
 }
 
 // Int8 1x1 conv or Gemm / MatMul rows of at most GV_MAX_M output pixels (a classifier at
@@ -252,18 +262,6 @@ extern "C" __global__ void __launch_bounds__(GV_THREADS, 8)
     if (lane == r) s = make_int4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]);
   }
   if (!live || lane >= m) return;
-  const i64 at = (i64)lane * cout + c0;
-  if (epi_i8_ok(y_t, res_t, act)) {
-    unsigned r = res_t == 2 ? *(const unsigned*)((const signed char*)res + at) : 0u;
-    *(unsigned*)((signed char*)y + at) =
-        epi_i8_word(epi_i8(alpha, bias, c0, res_scale, y_scale, act, a0, a1), s, r);
-    return;
-  }
-  float4 al = *(const float4*)(alpha + c0), bi = *(const float4*)(bias + c0);
-  float4 r = res_t >= 0 ? ld4(res, res_t, at, res_scale) : make_float4(0.f, 0.f, 0.f, 0.f);
-  float4 v = make_float4(act_f(s.x * al.x + bi.x + r.x, act, a0, a1),
-                         act_f(s.y * al.y + bi.y + r.y, act, a0, a1),
-                         act_f(s.z * al.z + bi.z + r.z, act, a0, a1),
-                         act_f(s.w * al.w + bi.w + r.w, act, a0, a1));
-  st4(y, y_t, at, v, y_scale);
+  pw_store_word(s, (i64)lane * cout + c0, c0, alpha, bias, res, res_t, res_scale, y, y_t,
+                y_scale, act, a0, a1);
 }
