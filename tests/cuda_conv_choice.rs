@@ -9,9 +9,9 @@ mod common;
 use std::path::Path;
 
 use common::cuda::{
-    bottleneck_block, check_int8, cpu_fp32_run, depthwise_3x3, float_err, forced_engine, gpu,
-    input_for, int8_reference, int8_scores, int8_scores_of, max_qdq, mobilenet_block, rel_err,
-    wgmma_gpu,
+    bottleneck_block, check_int8, cpu_fp32_run, depthwise_3x3, float_err, forced_build,
+    forced_engine, gpu, input_for, int8_reference, int8_scores, int8_scores_of, max_qdq,
+    mobilenet_block, rel_err, took, wgmma_gpu,
 };
 use common::max_err;
 
@@ -400,6 +400,82 @@ fn classifier_rows_at(batch: usize) {
     ]
     .concat();
     every_conv_implementation_matches_cpu_at(b, batch, false, &["direct"], &int8);
+}
+
+/// A classifier's tail with the global average pool fused into its last conv (3x3 128 ->
+/// 128, the residual of a 1x1 16 -> 128 before it, ReLU, on 7x7 maps: ResNet-50's last block
+/// in small): the pooled conv forced onto each tensor-core kernel (mma.sync in 128- and
+/// 64-pixel tiles, on a Hopper GPU the wgmma ones, 128-channel tiles included) against the
+/// CPU INT8 engine, twice a build (each image's count of finished tiles is reset for the next
+/// run). Tiles hold one image each: 7x7 images take one tile of 64 or 128 pixels, at batch 1
+/// and 3; 12x10 ones (120 pixels) two 64-pixel tiles, whose sums the last to finish adds up.
+/// ReLU, and the other activations the pooled epilogue computes inline: hard swish, SiLU.
+#[test]
+fn a_conv_with_its_global_pool_fused_matches_cpu_on_every_tensor_core_kernel() {
+    use quantscope::backend::cuda::ops as plan;
+    let Some(_) = gpu() else { return };
+    let cases = [
+        (1, [7, 7], "Relu"),
+        (3, [7, 7], "Relu"),
+        (2, [12, 10], "Relu"),
+        (2, [7, 7], "HardSwish"),
+        (2, [12, 10], "Silu"),
+    ];
+    for (batch, hw, act) in cases {
+        let mut b = GraphBuilder::new(&[1, 16, 7, 7]);
+        let a = b.conv("expand", "x", 16, 128, 1);
+        let a = b.op("Relu", "expand.relu", &[&a]);
+        let c = b.conv("last", &a, 128, 128, 3);
+        let add = b.op("Add", "last.add", &[&c, &a]);
+        let r = if act == "Silu" {
+            let s = b.op("Sigmoid", "last.sigmoid", &[&add]);
+            b.op("Mul", "last.silu", &[&add, &s])
+        } else {
+            b.op(act, "last.act", &[&add])
+        };
+        let y = b.head(&r, 128, 10);
+        b.output(&y);
+        let m = b.model_opset(14);
+        let x = input_for(&m, batch, hw, 5);
+        let spec = BuildSpec { batch, hw };
+        let (q, cpu8, step) = int8_reference(&m, spec, &x);
+        let pl = plan::lower(&q, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
+        let pooled = pl.steps.iter().find_map(|s| match s {
+            quantscope::backend::cuda::plan::Step::Conv(c)
+                if c.pool_hw == Some(hw) && c.residual.is_some() =>
+            {
+                Some(c.name.clone())
+            }
+            _ => None,
+        });
+        let pooled = pooled.expect("the pool fuses into the last conv with its residual");
+        let wide: &[&str] = if wgmma_gpu() { &["wgmmaw"] } else { &[] };
+        for &family in [&["mma", "mma64"][..], hopper_kernels(), wide]
+            .concat()
+            .iter()
+        {
+            let (mut eng, keys) = forced_build(&pl, Precision::Int8, batch, family);
+            let out = eng.run(&x).expect("cuda run");
+            let (abs, _) = max_err(&out.data, &cpu8.data);
+            eprintln!(
+                "batch {batch} {hw:?} {act} int8 [{family}]: {keys:?}, max abs err {abs:.3e}, step {step:.3e}"
+            );
+            assert!(
+                took(&keys[&pooled], family),
+                "batch {batch}: {pooled} on {family}"
+            );
+            assert!(
+                abs <= 2.0 * step,
+                "batch {batch} {hw:?} [{family}]: max abs err {abs} over two steps of {step}"
+            );
+            // Twice: an image's last tile reset its count for the next run.
+            let again = eng.run(&x).expect("cuda run");
+            assert_eq!(
+                again.data, out.data,
+                "batch {batch} {hw:?} [{family}]: a second run differs"
+            );
+        }
+    }
 }
 
 /// The same on a chain of depthwise convs, one of each kernel size and stride the int8

@@ -318,6 +318,26 @@ pub fn forced_engine(
     batch: usize,
     family: &str,
 ) -> (quantscope::backend::cuda::engine::CudaEngine, usize, usize) {
+    let (eng, got) = forced_build(pl, precision, batch, family);
+    let applied = got.values().filter(|k| took(k, family)).count();
+    (eng, applied, got.len())
+}
+
+/// Whether choice key `key` is of `family` (`gemmf:0:rows` is of `gemmf`).
+pub fn took(key: &str, family: &str) -> bool {
+    key == family || key.strip_prefix(family).is_some_and(|r| r.starts_with(':'))
+}
+
+/// `forced_engine`'s build: the engine and each conv's choice key, by conv name.
+pub fn forced_build(
+    pl: &quantscope::backend::cuda::plan::Plan,
+    precision: Precision,
+    batch: usize,
+    family: &str,
+) -> (
+    quantscope::backend::cuda::engine::CudaEngine,
+    std::collections::BTreeMap<String, String>,
+) {
     use quantscope::backend::cuda::cache::Choices;
     use quantscope::backend::cuda::engine::{BuildHow, CudaEngine, Device};
     use quantscope::backend::cuda::plan::Step;
@@ -345,15 +365,14 @@ pub fn forced_engine(
     };
     let (eng, got) = CudaEngine::build(dev, pl.clone(), how, &forced, &|_, _| {})
         .unwrap_or_else(|e| panic!("{precision} [{family}]: {e}"));
-    let applied = convs
-        .iter()
-        .filter(|c| {
-            got.convs.get(*c).is_some_and(|k| {
-                k == family || k.strip_prefix(family).is_some_and(|r| r.starts_with(':'))
-            })
+    let keys = convs
+        .into_iter()
+        .map(|c| {
+            let k = got.convs.get(&c).cloned().unwrap_or_default();
+            (c, k)
         })
-        .count();
-    (eng, applied, convs.len())
+        .collect();
+    (eng, keys)
 }
 
 /// A ResNet bottleneck on [1, 48, 14, 14]: 1x1 48 -> 64 + ReLU, 3x3 stride 2 64 -> 64 + ReLU,

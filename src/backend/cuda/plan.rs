@@ -400,6 +400,10 @@ pub struct ConvStep {
     pub groups: usize,
     pub residual: Option<usize>,
     pub act: Act,
+    /// `Some([oh, ow])`: a global average pool is fused into the conv
+    /// (`fuse_global_pools_into_convs`). The conv's own output, `oh` x `ow` pixels an image, is
+    /// never stored; `out` is its average over those pixels, `[n, cout, 1, 1]`.
+    pub pool_hw: Option<[usize; 2]>,
 }
 
 impl ConvStep {
@@ -409,6 +413,15 @@ impl ConvStep {
     }
     pub fn reduction(&self) -> usize {
         self.k[0] * self.k[1] * self.cin / self.groups
+    }
+    /// Output height and width of the conv itself: its output tensor's (`out_shape`, `[n,
+    /// cout, h, w]` or a Gemm's rows), or the pixels a fused global pool averages.
+    pub fn out_hw(&self, out_shape: &[usize]) -> (usize, usize) {
+        match (self.pool_hw, out_shape) {
+            (Some([h, w]), _) => (h, w),
+            (None, [_, _, h, w]) => (*h, *w),
+            _ => (1, 1),
+        }
     }
 }
 
@@ -1034,6 +1047,78 @@ pub fn fold_pads_into_depthwise(plan: &mut Plan) {
         folded.push(pi);
     }
     folded.sort_unstable();
+    for pi in folded.into_iter().rev() {
+        plan.steps.remove(pi);
+    }
+}
+
+/// Fuses each global average pool whose input only it reads, and an int8 conv writes, into
+/// that conv (`ConvStep::pool_hw`): the conv's epilogue averages each image's rows into the
+/// pool's output (kernels/conv_i8_mma.cu, `GapFuse`), so the conv's output never goes through
+/// memory. ResNet-50's last conv at batch 32 wrote 6.4 MB of FP16 for the pool to read back:
+/// 18.6 + 7.3 us on an H200, 14.6 fused (7.7 + 3.5 and 3.4 at batch 1). For GPUs where the
+/// int8 tensor-core kernels run (`Target::int8_mma`; they alone fuse the pool), and convs they
+/// take: one group, an int8 NHWC input, input channels in 16-byte pieces, output channels in
+/// fours, 32-bit row indices, each image's row tiles (of 64 pixels or more) within the grid's
+/// y limit. Runs after `fold_casts`, which made the pool write what its quantize wrote (a
+/// classifier's int8 codes for the fc).
+pub fn fuse_global_pools_into_convs(plan: &mut Plan) {
+    // The fused kernels' tiles hold one image each (64 or 128 pixels): an image of fewer
+    // pixels than a quarter of the smaller leaves most of their rows unused.
+    const GAP_MIN_PIXELS: usize = 16;
+    let root = |t: usize| plan.tensors[t].alias_of.unwrap_or(t);
+    let mut readers = vec![0usize; plan.tensors.len()];
+    for s in &plan.steps {
+        for t in s.inputs() {
+            readers[root(t)] += 1;
+        }
+    }
+    let host: HashSet<usize> = plan.host_read().map(root).collect();
+    let aliased: HashSet<usize> = plan.tensors.iter().filter_map(|t| t.alias_of).collect();
+    let mut folded = vec![];
+    for pi in 1..plan.steps.len() {
+        let Step::GlobalAvgPool { input, out, .. } = &plan.steps[pi] else {
+            continue;
+        };
+        let (x, o) = (*input, *out);
+        let Some(ci) = (0..pi).rev().find(|&s| plan.steps[s].output() == x) else {
+            continue;
+        };
+        let Step::Conv(c) = &plan.steps[ci] else {
+            continue;
+        };
+        let (xd, id) = (&plan.tensors[x], &plan.tensors[c.input]);
+        let [n, _, oh, ow] = xd.shape[..] else {
+            continue;
+        };
+        let alone = readers[x] == 1
+            && !host.contains(&x)
+            && !aliased.contains(&x)
+            && xd.alias_of.is_none()
+            && x != plan.input;
+        let kernels = c.quant.as_ref().is_some_and(|q| q.is_int8())
+            && c.groups == 1
+            && c.pad_code == 0
+            && id.dtype == DType::I8
+            && id.layout == Layout::Nhwc
+            && id.shape.len() == 4
+            && xd.layout == Layout::Nhwc
+            && c.cin.is_multiple_of(16)
+            && c.cout.is_multiple_of(4)
+            && id.numel() < i32::MAX as usize
+            && n * oh * ow < i32::MAX as usize
+            && n * (oh * ow).div_ceil(64) <= u16::MAX as usize;
+        if !(alone && kernels && oh * ow >= GAP_MIN_PIXELS) {
+            continue;
+        }
+        let pool = plan.steps[pi].name().to_string();
+        if let Step::Conv(c) = &mut plan.steps[ci] {
+            c.pool_hw = Some([oh, ow]);
+            c.fused.push(pool.clone());
+        }
+        plan.steps[ci].retarget(o, &pool);
+        folded.push(pi);
+    }
     for pi in folded.into_iter().rev() {
         plan.steps.remove(pi);
     }

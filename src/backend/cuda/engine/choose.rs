@@ -92,7 +92,13 @@ fn shape_key(cx: &super::device::Launch, l: &super::conv::ConvLayer) -> String {
                 c.dilation,
                 c.groups
             ),
-            (c.act, c.quant.as_ref().map(|q| q.dtype), l.float, l.tf32),
+            (
+                c.act,
+                c.quant.as_ref().map(|q| q.dtype),
+                l.float,
+                l.tf32,
+                c.pool_hw
+            ),
         )
     )
 }
@@ -273,9 +279,11 @@ impl CudaEngine {
             let layer = &have(self.convs.get(&si), "conv layer")?.layer;
             let mut setups: Vec<Box<dyn ConvSetup>> = vec![];
             for fam in FAMILIES.iter().copied().chain([F16_WAY]) {
-                // Only a family that reads a pad code runs a conv centering's pad folded into.
+                // Only a family that reads a pad code runs a conv centering's pad folded into,
+                // and only one whose kernels pool runs a conv a pool is fused into.
                 let pad_ok = layer.step.pad_code == 0 || fam.takes_pad_code();
-                if !wanted(fam) || !pad_ok || !fam.applies(&cx, layer) {
+                let pool_ok = layer.step.pool_hw.is_none() || fam.fuses_pool();
+                if !wanted(fam) || !pad_ok || !pool_ok || !fam.applies(&cx, layer) {
                     continue;
                 }
                 match fam.prepare(&cx, layer) {
@@ -304,13 +312,14 @@ impl CudaEngine {
     }
 
     /// Adds the direct kernel's setup to conv step `si`: it runs every conv, except one that
-    /// pads with a code, which it leaves to the depthwise kernels (a choice naming the direct
-    /// kernel there, cached or forced, then falls back to timing those).
+    /// pads with a code, which it leaves to the depthwise kernels, and one a pool is fused
+    /// into, which it leaves to the tensor-core kernels (a choice naming the direct kernel
+    /// there, cached or forced, then falls back to timing those).
     fn add_direct(&mut self, si: usize) -> CudaResult<()> {
         let setup = {
             let cx = self.launch_cx(si);
             let layer = &have(self.convs.get(&si), "conv layer")?.layer;
-            if layer.step.pad_code != 0 {
+            if layer.step.pad_code != 0 || layer.step.pool_hw.is_some() {
                 return Ok(());
             }
             DIRECT.prepare(&cx, layer)?
@@ -322,8 +331,10 @@ impl CudaEngine {
     }
 
     /// The candidates of conv step `si`, or an error where none could be set up (the direct
-    /// kernel runs every conv but one with a pad code, and `fold_pads_into_depthwise` folds a
-    /// pad only into an int8 depthwise conv, which every depthwise kernel runs: a bug).
+    /// kernel runs every conv but one with a pad code or a fused pool, and
+    /// `fold_pads_into_depthwise` folds a pad only into an int8 depthwise conv, which every
+    /// depthwise kernel runs, `fuse_global_pools_into_convs` a pool only into a conv the
+    /// tensor-core kernels run: a bug).
     fn candidates_of(&self, si: usize) -> CudaResult<Vec<(usize, ConvImpl)>> {
         let rt = have(self.convs.get(&si), "conv layer")?;
         let cands = avoid_filter(rt.candidates());
@@ -334,6 +345,8 @@ impl CudaEngine {
                     "its pad code {} (the depthwise kernels did not take it)",
                     step.pad_code
                 )
+            } else if step.pool_hw.is_some() {
+                "its fused pool (the tensor-core kernels did not take it)".to_string()
             } else {
                 "it".to_string()
             };

@@ -55,7 +55,12 @@ impl CudaEngine {
                         DType::F8 => " -> fp8",
                         _ => "",
                     };
-                    (precision, format!("{p} {}{out}", imp.describe()))
+                    let pooled = if c.pool_hw.is_some() {
+                        ", global average pool fused"
+                    } else {
+                        ""
+                    };
+                    (precision, format!("{p} {}{pooled}{out}", imp.describe()))
                 }
                 // Other steps compute in f32 registers; their data is in the output's type.
                 _ => {

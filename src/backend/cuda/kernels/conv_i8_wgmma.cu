@@ -110,7 +110,8 @@ __device__ __forceinline__ void conv_i8_wgmma_body(MMA_PARAMS) {
   constexpr int WGS = BN / 64, THREADS = WGS * MMA_THREADS, RS = THREADS / 8;
   constexpr int XR = BM / RS, WR = BN / RS, MH = BM / 64 / WGS, STAGE = (BM + BN) * WG_BK;
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int n0 = blockIdx.x * BN, m0 = blockIdx.y * BM;
+  const int2 tile = gap_tile_rows(gap, BM, m);
+  const int n0 = blockIdx.x * BN, m0 = tile.x;
   const int piece = tid & 7, crow = tid >> 3, swz = ((piece ^ (crow & 7)) << 4);
   const unsigned raw = (unsigned)__cvta_generic_to_shared(mma_smem);
   unsigned char* smem = mma_smem + (((raw + 1023u) & ~1023u) - raw);
@@ -205,9 +206,37 @@ __device__ __forceinline__ void conv_i8_wgmma_body(MMA_PARAMS) {
       *(int2*)&sc[(r + 8) * MMA_OUT_LD + c] = make_int2(acc[hh][4 * j + 2], acc[hh][4 * j + 3]);
     }
   __syncthreads();
+  if (gap.part) {
+    // In what were the stages, after the staged sums: each half's row-group sums, then
+    // (where the launch left it in global memory, as in 128-channel tiles) the int8 residual
+    // tile, a 64-channel tile for each half, copied at once: the pooled epilogue reads a row
+    // at a time, which from global memory would wait a latency a row.
+    unsigned char* s_free = smem + WGS * BM * MMA_OUT_LD * 4;
+    const unsigned char* s_rt = s_res;
+    bool rt_smem = res_smem;
+    if (!res_smem && res_tile_in_smem(res_t, res, cout, 0)) {
+      unsigned char* dst = s_free + WGS * GAP_RED_BYTES;
+      for (int q = tid; q < BM * BN / 16; q += THREADS) {
+        const int half = q / (BM * 4), r = (q >> 2) % BM, p = q & 3;
+        const int cc = n0 + half * MMA_BN + p * 16;
+        const bool in = m0 + r < m && cc < cout;
+        cp_async16(dst + (half * BM + r) * MMA_BN + p * 16,
+                   (const signed char*)res + (in ? (i64)(m0 + r) * cout + cc : 0), in);
+      }
+      asm volatile("cp.async.commit_group;\n" ::);
+      asm volatile("cp.async.wait_group 0;\n" ::);
+      __syncthreads();
+      s_rt = dst + wg * BM * MMA_BN;
+      rt_smem = true;
+    }
+    pool_tile_sums(tid & (MMA_THREADS - 1), so + wg * BM * MMA_OUT_LD, s_al + wg * MMA_BN,
+                   s_bi + wg * MMA_BN, s_rt, rt_smem, m0, tile.y, n0 + wg * MMA_BN,
+                   (float*)(s_free + wg * GAP_RED_BYTES), gap, MMA_EPI_ARGS);
+    pool_split_images(gap, BM, BN, m, y, y_t, y_scale, cout);
+    return;
+  }
   mma_epilogue(tid & (MMA_THREADS - 1), so + wg * BM * MMA_OUT_LD, s_al + wg * MMA_BN,
-               s_bi + wg * MMA_BN, s_res, res_smem, m0, min(BM, m - m0), n0 + wg * MMA_BN,
-               MMA_EPI_ARGS);
+               s_bi + wg * MMA_BN, s_res, res_smem, m0, tile.y, n0 + wg * MMA_BN, MMA_EPI_ARGS);
 #else
   // Never launched here (the host offers it on compute capability 9.0 only); it waits as
   // every kernel of these files does, which the compile check asserts.

@@ -138,6 +138,7 @@ pub(super) fn conv(b: &mut Builder<'_>, i: usize) -> PlanResult<()> {
         groups: 1,
         residual: None,
         act: Act::None,
+        pool_hw: None,
     };
     // The logical output shape, and the shape the step computes (rows x M for linear layers).
     let (out_shape, step_shape): (Vec<usize>, Vec<usize>);

@@ -66,7 +66,9 @@ pub struct Unsupported {
 #[derive(Clone, Copy, Debug)]
 pub struct Target {
     /// The int8 tensor-core conv kernel runs there (`conv_i8_mma`, compute capability 8.0
-    /// on): int8 stems are regrouped into the taps it copies rather than cuDNN's.
+    /// on): int8 stems are regrouped into the taps it copies rather than cuDNN's, and a
+    /// global average pool fuses into the int8 conv before it (the tensor-core kernels'
+    /// epilogue alone pools).
     pub int8_mma: bool,
 }
 
@@ -332,6 +334,9 @@ impl<'a> Builder<'a> {
         crate::backend::cuda::plan::prune_dead(&mut self.plan);
         crate::backend::cuda::plan::fold_casts(&mut self.plan);
         crate::backend::cuda::plan::fold_pads_into_depthwise(&mut self.plan);
+        if self.target.int8_mma {
+            crate::backend::cuda::plan::fuse_global_pools_into_convs(&mut self.plan);
+        }
         Ok(self.plan)
     }
 

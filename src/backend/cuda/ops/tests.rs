@@ -988,6 +988,64 @@ fn stem_convs_run_as_space_to_depth_and_compute_the_same() {
     }
 }
 
+/// A classifier whose last conv (16 -> 32, 3x3, ReLU) the global average pool reads alone:
+/// in an INT8 plan for a GPU the tensor-core kernels run on, the pool fuses into that conv,
+/// which writes the fc's int8 codes itself; elsewhere the pool stays a step of its own.
+#[test]
+fn a_global_pool_fuses_into_the_int8_conv_before_it() {
+    let mut b = GraphBuilder::new(&[1, 3, 12, 10]);
+    let s = b.conv("stem", "x", 3, 16, 3);
+    let s = b.op("Relu", "stem.relu", &[&s]);
+    let c = b.conv("last", &s, 16, 32, 3);
+    let c = b.op("Relu", "last.relu", &[&c]);
+    let y = b.head(&c, 32, 7);
+    b.output(&y);
+    let plan = int8_plan_of(&b, [2, 3, 12, 10], 4.0);
+    let names: Vec<&str> = plan.steps.iter().map(|s| s.name()).collect();
+    assert!(
+        !plan
+            .steps
+            .iter()
+            .any(|s| matches!(s, Step::GlobalAvgPool { .. })),
+        "{names:?}"
+    );
+    let convs = conv_steps(&plan);
+    let last = convs
+        .iter()
+        .find(|c| c.name.starts_with("last"))
+        .expect("last conv");
+    assert_eq!(last.pool_hw, Some([12, 10]), "{names:?}");
+    assert!(last.name.contains("+pool"), "{}", last.name);
+    assert!(
+        last.fused.iter().any(|f| f.starts_with("pool")),
+        "{:?}",
+        last.fused
+    );
+    // It writes the fc's int8 input: [n, cout, 1, 1] codes the Flatten views.
+    let od = &plan.tensors[last.out];
+    assert_eq!((od.dtype, od.shape.clone()), (DType::I8, vec![2, 32, 1, 1]));
+    let fc = convs.last().expect("fc");
+    let root = |t: usize| plan.tensors[t].alias_of.unwrap_or(t);
+    assert_eq!(
+        root(fc.input),
+        last.out,
+        "the fc reads the fused pool's codes"
+    );
+    // No other conv pools.
+    assert_eq!(convs.iter().filter(|c| c.pool_hw.is_some()).count(), 1);
+    // Where the tensor-core kernels do not run, and in float plans, the pool stays.
+    let cudnn = int8_plan_for(&b, [2, 3, 12, 10], 4.0, Target { int8_mma: false });
+    let fp16 = plan_of(&b, [2, 3, 12, 10], Precision::Fp16);
+    for p in [&cudnn, &fp16] {
+        assert!(
+            p.steps
+                .iter()
+                .any(|s| matches!(s, Step::GlobalAvgPool { .. }))
+        );
+        assert!(conv_steps(p).iter().all(|c| c.pool_hw.is_none()));
+    }
+}
+
 #[test]
 fn classifier_tail_writes_int8_and_f32_without_cast_steps() {
     // GlobalAveragePool -> Flatten -> QuantizeLinear -> fc -> the f32 output: the pool writes

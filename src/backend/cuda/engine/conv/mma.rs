@@ -5,7 +5,7 @@
 //! row of output pixels a block); on compute capability 9.0 also `conv_i8_wgmma`, the implicit
 //! GEMM on Hopper's warpgroup instructions.
 
-use cudarc::driver::LaunchConfig;
+use cudarc::driver::{DeviceRepr, LaunchConfig};
 
 use super::super::args::FastDiv;
 use super::super::device::{DevBuf, Launch};
@@ -32,6 +32,10 @@ impl ConvFamily for Mma {
     fn tokens(&self) -> &'static [&'static str] {
         &["mma", "mmas", "mmar", "wgmma", "wgmmaw"]
     }
+    /// The implicit GEMMs (`conv_i8_mma*`, `conv_i8_wgmma*`) pool in their epilogue.
+    fn fuses_pool(&self) -> bool {
+        true
+    }
     /// An int8 conv of one group reading int8 (NHWC, or rows for a 1x1 one), a tap's input
     /// channels in whole 16-byte copies, output rows of 4-byte groups, 32-bit row indices
     /// and input offsets and row tiles within the grid's y limit, on a GPU of compute
@@ -48,16 +52,17 @@ impl ConvFamily for Mma {
             && c.cout.is_multiple_of(4)
             && m < i32::MAX as usize
             && xd.numel() < i32::MAX as usize
-            && m.div_ceil(MMA_BM) <= u16::MAX as usize
+            && row_tiles(c, m, MMA_BM) <= u16::MAX as usize
     }
     fn prepare(&self, cx: &Launch, l: &ConvLayer) -> CudaResult<Option<Box<dyn ConvSetup>>> {
         let c = &l.step;
+        let pooled = c.pool_hw.is_some();
         let mut imps = vec![ConvImpl::Mma { bm: MMA_BM }];
         // Half-height tiles while their row tiles fit the grid's y limit too.
-        if l.m.div_ceil(MMA_BM / 2) <= u16::MAX as usize {
+        if row_tiles(c, l.m, MMA_BM / 2) <= u16::MAX as usize {
             imps.push(ConvImpl::Mma { bm: MMA_BM / 2 });
         }
-        if rows_ok(cx, c) {
+        if !pooled && rows_ok(cx, c) {
             imps.push(ConvImpl::MmaRows);
         }
         // Hopper's warpgroup kernels: row tiles within the grid's y limit (as above), 128-
@@ -67,7 +72,7 @@ impl ConvFamily for Mma {
                 WGMMA_TILES
                     .into_iter()
                     .filter(|&(bm, bn)| {
-                        l.m.div_ceil(bm) <= u16::MAX as usize
+                        row_tiles(c, l.m, bm) <= u16::MAX as usize
                             && (bn == MMA_BN || c.cout.is_multiple_of(bn))
                     })
                     .map(|(bm, bn)| ConvImpl::Wgmma { bm, bn }),
@@ -76,13 +81,23 @@ impl ConvFamily for Mma {
         imps.extend(
             [MMA_BM, MMA_BM / 2]
                 .into_iter()
-                .filter(|&bm| stream_ok(cx, c, l.m, bm))
+                .filter(|&bm| !pooled && stream_ok(cx, c, l.m, bm))
                 .map(|bm| ConvImpl::MmaStream { bm }),
         );
         Ok(Some(Box::new(MmaSetup {
             w: weights(c)?,
             imps,
+            gap: c.pool_hw.map(|hw| GapBufs::new(l, hw)).transpose()?,
         })))
+    }
+}
+
+/// Row tiles of `bm` pixels of conv `c` of `m` output pixels: with a fused pool, each
+/// image's own (`gap_tile_rows` in kernels/conv_i8_mma.cu), else `bm` pixels from the first.
+fn row_tiles(c: &ConvStep, m: usize, bm: usize) -> usize {
+    match c.pool_hw {
+        Some([oh, ow]) => m / (oh * ow) * (oh * ow).div_ceil(bm),
+        None => m.div_ceil(bm),
     }
 }
 
@@ -148,6 +163,57 @@ fn weights(c: &ConvStep) -> CudaResult<DevBuf> {
 struct MmaSetup {
     w: DevBuf,
     imps: Vec<ConvImpl>,
+    /// Where a conv with a fused global average pool keeps its partial sums.
+    gap: Option<GapBufs>,
+}
+
+/// `GapFuse` of kernels/conv_i8_mma.cu, field for field: where a fused pool's tiles of an
+/// image split into several keep their sums (tile `t`'s at `part[t * cout + c]`), the
+/// finished tiles of each such image and column of tiles (`count[column * n + image]`, zero
+/// between launches: the image's last tile resets it), and the pixels an image.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct GapFuse {
+    part: u64,
+    count: u64,
+    hw: i32,
+}
+unsafe impl DeviceRepr for GapFuse {}
+
+/// The fused pool's buffers, sized for the smallest tiles of any candidate (`MMA_BM / 2`
+/// pixels, `MMA_BN` channels).
+struct GapBufs {
+    part: DevBuf,
+    count: DevBuf,
+    hw: usize,
+}
+
+impl GapBufs {
+    fn new(l: &ConvLayer, [oh, ow]: [usize; 2]) -> CudaResult<GapBufs> {
+        let (hw, cout) = (oh * ow, l.step.cout);
+        let n = l.m / hw;
+        Ok(GapBufs {
+            part: DevBuf::new(n * hw.div_ceil(MMA_BM / 2) * cout * 4)?,
+            count: DevBuf::new(cout.div_ceil(MMA_BN) * n * 4)?,
+            hw,
+        })
+    }
+
+    /// What the kernels take; a null `part` where no pool is fused.
+    fn args(gap: Option<&GapBufs>) -> GapFuse {
+        gap.map_or(
+            GapFuse {
+                part: 0,
+                count: 0,
+                hw: 1,
+            },
+            |g| GapFuse {
+                part: g.part.ptr,
+                count: g.count.ptr,
+                hw: g.hw as i32,
+            },
+        )
+    }
 }
 
 impl ConvSetup for MmaSetup {
@@ -210,10 +276,10 @@ impl MmaSetup {
             (1, 1)
         };
         // x: tiles of output channels (the blocks sharing a tile of pixels run together);
-        // y: tiles of pixels. The wgmma kernels take a warpgroup of MMA_THREADS for every
+        // y: tiles of pixels (with a fused pool, of one image each). The wgmma kernels take a warpgroup of MMA_THREADS for every
         // MMA_BN channels of a tile.
         let cfg = LaunchConfig {
-            grid_dim: (c.cout.div_ceil(bn) as u32, l.m.div_ceil(bm) as u32, 1),
+            grid_dim: (c.cout.div_ceil(bn) as u32, row_tiles(c, l.m, bm) as u32, 1),
             block_dim: ((MMA_THREADS * bn / MMA_BN) as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
@@ -224,7 +290,7 @@ impl MmaSetup {
             u(l.m), u(c.cin), u(round_up(c.reduction(), MMA_BK)), u(c.cout), e.act.0, e.act.1, e.act.2,
             u(h), u(w), u(oh), u(ow), u(c.k[0]), u(c.k[1]), u(c.stride[0]), u(c.stride[1]),
             u(c.pads[0]), u(c.pads[1]), u(c.dilation[0]), u(c.dilation[1]),
-            div.magic[0], div.shift[0], div.magic[1], div.shift[1])
+            div.magic[0], div.shift[0], div.magic[1], div.shift[1], GapBufs::args(self.gap.as_ref()))
     }
 
     fn streaming(&self, cx: &Launch, l: &ConvLayer, bm: usize, way: &ConvWay) -> CudaResult<()> {

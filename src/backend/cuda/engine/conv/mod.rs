@@ -100,6 +100,11 @@ pub(super) trait ConvFamily: Sync {
     fn takes_pad_code(&self) -> bool {
         false
     }
+    /// Whether its kernels run a conv with a global average pool fused in
+    /// (`ConvStep::pool_hw`): the tensor-core implicit GEMMs alone.
+    fn fuses_pool(&self) -> bool {
+        false
+    }
     /// Its setup for `l` (weights in its layout, descriptors, algorithms); `None` where it
     /// turns out to offer nothing.
     fn prepare(&self, cx: &Launch, l: &ConvLayer) -> CudaResult<Option<Box<dyn ConvSetup>>>;
@@ -151,12 +156,8 @@ impl ConvLayer {
         tf32: bool,
     ) -> CudaResult<ConvLayer> {
         let od = &plan.tensors[c.out];
-        let (n, _, hw) = od.nchw();
-        let (oh, ow) = if od.shape.len() == 4 {
-            (od.shape[2], od.shape[3])
-        } else {
-            (1, 1)
-        };
+        let (oh, ow) = c.out_hw(&od.shape);
+        let n = od.nchw().0;
         let alpha: Vec<f32> = match &c.quant {
             Some(q) => q.w_scales.iter().map(|s| s * q.x_scale).collect(),
             None => vec![1.0; c.cout],
@@ -165,7 +166,7 @@ impl ConvLayer {
             step: c.clone(),
             alpha: DevBuf::from_slice(&alpha)?,
             bias: DevBuf::from_slice(&c.bias)?,
-            m: n * hw,
+            m: n * oh * ow,
             oh,
             ow,
             float,
