@@ -1,6 +1,7 @@
 //! How the CUDA builder chooses each conv's implementation, against the CPU engines, on a GPU
 //! machine: every implementation forced in turn on every layer it applies to (float and int8,
-//! on MobileNet, EfficientNet, bottleneck, ghost and stem blocks), and every build effort.
+//! on MobileNet, EfficientNet, bottleneck, ghost and stem blocks, and a classifier tail with
+//! its pool fused into the last conv), and every build effort.
 //! Without a usable GPU every test prints why it skips and passes. Tolerances as in
 //! `cuda_backend.rs`.
 
@@ -612,7 +613,8 @@ fn int8_kernels() -> Vec<&'static str> {
 
 /// The int8 kernels of compute capability 9.0 alone: the wgmma kernel's 64-channel tiles on a
 /// Hopper GPU, none elsewhere (the builder does not offer them there). Its 128-channel tiles
-/// need 128 output channels or more, which only the many-tiles test's block has.
+/// need 128 output channels or more, which only the many-tiles test's block and the fused
+/// pool's test have.
 fn hopper_kernels() -> &'static [&'static str] {
     if wgmma_gpu() {
         &["wgmma", "wgmma64"]

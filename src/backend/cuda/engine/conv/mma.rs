@@ -276,8 +276,8 @@ impl MmaSetup {
             (1, 1)
         };
         // x: tiles of output channels (the blocks sharing a tile of pixels run together);
-        // y: tiles of pixels (with a fused pool, of one image each). The wgmma kernels take a warpgroup of MMA_THREADS for every
-        // MMA_BN channels of a tile.
+        // y: tiles of pixels (with a fused pool, of one image each). The wgmma kernels take a
+        // warpgroup of MMA_THREADS for every MMA_BN channels of a tile.
         let cfg = LaunchConfig {
             grid_dim: (c.cout.div_ceil(bn) as u32, row_tiles(c, l.m, bm) as u32, 1),
             block_dim: ((MMA_THREADS * bn / MMA_BN) as u32, 1, 1),
@@ -290,7 +290,8 @@ impl MmaSetup {
             u(l.m), u(c.cin), u(round_up(c.reduction(), MMA_BK)), u(c.cout), e.act.0, e.act.1, e.act.2,
             u(h), u(w), u(oh), u(ow), u(c.k[0]), u(c.k[1]), u(c.stride[0]), u(c.stride[1]),
             u(c.pads[0]), u(c.pads[1]), u(c.dilation[0]), u(c.dilation[1]),
-            div.magic[0], div.shift[0], div.magic[1], div.shift[1], GapBufs::args(self.gap.as_ref()))
+            div.magic[0], div.shift[0], div.magic[1], div.shift[1],
+            GapBufs::args(self.gap.as_ref()))
     }
 
     fn streaming(&self, cx: &Launch, l: &ConvLayer, bm: usize, way: &ConvWay) -> CudaResult<()> {
