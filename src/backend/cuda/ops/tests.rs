@@ -1033,10 +1033,21 @@ fn a_global_pool_fuses_into_the_int8_conv_before_it() {
     );
     // No other conv pools.
     assert_eq!(convs.iter().filter(|c| c.pool_hw.is_some()).count(), 1);
-    // Where the tensor-core kernels do not run, and in float plans, the pool stays.
+    // Where the tensor-core kernels do not run, in float plans, and where another step also
+    // reads the conv's output (a squeeze-excite-like scale by the pool), the pool stays.
     let cudnn = int8_plan_for(&b, [2, 3, 12, 10], 4.0, Target { int8_mma: false });
     let fp16 = plan_of(&b, [2, 3, 12, 10], Precision::Fp16);
-    for p in [&cudnn, &fp16] {
+    let mut b2 = GraphBuilder::new(&[1, 3, 12, 10]);
+    let s = b2.conv("stem", "x", 3, 16, 3);
+    let s = b2.op("Relu", "stem.relu", &[&s]);
+    let c = b2.conv("last", &s, 16, 32, 3);
+    let c = b2.op("Relu", "last.relu", &[&c]);
+    let p = b2.op("GlobalAveragePool", "scale.pool", &[&c]);
+    let x = b2.op("Mul", "scale", &[&c, &p]);
+    let y = b2.head(&x, 32, 7);
+    b2.output(&y);
+    let shared = int8_plan_of(&b2, [2, 3, 12, 10], 4.0);
+    for p in [&cudnn, &fp16, &shared] {
         assert!(
             p.steps
                 .iter()
