@@ -988,18 +988,30 @@ fn stem_convs_run_as_space_to_depth_and_compute_the_same() {
     }
 }
 
-/// A classifier whose last conv (16 -> 32, 3x3, ReLU) the global average pool reads alone:
-/// in an INT8 plan for a GPU the tensor-core kernels run on, the pool fuses into that conv,
-/// which writes the fc's int8 codes itself; elsewhere the pool stays a step of its own.
-#[test]
-fn a_global_pool_fuses_into_the_int8_conv_before_it() {
+/// A classifier on [1, 3, 12, 10] whose last conv (16 -> 32, 3x3, ReLU) a global average
+/// pool reads: the head's alone, or with `scale` first a squeeze-excite-like scale of the
+/// conv's output by its own pool (two readers).
+fn pooled_classifier(scale: bool) -> GraphBuilder {
     let mut b = GraphBuilder::new(&[1, 3, 12, 10]);
     let s = b.conv("stem", "x", 3, 16, 3);
     let s = b.op("Relu", "stem.relu", &[&s]);
     let c = b.conv("last", &s, 16, 32, 3);
-    let c = b.op("Relu", "last.relu", &[&c]);
+    let mut c = b.op("Relu", "last.relu", &[&c]);
+    if scale {
+        let p = b.op("GlobalAveragePool", "scale.pool", &[&c]);
+        c = b.op("Mul", "scale", &[&c, &p]);
+    }
     let y = b.head(&c, 32, 7);
     b.output(&y);
+    b
+}
+
+/// In an INT8 plan for a GPU the tensor-core kernels run on, the head's pool fuses into the
+/// last conv, which writes the fc's int8 codes itself; elsewhere, and where another step also
+/// reads the conv's output, the pool stays a step of its own.
+#[test]
+fn a_global_pool_fuses_into_the_int8_conv_before_it() {
+    let b = pooled_classifier(false);
     let plan = int8_plan_of(&b, [2, 3, 12, 10], 4.0);
     let names: Vec<&str> = plan.steps.iter().map(|s| s.name()).collect();
     assert!(
@@ -1033,20 +1045,11 @@ fn a_global_pool_fuses_into_the_int8_conv_before_it() {
     );
     // No other conv pools.
     assert_eq!(convs.iter().filter(|c| c.pool_hw.is_some()).count(), 1);
-    // Where the tensor-core kernels do not run, in float plans, and where another step also
-    // reads the conv's output (a squeeze-excite-like scale by the pool), the pool stays.
+    // Where the tensor-core kernels do not run, in float plans, and where the scale also
+    // reads the conv's output, the pool stays.
     let cudnn = int8_plan_for(&b, [2, 3, 12, 10], 4.0, Target { int8_mma: false });
     let fp16 = plan_of(&b, [2, 3, 12, 10], Precision::Fp16);
-    let mut b2 = GraphBuilder::new(&[1, 3, 12, 10]);
-    let s = b2.conv("stem", "x", 3, 16, 3);
-    let s = b2.op("Relu", "stem.relu", &[&s]);
-    let c = b2.conv("last", &s, 16, 32, 3);
-    let c = b2.op("Relu", "last.relu", &[&c]);
-    let p = b2.op("GlobalAveragePool", "scale.pool", &[&c]);
-    let x = b2.op("Mul", "scale", &[&c, &p]);
-    let y = b2.head(&x, 32, 7);
-    b2.output(&y);
-    let shared = int8_plan_of(&b2, [2, 3, 12, 10], 4.0);
+    let shared = int8_plan_of(&pooled_classifier(true), [2, 3, 12, 10], 4.0);
     for p in [&cudnn, &fp16, &shared] {
         assert!(
             p.steps
