@@ -300,7 +300,14 @@ fn implicit_gemm_kernels_match_cpu_over_many_tiles_and_stages() {
     let (q, cpu8, step) = int8_reference(&m, BuildSpec { batch, hw }, &x);
     let pl = plan::lower(&q, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
     let wide: &[&str] = if wgmma_gpu() { &["wgmmaw"] } else { &[] };
-    for family in [&["mma", "mma64"][..], hopper_kernels(), wide].concat() {
+    for family in [
+        &["mma", "mma64"][..],
+        hopper_kernels(),
+        wide,
+        hopper_split_kernels(),
+    ]
+    .concat()
+    {
         let (mut eng, applied, n) = forced_engine(&pl, Precision::Int8, batch, family);
         let out = eng.run(&x).expect("cuda run");
         let (abs, _) = max_err(&out.data, &cpu8.data);
@@ -315,6 +322,67 @@ fn implicit_gemm_kernels_match_cpu_over_many_tiles_and_stages() {
             abs <= 2.0 * step,
             "int8 [{family}]: max abs err {abs} over two steps of {step}"
         );
+    }
+}
+
+/// The wgmma kernels with each tile's reduction split over a cluster of blocks (`wgmma:k`,
+/// `wgmma64:k`, `wgmmaw:k`), forced on ResNet-50's layer4 in small: 7x7 maps, 3x3 256 -> 256
+/// convs (reductions of 18 tiles of 128 bytes), ReLU, the block's input added, then a 3x3
+/// 256 -> 128 conv whose float output is the model's (the epilogue's generic path). At batch
+/// 1 and 3 (49 and 147 pixels: one to three tiles of 64, each split 8 ways, so that some
+/// blocks' share of the rows lies past the last pixel), against the CPU INT8 engine within
+/// two output steps, twice a build. The many-tiles test above splits 2 ways.
+#[test]
+fn split_reduction_wgmma_kernels_match_cpu() {
+    use quantscope::backend::cuda::ops as plan;
+    let Some(_) = gpu() else { return };
+    if !wgmma_gpu() {
+        eprintln!(
+            "skipped: the split-reduction kernels need a Hopper GPU (compute capability 9.0)"
+        );
+        return;
+    }
+    let mut b = GraphBuilder::new(&[1, 256, 7, 7]);
+    let c1 = b.conv("conv1", "x", 256, 256, 3);
+    let r1 = b.op("Relu", "conv1.relu", &[&c1]);
+    let c2 = b.conv("conv2", &r1, 256, 256, 3);
+    let add = b.op("Add", "block.add", &[&c2, "x"]);
+    let r2 = b.op("Relu", "block.relu", &[&add]);
+    let y = b.conv("conv3", &r2, 256, 128, 3);
+    b.output(&y);
+    let m = b.model();
+    for batch in [1, 3] {
+        let hw = [7, 7];
+        let x = input_for(&m, batch, hw, 23);
+        let (q, cpu8, step) = int8_reference(&m, BuildSpec { batch, hw }, &x);
+        let pl = plan::lower(&q, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
+        for &family in hopper_split_kernels() {
+            let (mut eng, keys) = forced_build(&pl, Precision::Int8, batch, family);
+            let out = eng.run(&x).expect("cuda run");
+            let (abs, _) = max_err(&out.data, &cpu8.data);
+            eprintln!(
+                "batch {batch} int8 [{family}]: {keys:?}, max abs err {abs:.3e}, step {step:.3e}"
+            );
+            let applied = keys.values().filter(|k| took(k, family)).count();
+            // The 128-channel tiles take the 256-channel convs; the last one's 128 too.
+            assert_eq!(
+                applied, 3,
+                "batch {batch}: {family} on {applied} of 3 convs"
+            );
+            assert!(
+                keys.values().all(|k| k.ends_with(":8")),
+                "batch {batch}: {keys:?} not split 8 ways"
+            );
+            assert!(
+                abs <= 2.0 * step,
+                "batch {batch} [{family}]: max abs err {abs} over two steps of {step}"
+            );
+            let again = eng.run(&x).expect("cuda run");
+            assert_eq!(
+                again.data, out.data,
+                "batch {batch} [{family}]: a second run differs"
+            );
+        }
     }
 }
 
@@ -618,6 +686,16 @@ fn int8_kernels() -> Vec<&'static str> {
 fn hopper_kernels() -> &'static [&'static str] {
     if wgmma_gpu() {
         &["wgmma", "wgmma64"]
+    } else {
+        &[]
+    }
+}
+
+/// The wgmma kernels with a split reduction (any number of blocks a tile) on a Hopper GPU,
+/// none elsewhere.
+fn hopper_split_kernels() -> &'static [&'static str] {
+    if wgmma_gpu() {
+        &["wgmma:k", "wgmma64:k", "wgmmaw:k"]
     } else {
         &[]
     }

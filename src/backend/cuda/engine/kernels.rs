@@ -449,12 +449,16 @@ pub(super) fn round_up(v: usize, m: usize) -> usize {
 /// mirror the kernel's parameters in `kernels/`: `cfg CONFIG;` gives the launch
 /// configuration, a count `N;` launches a thread per element.
 macro_rules! launch {
-    ($stream:expr, $f:expr, cfg $cfg:expr; $($a:expr),* $(,)?) => {{
+    ($stream:expr, $f:expr, cfg $cfg:expr; $($a:expr),* $(,)?) => {
+        $crate::backend::cuda::engine::kernels::launch!($stream, $f, cfg $cfg, cluster 1; $($a),*)
+    };
+    // Blocks in clusters of `cluster` along the grid's z (1: no clusters).
+    ($stream:expr, $f:expr, cfg $cfg:expr, cluster $cl:expr; $($a:expr),* $(,)?) => {{
         let cfg: cudarc::driver::LaunchConfig = $cfg;
         let args = ($($a,)*);
         let mut ptrs: Vec<*mut std::ffi::c_void> = Vec::with_capacity(36);
         $crate::backend::cuda::engine::kernels::push_args!(ptrs, args; (0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32 33 34 35); $($a),*);
-        $f.launch(&$stream, cfg, &mut ptrs)
+        $f.launch(&$stream, cfg, $cl, &mut ptrs)
     }};
     // One thread per element.
     ($stream:expr, $f:expr, $n:expr; $($a:expr),* $(,)?) => {
@@ -491,11 +495,13 @@ pub(super) struct Kernel {
 }
 
 impl Kernel {
-    /// Launches on `stream` with `args` from `arg_ptr`.
+    /// Launches on `stream` with `args` from `arg_ptr`, in clusters of `cluster_z` blocks
+    /// along the grid's z (compute capability 9.0 and up) where that is more than 1.
     pub(super) fn launch(
         &self,
         stream: &CudaStream,
         cfg: LaunchConfig,
+        cluster_z: u32,
         args: &mut [*mut c_void],
     ) -> CudaResult<()> {
         // The driver call takes the calling thread's context, as cudarc's launches bind it.
@@ -505,9 +511,21 @@ impl Kernel {
         )?;
         // SAFETY: a zeroed attribute is a valid value of the plain-data union; only the id
         // and the one field read for that id are set.
-        let mut attr: sys::CUlaunchAttribute = unsafe { std::mem::zeroed() };
-        attr.id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
-        attr.value.programmaticStreamSerializationAllowed = 1;
+        let mut attrs: [sys::CUlaunchAttribute; 2] = unsafe { std::mem::zeroed() };
+        let mut n = 0;
+        if self.pdl {
+            attrs[n].id =
+                sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+            attrs[n].value.programmaticStreamSerializationAllowed = 1;
+            n += 1;
+        }
+        if cluster_z > 1 {
+            attrs[n].id = sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;
+            attrs[n].value.clusterDim.x = 1;
+            attrs[n].value.clusterDim.y = 1;
+            attrs[n].value.clusterDim.z = cluster_z;
+            n += 1;
+        }
         let config = sys::CUlaunchConfig {
             gridDimX: cfg.grid_dim.0,
             gridDimY: cfg.grid_dim.1,
@@ -517,8 +535,8 @@ impl Kernel {
             blockDimZ: cfg.block_dim.2,
             sharedMemBytes: cfg.shared_mem_bytes,
             hStream: stream.cu_stream(),
-            attrs: &mut attr,
-            numAttrs: u32::from(self.pdl),
+            attrs: attrs.as_mut_ptr(),
+            numAttrs: n as u32,
         };
         // SAFETY: `args` points at live values of the kernel's parameter types, in order (the
         // launch! call sites mirror the kernels' signatures, as cudarc's builder did).

@@ -3,7 +3,8 @@
 //! `conv_i8_mma64` (implicit GEMM in 128- or 64-pixel tiles), `conv_i8_mmas*` (1x1 with the
 //! block's weights resident, pixel tiles streamed) and `conv_i8_rows` (a regrouped stem, a
 //! row of output pixels a block); on compute capability 9.0 also `conv_i8_wgmma`, the implicit
-//! GEMM on Hopper's warpgroup instructions.
+//! GEMM on Hopper's warpgroup instructions, whose reduction a layer of few tiles splits over a
+//! cluster of blocks.
 
 use cudarc::driver::{DeviceRepr, LaunchConfig};
 
@@ -11,8 +12,9 @@ use super::super::args::FastDiv;
 use super::super::device::{DevBuf, Launch};
 use super::super::kernels::{
     Kernel, MMA_BK, MMA_BM, MMA_BN, MMA_COMPUTE, MMA_OCCUPANCY, MMA_THREADS, MMAS_KPADS,
-    MMAS_MAX_SMEM, ROWS_MAX_OW, ROWS_MAX_SMEM, WGMMA_COMPUTE, WGMMA_TILES, epi_i8_ok, launch,
-    mma_smem_bytes, mmas_smem_bytes, round_up, rows_codes, rows_smem_bytes, wgmma_smem_bytes,
+    MMAS_MAX_SMEM, ROWS_MAX_OW, ROWS_MAX_SMEM, WG_BK, WGMMA_COMPUTE, WGMMA_TILES, epi_i8_ok,
+    launch, mma_smem_bytes, mmas_smem_bytes, round_up, rows_codes, rows_smem_bytes,
+    wgmma_smem_bytes,
 };
 use super::{ConvFamily, ConvImpl, ConvLayer, ConvSetup, ConvWay, Epi, padded_rows};
 use crate::backend::cuda::error::{CudaError, CudaResult};
@@ -66,17 +68,30 @@ impl ConvFamily for Mma {
             imps.push(ConvImpl::MmaRows);
         }
         // Hopper's warpgroup kernels: row tiles within the grid's y limit (as above), 128-
-        // channel tiles where they are whole (the weights are padded to 64 rows).
+        // channel tiles where they are whole (the weights are padded to 64 rows); then, for
+        // a layer of few tiles, the same tiles with the reduction split over a cluster.
         if cx.dev.compute == WGMMA_COMPUTE {
+            let tiles: Vec<(usize, usize)> = WGMMA_TILES
+                .into_iter()
+                .filter(|&(bm, bn)| {
+                    row_tiles(c, l.m, bm) <= u16::MAX as usize
+                        && (bn == MMA_BN || c.cout.is_multiple_of(bn))
+                })
+                .collect();
+            let split = |&(bm, bn): &(usize, usize)| {
+                let splits = if pooled {
+                    1
+                } else {
+                    wgmma_splits(cx, c, l.m, bm, bn)
+                };
+                (splits > 1).then_some(ConvImpl::Wgmma { bm, bn, splits })
+            };
             imps.extend(
-                WGMMA_TILES
-                    .into_iter()
-                    .filter(|&(bm, bn)| {
-                        row_tiles(c, l.m, bm) <= u16::MAX as usize
-                            && (bn == MMA_BN || c.cout.is_multiple_of(bn))
-                    })
-                    .map(|(bm, bn)| ConvImpl::Wgmma { bm, bn }),
+                tiles
+                    .iter()
+                    .map(|&(bm, bn)| ConvImpl::Wgmma { bm, bn, splits: 1 }),
             );
+            imps.extend(tiles.iter().filter_map(split));
         }
         imps.extend(
             [MMA_BM, MMA_BM / 2]
@@ -99,6 +114,34 @@ fn row_tiles(c: &ConvStep, m: usize, bm: usize) -> usize {
         Some([oh, ow]) => m / (oh * ow) * (oh * ow).div_ceil(bm),
         None => m.div_ceil(bm),
     }
+}
+
+/// The most blocks a cluster has (the portable limit, which needs no opt-in).
+const MAX_SPLITS: usize = 8;
+
+/// Blocks a tile that a wgmma kernel of `bm` x `bn` tiles splits conv `c`'s reduction over
+/// (1: no split): where its tiles are fewer than the SMs hold at once, the power of two up to
+/// MAX_SPLITS that brings the blocks closest to that without passing it, each block keeping
+/// at least two reduction tiles (WG_BK bytes each) to pipeline. ResNet-50's layer4 3x3 conv
+/// at batch 1 (49 pixels, 512 channels, a reduction of 36 tiles) is 8 tiles of 64 x 64 on an
+/// H200's 132 SMs: 8 blocks, each a 36-tile reduction; split 8 ways, 64 blocks of 4 or 5.
+pub(super) fn wgmma_splits(cx: &Launch, c: &ConvStep, m: usize, bm: usize, bn: usize) -> usize {
+    split_count(
+        c.cout.div_ceil(bn) * row_tiles(c, m, bm),
+        round_up(c.reduction(), MMA_BK).div_ceil(WG_BK),
+        cx.dev.sms * cx.dev.resident_blocks(wgmma_smem_bytes(bm, bn)),
+    )
+}
+
+/// `wgmma_splits` for `tiles` tiles of `ktiles` reduction tiles each, on a GPU that holds
+/// `at_once` of the kernel's blocks at a time.
+fn split_count(tiles: usize, ktiles: usize, at_once: usize) -> usize {
+    let room = at_once / tiles.max(1);
+    let mut splits = 1;
+    while splits * 2 <= MAX_SPLITS.min(room) && splits * 2 * 2 <= ktiles {
+        splits *= 2;
+    }
+    splits
 }
 
 /// Whether the row-at-a-time tensor-core kernel runs int8 conv `c` (on top of `applies`):
@@ -233,11 +276,12 @@ impl ConvSetup for MmaSetup {
                 } else {
                     &k.conv_i8_mma64
                 };
-                self.implicit_gemm(cx, l, f, (bm, MMA_BN), mma_smem(bm), way)
+                self.implicit_gemm(cx, l, f, (bm, MMA_BN, 1), mma_smem(bm), way)
             }
-            ConvImpl::Wgmma { bm, bn } => {
+            ConvImpl::Wgmma { bm, bn, splits } => {
                 let f = k.wgmma(bm, bn);
-                self.implicit_gemm(cx, l, f, (bm, bn), wgmma_smem_bytes(bm, bn), way)
+                let smem = wgmma_smem_bytes(bm, bn);
+                self.implicit_gemm(cx, l, f, (bm, bn, splits), smem, way)
             }
             ConvImpl::MmaStream { bm } => self.streaming(cx, l, bm, way),
             ConvImpl::MmaRows => self.rows(cx, l, way),
@@ -254,14 +298,15 @@ impl ConvSetup for MmaSetup {
 }
 
 impl MmaSetup {
-    /// Launches implicit GEMM kernel `f` in tiles of (pixels, channels) `bm` x `bn`, with
-    /// `smem` bytes of dynamic shared memory.
+    /// Launches implicit GEMM kernel `f` in tiles of (pixels, channels) `bm` x `bn`, each
+    /// tile's reduction split over a cluster of `splits` blocks (1: none; the wgmma kernels
+    /// alone), with `smem` bytes of dynamic shared memory.
     fn implicit_gemm(
         &self,
         cx: &Launch,
         l: &ConvLayer,
         f: &Kernel,
-        (bm, bn): (usize, usize),
+        (bm, bn, splits): (usize, usize, usize),
         smem: usize,
         way: &ConvWay,
     ) -> CudaResult<()> {
@@ -276,16 +321,21 @@ impl MmaSetup {
             (1, 1)
         };
         // x: tiles of output channels (the blocks sharing a tile of pixels run together);
-        // y: tiles of pixels (with a fused pool, of one image each). The wgmma kernels take a
-        // warpgroup of MMA_THREADS for every MMA_BN channels of a tile.
+        // y: tiles of pixels (with a fused pool, of one image each); z: the blocks of a split
+        // reduction, a cluster. The wgmma kernels take a warpgroup of MMA_THREADS for every
+        // MMA_BN channels of a tile.
         let cfg = LaunchConfig {
-            grid_dim: (c.cout.div_ceil(bn) as u32, row_tiles(c, l.m, bm) as u32, 1),
+            grid_dim: (
+                c.cout.div_ceil(bn) as u32,
+                row_tiles(c, l.m, bm) as u32,
+                splits as u32,
+            ),
             block_dim: ((MMA_THREADS * bn / MMA_BN) as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
         // Row -> (image, output row): divisions by oh * ow and ow.
         let div = FastDiv::of(&[(oh * ow) as i64, ow as i64]);
-        launch!(cx.stream, f, cfg cfg; way.input, self.w.ptr, way.alpha, l.bias.ptr,
+        launch!(cx.stream, f, cfg cfg, cluster splits as u32; way.input, self.w.ptr, way.alpha, l.bias.ptr,
             e.res.0, e.res.1, e.res.2, e.out.0, e.out.1, e.out.2,
             u(l.m), u(c.cin), u(round_up(c.reduction(), MMA_BK)), u(c.cout), e.act.0, e.act.1, e.act.2,
             u(h), u(w), u(oh), u(ow), u(c.k[0]), u(c.k[1]), u(c.stride[0]), u(c.stride[1]),
@@ -351,5 +401,24 @@ impl MmaSetup {
             e.res.0, e.res.1, e.res.2, e.out.0, e.out.1, e.out.2, u(c.cout),
             e.act.0, e.act.1, e.act.2, u(rows), u(h), u(w), u(l.oh), u(l.ow), u(c.k[0]), u(c.k[1]),
             u(c.pads[0]), u(c.pads[1]), u(kpad))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// ResNet-50's layers on an H200 (132 SMs; three 64 x 64 blocks an SM, two 128 x 64
+    /// ones): layer4's 3x3 conv at batch 1 (8 tiles of 36 reduction tiles) splits 8 ways,
+    /// layer3's 1x1 reduction (16 tiles of 8) 4 ways, so that each block keeps two; layer4's
+    /// 3x3 at batch 32 in 128 x 64 tiles (104 tiles, 264 blocks at once) 2 ways; a layer
+    /// that fills the GPU (200 tiles of 64 x 64) or has a reduction of three tiles not at all.
+    #[test]
+    fn few_tiles_split_their_reduction_up_to_a_cluster() {
+        assert_eq!(split_count(8, 36, 396), 8);
+        assert_eq!(split_count(16, 8, 396), 4);
+        assert_eq!(split_count(104, 36, 264), 2);
+        assert_eq!(split_count(200, 36, 396), 1);
+        assert_eq!(split_count(8, 3, 396), 1);
     }
 }

@@ -386,10 +386,13 @@ pub enum ConvImpl {
     /// shared memory (compute capability 9.0), the same epilogue, in tiles of `bm` output
     /// pixels by `bn` channels:
     /// WG_BM x 64 (`conv_i8_wgmma`), half that (`conv_i8_wgmma64`) or WG_BM x 128
-    /// (`conv_i8_wgmma_wide`, two warpgroups).
+    /// (`conv_i8_wgmma_wide`, two warpgroups). With `splits` > 1 the reduction is split over
+    /// a cluster of that many blocks a tile, which add up their sums in distributed shared
+    /// memory: for layers of fewer tiles than the SMs hold (`mma::wgmma_splits`).
     Wgmma {
         bm: usize,
         bn: usize,
+        splits: usize,
     },
     /// A layer the Q/DQ plan lets run in int8 (or FP8), run in FP16 because that timed faster:
     /// the quantized input is dequantized into a scratch FP16 copy, the inner float
@@ -421,9 +424,21 @@ impl ConvImpl {
             ConvImpl::MmaStream { bm } if *bm == MMA_BM => "mmas".into(),
             ConvImpl::MmaStream { bm } => format!("mmas{bm}"),
             ConvImpl::MmaRows => "mmar".into(),
-            ConvImpl::Wgmma { bn, .. } if *bn > MMA_BN => "wgmmaw".into(),
-            ConvImpl::Wgmma { bm, .. } if *bm == WG_BM => "wgmma".into(),
-            ConvImpl::Wgmma { bm, .. } => format!("wgmma{bm}"),
+            // A split reduction after a colon, so that the tile's key alone (how the tests
+            // force a kernel) picks its first candidate, the unsplit one, and `wgmma64:k`
+            // any split.
+            ConvImpl::Wgmma { bm, bn, splits } => {
+                let tile = match (*bm, *bn) {
+                    (_, bn) if bn > MMA_BN => "wgmmaw".to_string(),
+                    (WG_BM, _) => "wgmma".to_string(),
+                    (bm, _) => format!("wgmma{bm}"),
+                };
+                if *splits > 1 {
+                    format!("{tile}:k:{splits}")
+                } else {
+                    tile
+                }
+            }
             ConvImpl::AsF16(inner) => format!("f16+{}", inner.key()),
         }
     }
@@ -467,9 +482,13 @@ impl ConvImpl {
                 "int8 tensor-core kernel, a row of pixels a block (input window in shared memory)"
                     .into()
             }
-            ConvImpl::Wgmma { bm, bn } => {
+            ConvImpl::Wgmma { bm, bn, splits: 1 } => {
                 format!("int8 Hopper wgmma implicit GEMM kernel, {bm} x {bn} tiles")
             }
+            ConvImpl::Wgmma { bm, bn, splits } => format!(
+                "int8 Hopper wgmma implicit GEMM kernel, {bm} x {bn} tiles, reduction split \
+                 over {splits} blocks"
+            ),
             ConvImpl::AsF16(inner) => format!("run in fp16 (timed faster): {}", inner.describe()),
         }
     }
@@ -553,12 +572,29 @@ mod tests {
                 "int8 tensor-core kernel",
             ),
             (
-                ConvImpl::Wgmma { bm: 64, bn: 64 },
+                ConvImpl::Wgmma {
+                    bm: 64,
+                    bn: 64,
+                    splits: 1,
+                },
                 "wgmma",
                 "int8 tensor-core kernel",
             ),
             (
-                ConvImpl::Wgmma { bm: 128, bn: 128 },
+                ConvImpl::Wgmma {
+                    bm: 64,
+                    bn: 64,
+                    splits: 8,
+                },
+                "wgmma",
+                "int8 tensor-core kernel",
+            ),
+            (
+                ConvImpl::Wgmma {
+                    bm: 128,
+                    bn: 128,
+                    splits: 2,
+                },
                 "wgmmaw",
                 "int8 tensor-core kernel",
             ),
@@ -591,5 +627,22 @@ mod tests {
             assert_eq!(family_token(&key), token, "{key}");
             assert_eq!(family_of(token).map(|f| f.name()), Some(family), "{key}");
         }
+    }
+
+    /// A split wgmma kernel's key names its tile, then the split: the tile's key alone (a
+    /// forced family, an older cache) also answers for it, but the builder's candidates list
+    /// the unsplit kernel first; `wgmma64:k` answers for any split of 64 x 64 tiles alone.
+    #[test]
+    fn split_wgmma_keys_answer_for_their_tile_and_split() {
+        let wg = |bm, bn, splits| ConvImpl::Wgmma { bm, bn, splits };
+        assert_eq!(wg(64, 64, 8).key(), "wgmma64:k:8");
+        assert_eq!(wg(128, 64, 2).key(), "wgmma:k:2");
+        assert_eq!(wg(128, 128, 4).key(), "wgmmaw:k:4");
+        assert_eq!(wg(64, 64, 1).key(), "wgmma64");
+        assert!(wg(64, 64, 8).answers("wgmma64:k"));
+        assert!(wg(64, 64, 8).answers("wgmma64:k:8"));
+        assert!(!wg(64, 64, 8).answers("wgmma64:k:4"));
+        assert!(!wg(64, 64, 1).answers("wgmma64:k"));
+        assert!(!wg(128, 64, 2).answers("wgmma64:k"));
     }
 }
