@@ -358,30 +358,15 @@ fn split_reduction_wgmma_kernels_match_cpu() {
         let pl = plan::lower(&q, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
         for &family in hopper_split_kernels() {
             let (mut eng, keys) = forced_build(&pl, Precision::Int8, batch, family);
-            let out = eng.run(&x).expect("cuda run");
-            let (abs, _) = max_err(&out.data, &cpu8.data);
-            eprintln!(
-                "batch {batch} int8 [{family}]: {keys:?}, max abs err {abs:.3e}, step {step:.3e}"
-            );
+            let what = format!("batch {batch} int8 [{family}]: {keys:?}");
             let applied = keys.values().filter(|k| took(k, family)).count();
             // The 128-channel tiles take the 256-channel convs; the last one's 128 too.
-            assert_eq!(
-                applied, 3,
-                "batch {batch}: {family} on {applied} of 3 convs"
-            );
+            assert_eq!(applied, 3, "{what}: on {applied} of 3 convs");
             assert!(
                 keys.values().all(|k| k.ends_with(":8")),
-                "batch {batch}: {keys:?} not split 8 ways"
+                "{what}: not split 8 ways"
             );
-            assert!(
-                abs <= 2.0 * step,
-                "batch {batch} [{family}]: max abs err {abs} over two steps of {step}"
-            );
-            let again = eng.run(&x).expect("cuda run");
-            assert_eq!(
-                again.data, out.data,
-                "batch {batch} [{family}]: a second run differs"
-            );
+            twice_within_two_steps(&mut eng, &x, &cpu8.data, step, &what);
         }
     }
 }
@@ -524,25 +509,13 @@ fn a_conv_with_its_global_pool_fused_matches_cpu_on_every_tensor_core_kernel() {
             .iter()
         {
             let (mut eng, keys) = forced_build(&pl, Precision::Int8, batch, family);
-            let out = eng.run(&x).expect("cuda run");
-            let (abs, _) = max_err(&out.data, &cpu8.data);
-            eprintln!(
-                "batch {batch} {hw:?} {act} int8 [{family}]: {keys:?}, max abs err {abs:.3e}, step {step:.3e}"
-            );
+            let what = format!("batch {batch} {hw:?} {act} int8 [{family}]: {keys:?}");
             assert!(
                 took(&keys[&pooled], family),
-                "batch {batch}: {pooled} on {family}"
-            );
-            assert!(
-                abs <= 2.0 * step,
-                "batch {batch} {hw:?} [{family}]: max abs err {abs} over two steps of {step}"
+                "{what}: {pooled} not on {family}"
             );
             // Twice: an image's last tile reset its count for the next run.
-            let again = eng.run(&x).expect("cuda run");
-            assert_eq!(
-                again.data, out.data,
-                "batch {batch} {hw:?} [{family}]: a second run differs"
-            );
+            twice_within_two_steps(&mut eng, &x, &cpu8.data, step, &what);
         }
     }
 }
@@ -689,6 +662,27 @@ fn hopper_kernels() -> &'static [&'static str] {
     } else {
         &[]
     }
+}
+
+/// Runs `eng` on `x` twice: the output within two steps `step` of the CPU INT8 engine's
+/// (`cpu8`), and the second run's the same as the first (state a run leaves behind, a count of
+/// finished tiles, would show there). `what` names the engine in the log and the failures.
+fn twice_within_two_steps(
+    eng: &mut quantscope::backend::cuda::engine::CudaEngine,
+    x: &[f32],
+    cpu8: &[f32],
+    step: f32,
+    what: &str,
+) {
+    let out = eng.run(x).expect("cuda run");
+    let (abs, _) = max_err(&out.data, cpu8);
+    eprintln!("{what}, max abs err {abs:.3e}, step {step:.3e}");
+    assert!(
+        abs <= 2.0 * step,
+        "{what}: max abs err {abs} over two steps of {step}"
+    );
+    let again = eng.run(x).expect("cuda run");
+    assert_eq!(again.data, out.data, "{what}: a second run differs");
 }
 
 /// The wgmma kernels with a split reduction (any number of blocks a tile) on a Hopper GPU,
