@@ -286,15 +286,7 @@ fn streaming_1x1_kernels_match_cpu_over_many_tiles() {
 fn implicit_gemm_kernels_match_cpu_over_many_tiles_and_stages() {
     use quantscope::backend::cuda::ops as plan;
     let Some(_) = gpu() else { return };
-    let mut b = GraphBuilder::new(&[1, 256, 28, 28]);
-    let c1 = b.conv("conv1", "x", 256, 256, 3);
-    let r1 = b.op("Relu", "conv1.relu", &[&c1]);
-    let c2 = b.conv("conv2", &r1, 256, 256, 3);
-    let add = b.op("Add", "block.add", &[&c2, "x"]);
-    let r2 = b.op("Relu", "block.relu", &[&add]);
-    let y = b.conv("head", &r2, 256, 16, 1);
-    b.output(&y);
-    let m = b.model();
+    let m = resnet_3x3_block([28, 28], 16, 1);
     let (batch, hw) = (4, [28, 28]);
     let x = input_for(&m, batch, hw, 17);
     let (q, cpu8, step) = int8_reference(&m, BuildSpec { batch, hw }, &x);
@@ -342,15 +334,7 @@ fn split_reduction_wgmma_kernels_match_cpu() {
         );
         return;
     }
-    let mut b = GraphBuilder::new(&[1, 256, 7, 7]);
-    let c1 = b.conv("conv1", "x", 256, 256, 3);
-    let r1 = b.op("Relu", "conv1.relu", &[&c1]);
-    let c2 = b.conv("conv2", &r1, 256, 256, 3);
-    let add = b.op("Add", "block.add", &[&c2, "x"]);
-    let r2 = b.op("Relu", "block.relu", &[&add]);
-    let y = b.conv("conv3", &r2, 256, 128, 3);
-    b.output(&y);
-    let m = b.model();
+    let m = resnet_3x3_block([7, 7], 128, 3);
     for batch in [1, 3] {
         let hw = [7, 7];
         let x = input_for(&m, batch, hw, 23);
@@ -662,6 +646,20 @@ fn hopper_kernels() -> &'static [&'static str] {
     } else {
         &[]
     }
+}
+
+/// A ResNet block on `hw` maps: two 3x3 256 -> 256 convs (ReLU; the block's input added,
+/// ReLU), then a `k` x `k` 256 -> `cout` conv whose float output is the model's.
+fn resnet_3x3_block(hw: [usize; 2], cout: usize, k: usize) -> Model {
+    let mut b = GraphBuilder::new(&[1, 256, hw[0], hw[1]]);
+    let c1 = b.conv("conv1", "x", 256, 256, 3);
+    let r1 = b.op("Relu", "conv1.relu", &[&c1]);
+    let c2 = b.conv("conv2", &r1, 256, 256, 3);
+    let add = b.op("Add", "block.add", &[&c2, "x"]);
+    let r2 = b.op("Relu", "block.relu", &[&add]);
+    let y = b.conv("last", &r2, 256, cout, k);
+    b.output(&y);
+    b.model()
 }
 
 /// Runs `eng` on `x` twice: the output within two steps `step` of the CPU INT8 engine's
