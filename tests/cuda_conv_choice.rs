@@ -1,7 +1,8 @@
 //! How the CUDA builder chooses each conv's implementation, against the CPU engines, on a GPU
 //! machine: every implementation forced in turn on every layer it applies to (float and int8,
-//! on MobileNet, EfficientNet, bottleneck, ghost and stem blocks, and a classifier tail with
-//! its pool fused into the last conv), and every build effort.
+//! on MobileNet, EfficientNet, bottleneck, ghost and stem blocks, a classifier tail with its
+//! pool fused into the last conv, and a ResNet layer4 block whose reductions split over
+//! clusters), and every build effort.
 //! Without a usable GPU every test prints why it skips and passes. Tolerances as in
 //! `cuda_backend.rs`.
 
