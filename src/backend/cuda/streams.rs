@@ -192,9 +192,7 @@ mod tests {
     /// Buffers as the engine assigns them: ordered by a draft schedule on unshared buffers,
     /// then the schedule on the shared ones. Checks that the clocks agree with the waits.
     fn scheduled(plan: &Plan, movable: &[bool], aux: usize) -> (Vec<usize>, Schedule) {
-        let roots: Vec<usize> = (0..plan.tensors.len())
-            .map(|t| plan.tensors[t].alias_of.unwrap_or(t))
-            .collect();
+        let roots: Vec<usize> = (0..plan.tensors.len()).map(|t| plan.root(t)).collect();
         let draft = schedule(plan, &roots, movable, aux);
         let (slot_of, _) = assign_buffers(plan, |a, b| draft.before(a, b));
         let sch = schedule(plan, &slot_of, movable, aux);

@@ -194,9 +194,7 @@ impl CudaEngine {
     ) -> CudaResult<CudaEngine> {
         // Buffers are shared only between steps that stay ordered when every step that may
         // leave the main stream does (which ones do is known after the first run).
-        let roots: Vec<usize> = (0..plan.tensors.len())
-            .map(|t| plan.tensors[t].alias_of.unwrap_or(t))
-            .collect();
+        let roots: Vec<usize> = (0..plan.tensors.len()).map(|t| plan.root(t)).collect();
         let draft = schedule(&plan, &roots, &vec![true; plan.steps.len()], aux_streams());
         let (slot_of, sizes) = assign_buffers(&plan, |a, b| draft.before(a, b));
         let mem = Memory::new(&plan, slot_of, &sizes, scratch_sizes(&plan, float))?;

@@ -1037,7 +1037,7 @@ fn a_global_pool_fuses_into_the_int8_conv_before_it() {
     let od = &plan.tensors[last.out];
     assert_eq!((od.dtype, od.shape.clone()), (DType::I8, vec![2, 32, 1, 1]));
     let fc = convs.last().expect("fc");
-    let root = |t: usize| plan.tensors[t].alias_of.unwrap_or(t);
+    let root = |t: usize| plan.root(t);
     assert_eq!(
         root(fc.input),
         last.out,
@@ -1076,7 +1076,7 @@ fn classifier_tail_writes_int8_and_f32_without_cast_steps() {
         panic!("the last step is not the fc: {names:?}")
     };
     assert!(fc.quant.as_ref().is_some_and(|q| q.is_int8()), "{names:?}");
-    let root = |t: usize| plan.tensors[t].alias_of.unwrap_or(t);
+    let root = |t: usize| plan.root(t);
     assert_eq!(
         root(fc.input),
         pool.output(),

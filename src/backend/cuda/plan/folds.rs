@@ -10,13 +10,8 @@ use super::{Act, DType, Layout, PadMode, Plan, Step};
 /// chain of them goes: copies a reader that converts as it reads made redundant (the stem's
 /// input layout copy). A tensor read through an alias counts as read.
 pub fn prune_dead(plan: &mut Plan) {
-    let root = |t: usize| plan.tensors[t].alias_of.unwrap_or(t);
-    let mut readers = vec![0usize; plan.tensors.len()];
-    for s in &plan.steps {
-        for t in s.inputs() {
-            readers[root(t)] += 1;
-        }
-    }
+    let root = |t: usize| plan.root(t);
+    let mut readers = plan.step_reads();
     // The host reads these.
     for t in plan.host_read() {
         readers[root(t)] += 1;
@@ -46,14 +41,8 @@ pub fn prune_dead(plan: &mut Plan) {
 /// it: a classifier's pool writes its int8 codes through the Flatten to the fc.
 pub fn fold_casts(plan: &mut Plan) {
     let nt = plan.tensors.len();
-    let root = |t: usize| plan.tensors[t].alias_of.unwrap_or(t);
     // Reads of each tensor, counting those through its views.
-    let mut readers = vec![0usize; nt];
-    for s in &plan.steps {
-        for t in s.inputs() {
-            readers[root(t)] += 1;
-        }
-    }
+    let readers = plan.step_reads();
     let aliased: HashSet<usize> = plan.tensors.iter().filter_map(|t| t.alias_of).collect();
     let mut producer = vec![None::<usize>; nt];
     let mut folded = vec![];
@@ -66,7 +55,7 @@ pub fn fold_casts(plan: &mut Plan) {
         } = &plan.steps[si]
         {
             let (i, o) = (*input, *out);
-            let r = plan.tensors[i].alias_of.unwrap_or(i);
+            let r = plan.root(i);
             let viewed = r != i;
             let (ti, to) = (&plan.tensors[i], &plan.tensors[o]);
             let host_read = |t: usize| plan.host_read().any(|h| h == t);
@@ -128,13 +117,7 @@ pub fn fold_casts(plan: &mut Plan) {
 /// DeepLab's 0.30 instead of 0.26 ms at batch 1. Runs after `fold_casts`, which made the Pad
 /// write the codes its quantize wrote.
 pub fn fold_pads_into_depthwise(plan: &mut Plan) {
-    let root = |t: usize| plan.tensors[t].alias_of.unwrap_or(t);
-    let mut readers = vec![0usize; plan.tensors.len()];
-    for s in &plan.steps {
-        for t in s.inputs() {
-            readers[root(t)] += 1;
-        }
-    }
+    let readers = plan.step_reads();
     let host: HashSet<usize> = plan.host_read().collect();
     let producer: std::collections::HashMap<usize, usize> = plan
         .steps
@@ -219,13 +202,8 @@ pub fn fuse_global_pools_into_convs(plan: &mut Plan) {
     // The fused kernels' tiles hold one image each (64 or 128 pixels): an image of fewer
     // pixels than a quarter of the smaller leaves most of their rows unused.
     const GAP_MIN_PIXELS: usize = 16;
-    let root = |t: usize| plan.tensors[t].alias_of.unwrap_or(t);
-    let mut readers = vec![0usize; plan.tensors.len()];
-    for s in &plan.steps {
-        for t in s.inputs() {
-            readers[root(t)] += 1;
-        }
-    }
+    let root = |t: usize| plan.root(t);
+    let readers = plan.step_reads();
     let host: HashSet<usize> = plan.host_read().map(root).collect();
     let aliased: HashSet<usize> = plan.tensors.iter().filter_map(|t| t.alias_of).collect();
     let mut folded = vec![];

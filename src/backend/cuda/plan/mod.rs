@@ -766,6 +766,22 @@ impl Plan {
     pub fn host_read(&self) -> impl Iterator<Item = usize> + '_ {
         std::iter::once(self.output).chain(self.taps.iter().copied())
     }
+
+    /// The tensor that `t` is a view of (`alias_of`), or `t` itself.
+    pub fn root(&self, t: usize) -> usize {
+        self.tensors[t].alias_of.unwrap_or(t)
+    }
+
+    /// How many step inputs read each tensor, a view's reads counted at the tensor it views
+    /// (the host's reads not included): what the rewrites of `folds` ask before they move a
+    /// tensor's writer or drop it.
+    pub fn step_reads(&self) -> Vec<usize> {
+        let mut reads = vec![0usize; self.tensors.len()];
+        for t in self.steps.iter().flat_map(|s| s.inputs()) {
+            reads[self.root(t)] += 1;
+        }
+        reads
+    }
 }
 
 pub type PlanResult<T> = Result<T, String>;
@@ -870,7 +886,7 @@ pub fn assign_buffers(
     ordered: impl Fn(usize, usize) -> bool,
 ) -> (Vec<usize>, Vec<usize>) {
     let nt = plan.tensors.len();
-    let root = |t: usize| plan.tensors[t].alias_of.unwrap_or(t);
+    let root = |t: usize| plan.root(t);
     // Last step reading each root, and every step writing or reading it.
     let mut last_use = vec![None::<usize>; nt];
     let mut users: Vec<Vec<usize>> = vec![vec![]; nt];
