@@ -2,7 +2,8 @@
 //! machine: every implementation forced in turn on every layer it applies to (float and int8,
 //! on MobileNet, EfficientNet, bottleneck, ghost and stem blocks, a classifier tail with its
 //! pool fused into the last conv, and a ResNet layer4 block whose reductions split over
-//! clusters), and every build effort.
+//! clusters, and a chain of 1x1 convs in each plan of the streaming wgmma kernel), and every
+//! build effort.
 //! Without a usable GPU every test prints why it skips and passes. Tolerances as in
 //! `cuda_backend.rs`.
 
@@ -234,13 +235,13 @@ fn every_conv_implementation_matches_cpu_on_a_bottleneck_block() {
     every_conv_implementation_matches_cpu(bottleneck_block(), false, &float, &int8);
 }
 
-/// The streaming 1x1 tensor-core kernels (`mmas`, `mmas64`) where each block steps over
-/// several pixel tiles, its copies of the next tile beside the current one's work: ResNet
-/// layer1's expansion at batch 16 (50,176 pixels, 64 -> 256 channels: 392 tiles of 128 pixels
-/// for a grid of about 132 blocks on an H100 or H200), one 1x1 conv with no residual and one
-/// with it and ReLU, then a 256 -> 64 reduction with hard swish (reduction 256: the 64-pixel
-/// kernel only) and a float head, forced on every conv, against the CPU INT8 engine within two
-/// output steps.
+/// The streaming 1x1 tensor-core kernels (`mmas`, `mmas64`, and on Hopper the wgmma one,
+/// `wgs`) where each block steps over several pixel tiles, its copies of the next tiles beside
+/// the current one's work: ResNet layer1's expansion at batch 16 (50,176 pixels, 64 -> 256
+/// channels: 392 tiles of 128 pixels for a grid of about 132 blocks on an H100 or H200), one
+/// 1x1 conv with no residual and one with it and ReLU, then a 256 -> 64 reduction with hard
+/// swish (reduction 256: the 64-pixel `mmas` kernel only) and a float head, forced on every
+/// conv, against the CPU INT8 engine within two output steps.
 #[test]
 fn streaming_1x1_kernels_match_cpu_over_many_tiles() {
     use quantscope::backend::cuda::ops as plan;
@@ -260,7 +261,8 @@ fn streaming_1x1_kernels_match_cpu_over_many_tiles() {
     let x = input_for(&m, batch, hw, 13);
     let (q, cpu8, step) = int8_reference(&m, BuildSpec { batch, hw }, &x);
     let pl = plan::lower(&q, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
-    for (family, takes) in [("mmas", 2), ("mmas64", 3)] {
+    let wgs: &[(&str, usize)] = if wgmma_gpu() { &[("wgs", 3)] } else { &[] };
+    for &(family, takes) in [("mmas", 2), ("mmas64", 3)].iter().chain(wgs) {
         let (mut eng, applied, n) = forced_engine(&pl, Precision::Int8, batch, family);
         let out = eng.run(&x).expect("cuda run");
         let (abs, _) = max_err(&out.data, &cpu8.data);
@@ -353,6 +355,53 @@ fn split_reduction_wgmma_kernels_match_cpu() {
             );
             twice_within_two_steps(&mut eng, &x, &cpu8.data, step, &what);
         }
+    }
+}
+
+/// The streaming wgmma 1x1 kernel (`wgs`) in each of its plans: a bottleneck-like chain on
+/// 26 x 26 maps at batch 26 (17,576 pixels: 274 tiles of 64 and a partial one, so that every
+/// block streams two tiles or more, which the builder asks of the kernel), 160 -> 512 + ReLU
+/// (a reduction of 192 bytes, 160 of them x's: a 128-byte block of the weights and half of
+/// one, zeros past the input's row; two stages at three blocks an SM, four at two, six at
+/// one), 512 -> 160 with the chain's input added and ReLU (512: one block an SM, five stages;
+/// the residual's last 64-channel box half past its row), 160 -> 1024 + ReLU, 1024 -> 64 +
+/// hard swish (1,024: one block an SM, two stages), then a float 1x1 head no streaming kernel
+/// takes. Forced as the family (each conv's first plan, the most blocks an SM), then on one
+/// block an SM (`wgs:1`) and two (`wgs:2`), against the CPU INT8 engine within two output
+/// steps, twice a build (the ring's stages reused across tiles).
+#[test]
+fn streaming_wgmma_kernel_matches_cpu_in_each_plan() {
+    use quantscope::backend::cuda::ops as plan;
+    let Some(_) = gpu() else { return };
+    if !wgmma_gpu() {
+        eprintln!(
+            "skipped: the streaming wgmma kernel needs a Hopper GPU (compute capability 9.0)"
+        );
+        return;
+    }
+    let mut b = GraphBuilder::new(&[1, 160, 26, 26]);
+    let a = b.conv("expand", "x", 160, 512, 1);
+    let a = b.op("Relu", "expand.relu", &[&a]);
+    let r = b.conv("reduce", &a, 512, 160, 1);
+    let add = b.op("Add", "block.add", &[&r, "x"]);
+    let r = b.op("Relu", "block.relu", &[&add]);
+    let w = b.conv("wide", &r, 160, 1024, 1);
+    let w = b.op("Relu", "wide.relu", &[&w]);
+    let n = b.conv("narrow", &w, 1024, 64, 1);
+    let n = b.op("HardSwish", "narrow.hswish", &[&n]);
+    let y = b.conv("head", &n, 64, 16, 1);
+    b.output(&y);
+    let m = b.model_opset(14);
+    let (batch, hw) = (26, [26, 26]);
+    let x = input_for(&m, batch, hw, 29);
+    let (q, cpu8, step) = int8_reference(&m, BuildSpec { batch, hw }, &x);
+    let pl = plan::lower(&q, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
+    for (family, takes) in [("wgs", 4), ("wgs:1", 4), ("wgs:2", 2)] {
+        let (mut eng, keys) = forced_build(&pl, Precision::Int8, batch, family);
+        let what = format!("int8 [{family}]: {keys:?}");
+        let applied = keys.values().filter(|k| took(k, family)).count();
+        assert_eq!(applied, takes, "{what}: on {applied} convs");
+        twice_within_two_steps(&mut eng, &x, &cpu8.data, step, &what);
     }
 }
 

@@ -4,7 +4,7 @@
 
 use cudarc::driver::DeviceRepr;
 
-use crate::backend::cuda::error::{CudaResult, ensure};
+use crate::backend::cuda::error::{CudaResult, drv, ensure};
 use crate::backend::cuda::plan::{Layout, MAX_RANK, Operand, PadMode, Plan, TensorDesc};
 
 /// `ViewArgs` of kernels/common.cuh (the `view` kernel's strided read), field for field.
@@ -301,4 +301,77 @@ pub(super) fn pad_args(
     }
     a.div = FastDiv::of(&a.out_dims[..r]);
     Ok(a)
+}
+
+/// `TmaMap` of kernels/conv_i8_wgmma.cu: a tensor map (`CUtensorMap`, which the driver
+/// encodes and the tensor memory accelerator reads its copies' shape from), passed by value.
+#[repr(C, align(64))]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct TensorMap([u64; 16]);
+
+unsafe impl DeviceRepr for TensorMap {}
+
+/// How a tensor map lays a box's rows out in shared memory: each 16-byte piece of a row moved
+/// by the row's place in a 512-byte (64-byte rows) or 1024-byte (128-byte rows) period.
+#[derive(Clone, Copy, Debug)]
+pub enum Swizzle {
+    B64,
+    B128,
+}
+
+impl TensorMap {
+    /// The map of `rows` rows of `row_bytes` int8 values at device address `ptr`, copied in
+    /// boxes of `[bytes, rows]` laid out with `swizzle`, zero-filled past the rows and
+    /// columns. The rows start 16-byte aligned, whole 16-byte pieces apart, as the driver
+    /// requires; a box's row is at most its swizzle's period.
+    pub fn rows(
+        ptr: u64,
+        row_bytes: usize,
+        rows: usize,
+        [box_bytes, box_rows]: [usize; 2],
+        swizzle: Swizzle,
+    ) -> CudaResult<TensorMap> {
+        use cudarc::driver::sys;
+        let (mode, period) = match swizzle {
+            Swizzle::B64 => (sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_64B, 64),
+            Swizzle::B128 => (sys::CUtensorMapSwizzle::CU_TENSOR_MAP_SWIZZLE_128B, 128),
+        };
+        ensure(
+            ptr.is_multiple_of(16)
+                && row_bytes.is_multiple_of(16)
+                && rows > 0
+                && box_bytes <= period
+                && box_rows <= 256,
+            || {
+                format!(
+                    "tensor map of {rows} rows of {row_bytes} bytes, boxes {box_bytes} x {box_rows}"
+                )
+            },
+        )?;
+        let mut map = TensorMap::default();
+        let dims = [row_bytes as u64, rows as u64];
+        let strides = [row_bytes as u64];
+        let boxes = [box_bytes as u32, box_rows as u32];
+        let steps = [1u32, 1];
+        // Safety: `map` is a CUtensorMap's 128 bytes, 64-byte aligned; the arrays are the
+        // rank-2 shapes the call reads (one stride: the outer dim's).
+        let status = unsafe {
+            sys::cuTensorMapEncodeTiled(
+                (&mut map as *mut TensorMap).cast(),
+                sys::CUtensorMapDataType::CU_TENSOR_MAP_DATA_TYPE_UINT8,
+                2,
+                ptr as *mut std::ffi::c_void,
+                dims.as_ptr(),
+                strides.as_ptr(),
+                boxes.as_ptr(),
+                steps.as_ptr(),
+                sys::CUtensorMapInterleave::CU_TENSOR_MAP_INTERLEAVE_NONE,
+                mode,
+                sys::CUtensorMapL2promotion::CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+                sys::CUtensorMapFloatOOBfill::CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+            )
+        };
+        drv(status.result(), "cuTensorMapEncodeTiled")?;
+        Ok(map)
+    }
 }

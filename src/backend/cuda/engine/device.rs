@@ -30,9 +30,10 @@ pub struct Device {
     pub compute: (i32, i32),
     /// Whether the tensor-core kernels get room for their residual tile (`mma_residual_fits`).
     pub(super) mma_residual: bool,
-    /// Multiprocessors, and bytes of shared memory each (the row-at-a-time kernel's grid).
+    /// Multiprocessors, and bytes of shared memory each (the grids of the kernels whose
+    /// blocks step over their work; the streaming wgmma kernel's stages).
     pub(super) sms: usize,
-    smem_per_sm: usize,
+    pub(super) smem_per_sm: usize,
     /// cuDNN graph convs finalized so far, shared by the convs of one geometry and epilogue
     /// (`conv::graph`); the device owns them so they go before its cuDNN handle.
     pub(super) conv_graphs: RefCell<Vec<SharedGraph>>,

@@ -61,6 +61,55 @@ pub(super) const fn wgmma_smem_bytes(bm: usize, bn: usize) -> usize {
 /// `conv_i8_wgmma_wide` (two warpgroups a block), in the order the builder offers them.
 pub(super) const WGMMA_TILES: [(usize, usize); 3] =
     [(WG_BM, MMA_BN), (WG_BM / 2, MMA_BN), (WG_BM, 2 * MMA_BN)];
+/// The streaming wgmma 1x1 kernel's tile height, its largest reduction (bytes a weight row) and
+/// its most copy stages (`WGS_BM`, `WGS_MAX_KPAD`, `WGS_MAX_STAGES` in kernels/conv_i8_wgmma.cu).
+pub(super) const WGS_BM: usize = 64;
+pub(super) const WGS_MAX_KPAD: usize = 1024;
+pub(super) const WGS_MAX_STAGES: usize = 6;
+/// The most dynamic shared memory a block may have on compute capability 9.0 (227 KiB): the
+/// limit `Kernels::load` raises the streaming wgmma kernel's to.
+pub(super) const WGS_MAX_SMEM: usize = 227 << 10;
+/// Dynamic shared memory of a `conv_i8_wgmma_stream` block of reduction `kpad` and `stages`
+/// copy stages: 1 KiB of slack to put its tiles on 1024-byte boundaries, the weights (WGS_BM
+/// rows of WG_BK bytes for every WG_BK of the reduction), each stage's x tile in the same
+/// layout and its residual tile (MMA_BN bytes a row), two code tiles (ROWS_CODE_LD bytes a
+/// row), the alphas and biases, and an mbarrier (8 bytes) a stage.
+pub(super) const fn wgs_smem_bytes(kpad: usize, stages: usize) -> usize {
+    let x_tile = kpad.div_ceil(WG_BK) * WGS_BM * WG_BK;
+    1024 + x_tile
+        + stages * (x_tile + WGS_BM * MMA_BN)
+        + 2 * WGS_BM * ROWS_CODE_LD
+        + 2 * MMA_BN * 4
+        + 8 * stages
+}
+/// The most blocks an SM the streaming wgmma kernel runs (its launch bounds' occupancy).
+pub(super) const WGS_MAX_BLOCKS: usize = 4;
+/// How the streaming wgmma kernel runs a reduction of `kpad` bytes on an SM of `smem_per_sm`
+/// bytes of shared memory: (blocks an SM, copy stages), from the most blocks an SM down, each
+/// with the most stages that fit its share of the SM, where that is more stages than the plans
+/// before it. More blocks hide more of each other's latency (the kernel's warps wait on their
+/// epilogue's dependent instructions: Nsight Compute on an H200 measured 4.3 cycles between a
+/// warp's instructions at two blocks an SM); more stages keep more tiles in flight. At least
+/// two stages, so that a tile's copy overlaps the work on the one before; none for a
+/// reduction whose weights and two stages do not fit.
+pub(super) fn wgs_plans(kpad: usize, smem_per_sm: usize) -> Vec<(usize, usize)> {
+    let mut plans: Vec<(usize, usize)> = vec![];
+    for blocks in (1..=WGS_MAX_BLOCKS).rev() {
+        // The driver keeps 1 KiB of each block's share.
+        let budget = (smem_per_sm / blocks)
+            .saturating_sub(1024)
+            .min(WGS_MAX_SMEM);
+        let fits = (2..=WGS_MAX_STAGES)
+            .rev()
+            .find(|&s| wgs_smem_bytes(kpad, s) <= budget);
+        if let Some(stages) = fits
+            && plans.iter().all(|&(_, s)| s < stages)
+        {
+            plans.push((blocks, stages));
+        }
+    }
+    plans
+}
 /// The compute capability `conv_i8_wgmma` runs on, exactly: wgmma is an sm_90a feature that
 /// later GPUs do not have; on 9.0 the PTX is compiled for `compute_90a` (`ptx_arch`).
 pub(crate) const WGMMA_COMPUTE: (i32, i32) = (9, 0);
@@ -186,6 +235,7 @@ pub(super) struct Kernels {
     pub(super) conv_i8_wgmma: Kernel,
     pub(super) conv_i8_wgmma64: Kernel,
     pub(super) conv_i8_wgmma_wide: Kernel,
+    pub(super) conv_i8_wgmma_stream: Kernel,
     pub(super) gap_finish: Kernel,
 }
 
@@ -247,6 +297,7 @@ impl Kernels {
             conv_i8_wgmma: f("conv_i8_wgmma")?,
             conv_i8_wgmma64: f("conv_i8_wgmma64")?,
             conv_i8_wgmma_wide: f("conv_i8_wgmma_wide")?,
+            conv_i8_wgmma_stream: f("conv_i8_wgmma_stream")?,
             gap_finish: f("gap_finish")?,
         };
         let raise = |k: &Kernel, bytes: usize, what: &str| {
@@ -289,6 +340,11 @@ impl Kernels {
                     "raising the Hopper int8 kernel's shared memory limit",
                 )?;
             }
+            raise(
+                &k.conv_i8_wgmma_stream,
+                WGS_MAX_SMEM,
+                "raising the streaming Hopper 1x1 kernel's shared memory limit",
+            )?;
         }
         Ok(k)
     }
@@ -305,7 +361,7 @@ impl Kernels {
 
 /// Names of the kernels the engine loads (the compile check makes sure each is in the PTX).
 #[cfg(test)]
-pub(super) const KERNEL_NAMES: [&str; 47] = [
+pub(super) const KERNEL_NAMES: [&str; 48] = [
     "epilogue",
     "conv_direct",
     "conv_dw4",
@@ -352,6 +408,7 @@ pub(super) const KERNEL_NAMES: [&str; 47] = [
     "conv_i8_wgmma",
     "conv_i8_wgmma64",
     "conv_i8_wgmma_wide",
+    "conv_i8_wgmma_stream",
     "gap_finish",
 ];
 

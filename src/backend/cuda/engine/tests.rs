@@ -279,6 +279,57 @@ fn tensor_core_tile_constants_match_the_kernels() {
         );
     }
     assert_eq!(MMAS_KPADS.map(|k| MMA_THREADS % (k / 16)), [0; 3]);
+    // The streaming wgmma kernel: its constants, its alphas past the weights and the
+    // stages as `wgs_smem_bytes` counts them, and its launch bounds' two blocks an SM.
+    for (name, v) in [
+        ("WGS_BM", WGS_BM),
+        ("WGS_MAX_KPAD", WGS_MAX_KPAD),
+        ("WGS_MAX_STAGES", WGS_MAX_STAGES),
+        ("WGS_MAX_BLOCKS", WGS_MAX_BLOCKS),
+    ] {
+        assert!(
+            KERNELS.contains(&format!("#define {name} {v}\n")),
+            "{name} {v}"
+        );
+    }
+    assert!(
+        KERNELS.contains("smem + chunks * chunk + stages * (chunks * chunk + WGS_BM * MMA_BN) +\n")
+    );
+    assert!(KERNELS.contains(
+        "                         2 * WGS_BM * ROWS_CODE_LD);\n  float* s_bi = s_al + MMA_BN;"
+    ));
+    assert!(
+        KERNELS
+            .contains("__launch_bounds__(MMA_THREADS, WGS_MAX_BLOCKS)\n    conv_i8_wgmma_stream(")
+    );
+}
+
+/// The streaming wgmma kernel's plans on an sm_90 SM (228 KiB, 227 a block): ResNet-50's
+/// expansions (reductions 64 to 512 bytes) and reductions (256 to 1,024) get the most blocks
+/// an SM that two stages fit, then fewer blocks of more stages; the weights of a 2,048-byte
+/// reduction and two stages do not fit. Every plan fits the block's share of the SM and the
+/// kernel's limit, and a stage more would not.
+#[test]
+fn streaming_wgmma_plans_fit_the_sm() {
+    let sm90 = 228 << 10;
+    assert_eq!(wgs_plans(64, sm90), [(4, 3), (3, 4), (2, 6)]);
+    assert_eq!(wgs_plans(128, sm90), [(4, 3), (3, 4), (2, 6)]);
+    assert_eq!(wgs_plans(256, sm90), [(3, 2), (2, 4), (1, 6)]);
+    assert_eq!(wgs_plans(512, sm90), [(1, 5)]);
+    assert_eq!(wgs_plans(1024, sm90), [(1, 2)]);
+    assert_eq!(wgs_plans(2048, sm90), []);
+    for kpad in (64..=WGS_MAX_KPAD).step_by(64) {
+        for (blocks, stages) in wgs_plans(kpad, sm90) {
+            let smem = wgs_smem_bytes(kpad, stages);
+            assert!(smem <= WGS_MAX_SMEM, "{kpad}");
+            assert!(blocks * (smem + 1024) <= sm90, "{kpad} {blocks}");
+            assert!(
+                stages == WGS_MAX_STAGES
+                    || blocks * (wgs_smem_bytes(kpad, stages + 1) + 1024) > sm90,
+                "{kpad} {blocks} {stages}"
+            );
+        }
+    }
 }
 
 /// `nary4`, `nary8` and `nary16` take an NHWC tensor times a per-channel gate (one vector

@@ -319,3 +319,215 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, 3) conv_i8_wgmma64(MMA
 extern "C" __global__ void __launch_bounds__(2 * MMA_THREADS, 1) conv_i8_wgmma_wide(MMA_PARAMS) {
   conv_i8_wgmma_body<WG_BM, 2 * MMA_BN>(MMA_ARGS);
 }
+
+// Int8 1x1 conv (stride 1, no padding) or Gemm / MatMul rows, int8 out, on wgmma with the
+// block's weights resident and pixel tiles streamed through a ring of TMA copy stages:
+// conv_i8_mmas's way on Hopper. On an H200 (ResNet-50 INT8 at batch 32) the expansions that
+// add the block's input took 12.5-16.7 us in layer3 on conv_i8_wgmma (a reduction of two
+// 128-byte tiles: each block waits for its copies, computes briefly, then waits for its
+// residual and its stores; three waves of such blocks) and 26 us in layer1 on conv_i8_mmas
+// (one tile in flight a block), for 14 and 58 MB of traffic. A version of this kernel that
+// copied with cp.async, as the implicit GEMMs do, took 40 us on layer1's expansion with five
+// tiles in flight a block: the `fence.proxy.async` that must follow cp.async's writes before
+// wgmma reads them compiles to MEMBAR.ALL.CTA, which waits for every copy the thread has in
+// flight, the later tiles' too, so each tile waited a whole copy latency. Here the tensor
+// memory accelerator writes the tiles (the async proxy the tensor cores read through: no
+// fence), one thread issuing a tile's copies, an mbarrier a stage counting their bytes.
+//
+// A block keeps its MMA_BN channels' weights (kpad <= WGS_MAX_KPAD bytes a row, in the wgmma
+// kernels' 128-byte-swizzled K-major layout, a 64-row block of it for each 128 bytes of the
+// reduction; copied with cp.async once, fenced once) and steps over WGS_BM-pixel tiles
+// (grid-stride, as many blocks as run at once; stages and blocks an SM are the host's,
+// `wgs_plans`). Each stage holds a tile's x rows (a TMA box of 128 bytes by WGS_BM rows for
+// each 128 bytes of the reduction, 128-byte swizzle, zeros past cin and past m) and its int8
+// residual (a box of MMA_BN channels by WGS_BM rows, 64-byte swizzle, so that the
+// epilogue's reads are bank-conflict free); a stage is refilled with the tile `stages` on as
+// soon as its tile is consumed, so all `stages` tiles are in flight while the block works.
+//
+// A tile is one wgmma m64n64k32 for each 32 bytes of the reduction. The weight rows are
+// permuted as conv_i8_mmas's are (`mmas_channel`), so that the accumulator's columns 2 t4,
+// 2 t4 + 1 of 8-column tiles 2 jp and 2 jp + 1 are channels 4 t4 .. 4 t4 + 3 of group jp: the
+// epilogue runs on the sums in registers, a word of codes at a time, staged in one of two
+// code tiles (ROWS_CODE_LD bytes a row), then out in 16-byte pieces. Needs what
+// conv_i8_mmas needs but kpad: a multiple of MMA_BK up to WGS_MAX_KPAD. Dynamic shared
+// memory as `wgs_smem_bytes` on the host: 1 KiB of slack to align, the weights, the stages,
+// two code tiles, the alphas and biases, an mbarrier a stage.
+#define WGS_BM 64
+#define WGS_MAX_KPAD 1024
+#define WGS_MAX_STAGES 6
+#define WGS_MAX_BLOCKS 4
+// A CUtensorMap as the driver encodes it (`cuTensorMapEncodeTiled`), passed by value.
+struct __align__(64) TmaMap {
+  unsigned long long v[16];
+};
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+// This thread's arrival, expecting `bytes` more of copies to complete the phase.
+__device__ __forceinline__ void mbar_expect_tx(unsigned bar, unsigned bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar),
+               "r"(bytes)
+               : "memory");
+}
+// Waits for the phase of parity `phase` to complete.
+__device__ __forceinline__ void mbar_wait(unsigned bar, unsigned phase) {
+  asm volatile(
+      "{\n.reg .pred p;\nWGS_WAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      "@!p bra WGS_WAIT;\n}\n" ::"r"(bar),
+      "r"(phase)
+      : "memory");
+}
+// The box of `map` at (c0 innermost, c1) into shared memory at dst, its bytes counted on bar.
+__device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaMap* map, int c0, int c1,
+                                            unsigned bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes [%0], "
+      "[%1, {%2, %3}], [%4];\n" ::"r"(dst),
+      "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(bar)
+      : "memory");
+}
+template <int EA, bool RES>
+__device__ __forceinline__ void wgs_tiles(unsigned char* smem, const TmaMap* xmap,
+                                          const TmaMap* rmap, float res_scale, signed char* y,
+                                          float y_scale, int cout, int act, float a0, float a1,
+                                          int m, int kpad, int stages) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+  const int n0 = blockIdx.x * MMA_BN, tiles = (m + WGS_BM - 1) / WGS_BM;
+  // The weights, then each stage's x tile (64 rows of 128 bytes for each 128 bytes of the
+  // reduction) and residual tile (64 rows of MMA_BN bytes), then the two code tiles.
+  const int chunks = (kpad + WG_BK - 1) / WG_BK, chunk = WGS_BM * WG_BK;
+  const int res_at = chunks * chunk, stage = res_at + WGS_BM * MMA_BN;
+  unsigned char* s_st = smem + chunks * chunk;
+  unsigned char* s_code = s_st + stages * stage;
+  const float* s_al = (const float*)(s_code + 2 * WGS_BM * ROWS_CODE_LD);
+  const float* s_bi = s_al + MMA_BN;
+  const unsigned sbase = (unsigned)__cvta_generic_to_shared(smem);
+  const unsigned st0 = sbase + chunks * chunk;
+  const unsigned bar0 = (unsigned)__cvta_generic_to_shared(s_bi + MMA_BN);
+  const unsigned tx = (unsigned)(RES ? stage : res_at);
+  // Tile `t` into stage `b` (one thread).
+  auto load = [&](int t, int b) {
+    const unsigned bar = bar0 + 8 * b, st = st0 + b * stage;
+    mbar_expect_tx(bar, tx);
+    for (int c = 0; c < chunks; c++) tma_load_2d(st + c * chunk, xmap, c * WG_BK, t * WGS_BM, bar);
+    if (RES) tma_load_2d(st + res_at, rmap, n0, t * WGS_BM, bar);
+  };
+  // Tiles t, t + gridDim.y, ... go into stages 0, 1, ... round robin.
+  int t = blockIdx.y;
+  if (tid == 0)
+    for (int s = 0; s < stages; s++)
+      if (t + s * (int)gridDim.y < tiles) load(t + s * gridDim.y, s);
+  unsigned phases = 0;
+  for (int b = 0, i = 0; t < tiles; t += gridDim.y, b = b == stages - 1 ? 0 : b + 1, i++) {
+    mbar_wait(bar0 + 8 * b, (phases >> b) & 1);
+    phases ^= 1u << b;
+    int acc[1][MMA_BN / 2];
+#pragma unroll
+    for (int q = 0; q < MMA_BN / 2; q++) acc[0][q] = 0;
+    const unsigned a = st0 + b * stage;
+    wg_hold(acc);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    // 64 bytes of the reduction a step (kpad is a multiple of MMA_BK = 64): a uniform trip
+    // count, no test inside (ptxas serializes wgmma behind a branch around one).
+    for (int kk = 0; kk < kpad; kk += 64) {
+      const int off = (kk >> 7) * chunk + (kk & 127);
+      wg_mma(acc[0], wg_desc(a + off), wg_desc(sbase + off));
+      wg_mma(acc[0], wg_desc(a + off + 32), wg_desc(sbase + off + 32));
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    wg_hold(acc);
+    // Rows 16 warp + g and + 8 of the tile, channels c .. c + 3 of each 16: the residual
+    // codes (16-byte piece jp of row r at piece jp ^ ((r >> 1) & 3), the 64-byte swizzle)
+    // read, the output codes staged.
+    const unsigned char* sr = s_st + b * stage + res_at;
+    unsigned char* sc = s_code + (i & 1) * WGS_BM * ROWS_CODE_LD;
+    const int r = warp * 16 + g, sw = (r >> 1) & 3;
+#pragma unroll
+    for (int jp = 0; jp < MMA_BN / 16; jp++) {
+      const int c = jp * 16 + 4 * t4;
+      const EpiI8 e = epi_i8(s_al, s_bi, c, res_scale, y_scale, act, a0, a1);
+      const int rp = ((jp ^ sw) << 4) + 4 * t4;
+      const unsigned rv = RES ? *(const unsigned*)(sr + r * MMA_BN + rp) : 0u;
+      const unsigned rv8 = RES ? *(const unsigned*)(sr + (r + 8) * MMA_BN + rp) : 0u;
+      const int* lo = acc[0] + 8 * jp;
+      const int* hi = lo + 4;
+      *(unsigned*)(sc + r * ROWS_CODE_LD + c) =
+          epi_i8_word_as<EA, RES>(e, make_int4(lo[0], lo[1], hi[0], hi[1]), rv);
+      *(unsigned*)(sc + (r + 8) * ROWS_CODE_LD + c) =
+          epi_i8_word_as<EA, RES>(e, make_int4(lo[2], lo[3], hi[2], hi[3]), rv8);
+    }
+    // Every thread is done with stage b (its wgmma waited for, its residual read) and has
+    // staged its codes; the stage takes the tile `stages` on. The code tile written two tiles
+    // from now is this one, past the next tile's barrier.
+    __syncthreads();
+    const int ahead = t + stages * gridDim.y;
+    if (tid == 0 && ahead < tiles) load(ahead, b);
+    for (int q = tid; q < WGS_BM * 4; q += MMA_THREADS) {
+      const int rr = q >> 2, p = q & 3, row = t * WGS_BM + rr, cc = n0 + p * 16;
+      if (row < m && cc < cout)
+        *(uint4*)(y + row * cout + cc) = *(const uint4*)(sc + rr * ROWS_CODE_LD + p * 16);
+    }
+  }
+}
+#endif
+// xmap: x as [m rows of cin bytes], boxes of WG_BK x WGS_BM, 128-byte swizzle; rmap: the
+// int8 residual as [m rows of cout bytes], boxes of MMA_BN x WGS_BM, 64-byte swizzle (not
+// read without a residual); both zero-filled out of bounds.
+extern "C" __global__ void __launch_bounds__(MMA_THREADS, WGS_MAX_BLOCKS)
+    conv_i8_wgmma_stream(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap rmap,
+                         const signed char* w, const float* alpha, const float* bias,
+                         MMA_EPI_PARAMS, int m, int kpad, int stages) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  pdl_trigger();
+  const int tid = threadIdx.x, n0 = blockIdx.x * MMA_BN, pieces = kpad >> 4;
+  const unsigned raw = (unsigned)__cvta_generic_to_shared(mma_smem);
+  unsigned char* smem = mma_smem + (((raw + 1023u) & ~1023u) - raw);
+  const int chunks = (kpad + WG_BK - 1) / WG_BK, chunk = WGS_BM * WG_BK;
+  float* s_al = (float*)(smem + chunks * chunk + stages * (chunks * chunk + WGS_BM * MMA_BN) +
+                         2 * WGS_BM * ROWS_CODE_LD);
+  float* s_bi = s_al + MMA_BN;
+  if (tid == 0) {
+    const unsigned bar0 = (unsigned)__cvta_generic_to_shared(s_bi + MMA_BN);
+    for (int s = 0; s < stages; s++) mbar_init(bar0 + 8 * s, 1);
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  // Weight row (channel) mmas_channel(col) into B row col, 128-byte swizzled as the x tiles.
+  for (int q = tid; q < MMA_BN * pieces; q += MMA_THREADS) {
+    const int col = q / pieces, p = q - col * pieces;
+    cp_async16(smem + (p >> 3) * chunk + col * WG_BK + (((p & 7) ^ (col & 7)) << 4),
+               w + (i64)(n0 + mmas_channel(col)) * kpad + p * 16, true);
+  }
+  copy_alpha_bias(s_al, s_bi, alpha, bias, n0, cout);
+  asm volatile("cp.async.commit_group;\n" ::);
+  // The weights, alphas and biases are constants: their copies overlap the previous kernel's
+  // end. x and the residual are its output. The weights are the generic proxy's writes, read
+  // by the tensor cores: fenced once, with no other copy of this thread in flight.
+  pdl_wait();
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+  __syncthreads();
+  signed char* y8 = (signed char*)y;
+  // One tile loop for each activation and residual, chosen once.
+#define QS_WGS_TILES(EA)                                                                    \
+  if (res_t == 2)                                                                           \
+    wgs_tiles<EA, true>(smem, &xmap, &rmap, res_scale, y8, y_scale, cout, act, a0, a1, m,   \
+                        kpad, stages);                                                      \
+  else                                                                                      \
+    wgs_tiles<EA, false>(smem, &xmap, &rmap, res_scale, y8, y_scale, cout, act, a0, a1, m,  \
+                         kpad, stages);
+  if (act == 24) {
+    QS_WGS_TILES(EPI_SILU)
+  } else if (act == 4) {
+    QS_WGS_TILES(EPI_HSWISH)
+  } else {
+    QS_WGS_TILES(EPI_LINEAR)
+  }
+#undef QS_WGS_TILES
+#else
+  pdl_enter();
+  __trap();
+#endif
+}

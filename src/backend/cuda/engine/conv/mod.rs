@@ -19,7 +19,7 @@ mod mma;
 mod pointwise;
 
 use super::device::{DevBuf, Launch};
-use super::kernels::{MMA_BM, MMA_BN, WG_BM, launch, round_up};
+use super::kernels::{MMA_BM, MMA_BN, WG_BM, WGS_BM, launch, round_up};
 use crate::backend::cuda::error::{CudaResult, have};
 use crate::backend::cuda::plan::{ConvStep, DType, Plan};
 
@@ -394,6 +394,14 @@ pub enum ConvImpl {
         bn: usize,
         splits: usize,
     },
+    /// Int8 1x1 conv (or Gemm / MatMul) with an int8 output on Hopper's warpgroup
+    /// instructions, each block keeping its MMA_BN channels' weights in shared memory and
+    /// streaming tiles of WGS_BM output pixels through `stages` copy stages, `blocks` blocks
+    /// an SM (`conv_i8_wgmma_stream`; `kernels::wgs_plans`).
+    WgmmaStream {
+        blocks: usize,
+        stages: usize,
+    },
     /// A layer the Q/DQ plan lets run in int8 (or FP8), run in FP16 because that timed faster:
     /// the quantized input is dequantized into a scratch FP16 copy, the inner float
     /// implementation runs on dequantized weights, and the epilogue writes the planned output
@@ -439,6 +447,7 @@ impl ConvImpl {
                     tile
                 }
             }
+            ConvImpl::WgmmaStream { blocks, stages } => format!("wgs:{blocks}:{stages}"),
             ConvImpl::AsF16(inner) => format!("f16+{}", inner.key()),
         }
     }
@@ -488,6 +497,10 @@ impl ConvImpl {
             ConvImpl::Wgmma { bm, bn, splits } => format!(
                 "int8 Hopper wgmma implicit GEMM kernel, {bm} x {bn} tiles, reduction split \
                  over {splits} blocks"
+            ),
+            ConvImpl::WgmmaStream { blocks, stages } => format!(
+                "int8 Hopper wgmma 1x1 kernel, weights resident, {WGS_BM}-pixel tiles streamed \
+                 through {stages} stages, {blocks} block(s) an SM"
             ),
             ConvImpl::AsF16(inner) => format!("run in fp16 (timed faster): {}", inner.describe()),
         }
