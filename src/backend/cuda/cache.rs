@@ -38,7 +38,9 @@ pub struct Choices {
 /// 9: hard swish came to the int8 register epilogue, so `mmas`, `mmas64` and `mmar`'s codes
 /// take hard-swish layers they did not, and the row depthwise kernel's speed changed.
 /// 10: `pwv` came (the int8 GEMV for 1x1 layers of a few rows).
-pub const VERSION: u32 = 10;
+/// 11: `wgs:<blocks>:<stages>` came (Hopper's streaming int8 1x1 kernel on TMA copies), and
+/// the split-reduction wgmma keys (`wgmma64:k:8`), which came at 10 without a new version.
+pub const VERSION: u32 = 11;
 
 /// `~/.cache/quantscope/cuda` (or `$XDG_CACHE_HOME/quantscope/cuda`); QUANTSCOPE_CUDA_CACHE
 /// overrides the folder, `QUANTSCOPE_CUDA_CACHE=off` disables the cache.

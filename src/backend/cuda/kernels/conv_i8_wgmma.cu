@@ -329,10 +329,11 @@ extern "C" __global__ void __launch_bounds__(2 * MMA_THREADS, 1) conv_i8_wgmma_w
 // (one tile in flight a block), for 14 and 58 MB of traffic. A version of this kernel that
 // copied with cp.async, as the implicit GEMMs do, took 40 us on layer1's expansion with five
 // tiles in flight a block: the `fence.proxy.async` that must follow cp.async's writes before
-// wgmma reads them compiles to MEMBAR.ALL.CTA, which waits for every copy the thread has in
-// flight, the later tiles' too, so each tile waited a whole copy latency. Here the tensor
-// memory accelerator writes the tiles (the async proxy the tensor cores read through: no
-// fence), one thread issuing a tile's copies, an mbarrier a stage counting their bytes.
+// wgmma reads them compiles to MEMBAR.ALL.CTA (sm_90a SASS), and by the layer's time it
+// waited for every copy the thread had in flight, the later tiles' too, a whole copy latency
+// a tile. Here the tensor memory accelerator writes the tiles (the async proxy the tensor
+// cores read through: no fence), one thread issuing a tile's copies, an mbarrier a stage
+// counting their bytes.
 //
 // A block keeps its MMA_BN channels' weights (kpad <= WGS_MAX_KPAD bytes a row, in the wgmma
 // kernels' 128-byte-swizzled K-major layout, a 64-row block of it for each 128 bytes of the
