@@ -135,6 +135,15 @@ fn argument_structs_match_kernels_cu() {
         assert!(KERNELS.contains(src), "{src}");
     }
     assert!(KERNELS.contains(&format!("#define QS_MAX_RANK {MAX_RANK}")));
+    // The tensor map the streaming wgmma kernel takes by value: a CUtensorMap's 128 bytes,
+    // 64-byte aligned, as the kernel's TmaMap and cudarc's CUtensorMap are.
+    assert_eq!(std::mem::size_of::<TensorMap>(), 128);
+    assert_eq!(std::mem::align_of::<TensorMap>(), 64);
+    assert_eq!(
+        std::mem::size_of::<TensorMap>(),
+        std::mem::size_of::<cudarc::driver::sys::CUtensorMap>()
+    );
+    assert!(KERNELS.contains("struct __align__(64) TmaMap {\n  unsigned long long v[16];\n};"));
 }
 
 /// The host's copies of the tensor-core kernel's tile constants and launch bounds are the
@@ -302,6 +311,28 @@ fn tensor_core_tile_constants_match_the_kernels() {
         KERNELS
             .contains("__launch_bounds__(MMA_THREADS, WGS_MAX_BLOCKS)\n    conv_i8_wgmma_stream(")
     );
+}
+
+/// A tensor map the driver would refuse, or one whose copies would not land where the kernel
+/// reads them, is an error before the driver is asked: a start or a row not 16-byte aligned,
+/// no rows, a box row wider than its swizzle's period, a box of more than 256 rows.
+#[test]
+fn tensor_maps_refuse_what_the_driver_and_kernel_cannot_take() {
+    let bad = [
+        (8, 64, 10, [128, 64], Swizzle::B128),
+        (256, 40, 10, [128, 64], Swizzle::B128),
+        (256, 64, 0, [128, 64], Swizzle::B128),
+        (256, 64, 10, [128, 64], Swizzle::B64),
+        (256, 64, 10, [128, 512], Swizzle::B128),
+    ];
+    for (ptr, row_bytes, rows, boxes, swizzle) in bad {
+        let err = TensorMap::rows(ptr, row_bytes, rows, boxes, swizzle)
+            .expect_err("refused before the driver call");
+        assert!(
+            err.to_string().contains("tensor map of"),
+            "{ptr} {row_bytes} {rows} {boxes:?}: {err}"
+        );
+    }
 }
 
 /// The streaming wgmma kernel's plans on an sm_90 SM (228 KiB, 227 a block): ResNet-50's
