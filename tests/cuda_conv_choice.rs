@@ -13,8 +13,8 @@ use std::path::Path;
 
 use common::cuda::{
     bottleneck_block, check_int8, cpu_fp32_run, depthwise_3x3, float_err, forced_build,
-    forced_engine, gpu, input_for, int8_reference, int8_scores, int8_scores_of, max_qdq,
-    mobilenet_block, rel_err, took, wgmma_gpu,
+    forced_engine, gpu, hopper_for, input_for, int8_reference, int8_scores, int8_scores_of,
+    max_qdq, mobilenet_block, rel_err, took, wgmma_gpu,
 };
 use common::max_err;
 
@@ -331,10 +331,7 @@ fn implicit_gemm_kernels_match_cpu_over_many_tiles_and_stages() {
 fn split_reduction_wgmma_kernels_match_cpu() {
     use quantscope::backend::cuda::ops as plan;
     let Some(_) = gpu() else { return };
-    if !wgmma_gpu() {
-        eprintln!(
-            "skipped: the split-reduction kernels need a Hopper GPU (compute capability 9.0)"
-        );
+    if !hopper_for("the split-reduction kernels") {
         return;
     }
     let m = resnet_3x3_block([7, 7], 128, 3);
@@ -373,10 +370,7 @@ fn split_reduction_wgmma_kernels_match_cpu() {
 fn streaming_wgmma_kernel_matches_cpu_in_each_plan() {
     use quantscope::backend::cuda::ops as plan;
     let Some(_) = gpu() else { return };
-    if !wgmma_gpu() {
-        eprintln!(
-            "skipped: the streaming wgmma kernel needs a Hopper GPU (compute capability 9.0)"
-        );
+    if !hopper_for("the streaming wgmma kernel") {
         return;
     }
     let mut b = GraphBuilder::new(&[1, 160, 26, 26]);
@@ -401,6 +395,62 @@ fn streaming_wgmma_kernel_matches_cpu_in_each_plan() {
         let what = format!("int8 [{family}]: {keys:?}");
         let applied = keys.values().filter(|k| took(k, family)).count();
         assert_eq!(applied, takes, "{what}: on {applied} convs");
+        twice_within_two_steps(&mut eng, &x, &cpu8.data, step, &what);
+    }
+}
+
+/// The streaming wgmma kernel (`wgs`) on convs whose filter rows are contiguous windows of a
+/// padded input: ResNet's 7x7 stride-2 stem (3 -> 32 channels, half a tile of them, + ReLU) on
+/// [24, 3, 96, 96], which the planner regroups into a 4x4 conv over 16 channels of 51 x 51
+/// blocks (64-byte window rows, a 64-byte swizzle), then a 4x4 32 -> 64 conv without padding
+/// (128-byte rows, the 128-byte swizzle, + hard swish) and a 1x1 head. Their tiles are rows of
+/// 48 and 45 output pixels, whose last 16 and 19 positions compute windows that wrap into the
+/// next row and must not be written; the blocks' stretches of tiles cross from one image to
+/// the next. Forced as the family (the stem's plan of four blocks an SM and seven window
+/// boxes, the other's of two and eight), on two blocks an SM (the stem's 16 boxes) and on one
+/// (the second conv's 16), against the CPU INT8 engine within two output steps, twice a build.
+#[test]
+fn streaming_wgmma_kernel_matches_cpu_on_stem_windows() {
+    use quantscope::backend::cuda::ops as plan;
+    let Some(_) = gpu() else { return };
+    if !hopper_for("the streaming wgmma kernel") {
+        return;
+    }
+    let mut b = GraphBuilder::new(&[1, 3, 96, 96]);
+    let w = b.random("stem.w", &[32, 3, 7, 7], 3.0 / 147.0);
+    let bias = b.random("stem.b", &[32], 0.1);
+    let stem = b.node(
+        "Conv",
+        "stem",
+        &["x", &w, &bias],
+        vec![
+            proto::ints_attr("pads", &[3, 3, 3, 3]),
+            proto::ints_attr("strides", &[2, 2]),
+        ],
+    );
+    let r = b.op("Relu", "stem.relu", &[&stem]);
+    let w = b.random("valid.w", &[64, 32, 4, 4], 3.0 / 512.0);
+    let bias = b.random("valid.b", &[64], 0.1);
+    let v = b.node("Conv", "valid", &[&r, &w, &bias], vec![]);
+    let v = b.op("HardSwish", "valid.hswish", &[&v]);
+    let y = b.conv("head", &v, 64, 16, 1);
+    b.output(&y);
+    let m = b.model_opset(14);
+    let (batch, hw) = (24, [96, 96]);
+    let x = input_for(&m, batch, hw, 31);
+    let (q, cpu8, step) = int8_reference(&m, BuildSpec { batch, hw }, &x);
+    let pl = plan::lower(&q, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
+    let both: &[&str] = &["stem", "valid"];
+    for (family, convs) in [("wgs", both), ("wgs:2", both), ("wgs:1", &["valid"])] {
+        let (mut eng, keys) = forced_build(&pl, Precision::Int8, batch, family);
+        let what = format!("int8 [{family}]: {keys:?}");
+        for conv in convs {
+            assert!(
+                keys.iter()
+                    .any(|(name, k)| name.starts_with(conv) && took(k, family)),
+                "{what}: not on {conv}"
+            );
+        }
         twice_within_two_steps(&mut eng, &x, &cpu8.data, step, &what);
     }
 }

@@ -36,6 +36,16 @@ pub fn wgmma_gpu() -> bool {
     *HOPPER.get_or_init(|| Device::new().is_ok_and(|d| d.compute == (9, 0)))
 }
 
+/// Whether the GPU is a Hopper one, which `what` (a kernel's tests) needs; where it is not,
+/// says that the test skips, and why.
+pub fn hopper_for(what: &str) -> bool {
+    let hopper = wgmma_gpu();
+    if !hopper {
+        eprintln!("skipped: {what} runs on Hopper GPUs only (compute capability 9.0)");
+    }
+    hopper
+}
+
 /// max |a - b| / max |b|.
 pub fn rel_err(a: &[f32], b: &[f32]) -> f64 {
     assert_eq!(a.len(), b.len());

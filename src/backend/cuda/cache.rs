@@ -40,7 +40,8 @@ pub struct Choices {
 /// 10: `pwv` came (the int8 GEMV for 1x1 layers of a few rows).
 /// 11: `wgs:<blocks>:<stages>` came (Hopper's streaming int8 1x1 kernel on TMA copies), and
 /// the split-reduction wgmma keys (`wgmma64:k:8`), which came at 10 without a new version.
-pub const VERSION: u32 = 11;
+/// 12: `wgs` came to regrouped stems (their windows as the kernel's rows).
+pub const VERSION: u32 = 12;
 
 /// `~/.cache/quantscope/cuda` (or `$XDG_CACHE_HOME/quantscope/cuda`); QUANTSCOPE_CUDA_CACHE
 /// overrides the folder, `QUANTSCOPE_CUDA_CACHE=off` disables the cache.

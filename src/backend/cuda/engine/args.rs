@@ -320,13 +320,14 @@ pub enum Swizzle {
 }
 
 impl TensorMap {
-    /// The map of `rows` rows of `row_bytes` int8 values at device address `ptr`, copied in
-    /// boxes of `[bytes, rows]` laid out with `swizzle`, zero-filled past the rows and
-    /// columns. The rows start 16-byte aligned, whole 16-byte pieces apart, as the driver
-    /// requires; a box's row is at most its swizzle's period.
+    /// The map of `rows` rows of `row_bytes` int8 values at device address `ptr`, row r at
+    /// `ptr + r * stride` (rows may overlap: a stem's windows), copied in boxes of `[bytes,
+    /// rows]` laid out with `swizzle`, zero-filled past the rows and columns. The rows start
+    /// 16-byte aligned, in whole 16-byte pieces, as the driver requires; a box's row is at
+    /// most its swizzle's period.
     pub fn rows(
         ptr: u64,
-        row_bytes: usize,
+        [row_bytes, stride]: [usize; 2],
         rows: usize,
         [box_bytes, box_rows]: [usize; 2],
         swizzle: Swizzle,
@@ -339,18 +340,21 @@ impl TensorMap {
         ensure(
             ptr.is_multiple_of(16)
                 && row_bytes.is_multiple_of(16)
+                && stride.is_multiple_of(16)
+                && stride > 0
                 && rows > 0
                 && box_bytes <= period
                 && box_rows <= 256,
             || {
                 format!(
-                    "tensor map of {rows} rows of {row_bytes} bytes, boxes {box_bytes} x {box_rows}"
+                    "tensor map of {rows} rows of {row_bytes} bytes {stride} apart, boxes \
+                     {box_bytes} x {box_rows}"
                 )
             },
         )?;
         let mut map = TensorMap::default();
         let dims = [row_bytes as u64, rows as u64];
-        let strides = [row_bytes as u64];
+        let strides = [stride as u64];
         let boxes = [box_bytes as u32, box_rows as u32];
         let steps = [1u32, 1];
         // Safety: `map` is a CUtensorMap's 128 bytes, 64-byte aligned; the arrays are the

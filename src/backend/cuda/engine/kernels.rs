@@ -61,7 +61,7 @@ pub(super) const fn wgmma_smem_bytes(bm: usize, bn: usize) -> usize {
 /// `conv_i8_wgmma_wide` (two warpgroups a block), in the order the builder offers them.
 pub(super) const WGMMA_TILES: [(usize, usize); 3] =
     [(WG_BM, MMA_BN), (WG_BM / 2, MMA_BN), (WG_BM, 2 * MMA_BN)];
-/// The streaming wgmma 1x1 kernel's tile height, its largest reduction (bytes a weight row) and
+/// The streaming wgmma kernel's tile height, its largest reduction (bytes a weight row) and
 /// its most copy stages (`WGS_BM`, `WGS_MAX_KPAD`, `WGS_MAX_STAGES` in kernels/conv_i8_wgmma.cu).
 pub(super) const WGS_BM: usize = 64;
 pub(super) const WGS_MAX_KPAD: usize = 1024;
@@ -70,42 +70,54 @@ pub(super) const WGS_MAX_STAGES: usize = 6;
 /// limit `Kernels::load` raises the streaming wgmma kernel's to.
 pub(super) const WGS_MAX_SMEM: usize = 227 << 10;
 /// Dynamic shared memory of a `conv_i8_wgmma_stream` block of reduction `kpad` and `stages`
-/// copy stages: 1 KiB of slack to put its tiles on 1024-byte boundaries, the weights (WGS_BM
-/// rows of WG_BK bytes for every WG_BK of the reduction), each stage's x tile in the same
-/// layout and its residual tile (MMA_BN bytes a row), two code tiles (ROWS_CODE_LD bytes a
-/// row), the alphas and biases, and an mbarrier (8 bytes) a stage.
-pub(super) const fn wgs_smem_bytes(kpad: usize, stages: usize) -> usize {
-    let x_tile = kpad.div_ceil(WG_BK) * WGS_BM * WG_BK;
-    1024 + x_tile
-        + stages * (x_tile + WGS_BM * MMA_BN)
+/// copy stages of `stage` bytes (`wgs_tile_stage`, or a window box): 1 KiB of slack to put its
+/// tiles on 1024-byte boundaries, the weights (WGS_BM rows of WG_BK bytes for every WG_BK of
+/// the reduction), the stages, two code tiles (ROWS_CODE_LD bytes a row), the alphas and
+/// biases, and an mbarrier (8 bytes) a stage (`WgsSmem` in the kernel).
+pub(super) const fn wgs_smem_bytes(kpad: usize, stage: usize, stages: usize) -> usize {
+    1024 + kpad.div_ceil(WG_BK) * WGS_BM * WG_BK
+        + stages * stage
         + 2 * WGS_BM * ROWS_CODE_LD
         + 2 * MMA_BN * 4
         + 8 * stages
 }
+/// A stage of a 1x1 conv's tiles: its x tile, in the weights' layout, and its residual tile
+/// (MMA_BN bytes a row).
+pub(super) const fn wgs_tile_stage(kpad: usize) -> usize {
+    kpad.div_ceil(WG_BK) * WGS_BM * WG_BK + WGS_BM * MMA_BN
+}
 /// The most blocks an SM the streaming wgmma kernel runs (its launch bounds' occupancy).
 pub(super) const WGS_MAX_BLOCKS: usize = 4;
-/// How the streaming wgmma kernel runs a reduction of `kpad` bytes on an SM of `smem_per_sm`
-/// bytes of shared memory: (blocks an SM, copy stages), from the most blocks an SM down, each
-/// with the most stages that fit its share of the SM, where that is more stages than the plans
-/// before it. More blocks hide more of each other's latency (the kernel's warps wait on their
-/// epilogue's dependent instructions: Nsight Compute on an H200 measured 4.3 cycles between a
-/// warp's instructions at two blocks an SM); more stages keep more tiles in flight. At least
-/// two stages, so that a tile's copy overlaps the work on the one before; none for a
-/// reduction whose weights and two stages do not fit.
-pub(super) fn wgs_plans(kpad: usize, smem_per_sm: usize) -> Vec<(usize, usize)> {
+/// The most window boxes a block of a stem keeps in flight.
+pub(super) const WGS_MAX_WINDOWS: usize = 16;
+/// How the streaming wgmma kernel runs a reduction of `kpad` bytes in stages of `stage` bytes
+/// (from `stages`) on an SM of `smem_per_sm` bytes of shared memory: (blocks an SM, copy
+/// stages), from the most blocks an SM down, each with the most stages that fit its share of
+/// the SM, where that is more stages than the plans before it. More blocks hide more of each
+/// other's latency (the kernel's warps wait on their epilogue's dependent instructions:
+/// Nsight Compute on an H200 measured 4.3 cycles between a warp's instructions at two blocks
+/// an SM); more stages keep more tiles in flight. None for a reduction whose weights and the
+/// fewest stages do not fit.
+pub(super) fn wgs_plans(
+    kpad: usize,
+    stage: usize,
+    stages: std::ops::RangeInclusive<usize>,
+    smem_per_sm: usize,
+) -> Vec<(usize, usize)> {
     let mut plans: Vec<(usize, usize)> = vec![];
     for blocks in (1..=WGS_MAX_BLOCKS).rev() {
         // The driver keeps 1 KiB of each block's share.
         let budget = (smem_per_sm / blocks)
             .saturating_sub(1024)
             .min(WGS_MAX_SMEM);
-        let fits = (2..=WGS_MAX_STAGES)
+        let fits = stages
+            .clone()
             .rev()
-            .find(|&s| wgs_smem_bytes(kpad, s) <= budget);
-        if let Some(stages) = fits
-            && plans.iter().all(|&(_, s)| s < stages)
+            .find(|&s| wgs_smem_bytes(kpad, stage, s) <= budget);
+        if let Some(n) = fits
+            && plans.iter().all(|&(_, s)| s < n)
         {
-            plans.push((blocks, stages));
+            plans.push((blocks, n));
         }
     }
     plans

@@ -288,11 +288,13 @@ fn tensor_core_tile_constants_match_the_kernels() {
     // The streaming wgmma kernel (its constants are checked above): its alphas past the
     // weights, the stages and the code tiles as `wgs_smem_bytes` counts them, and its launch
     // bounds' WGS_MAX_BLOCKS blocks an SM.
-    assert!(
-        KERNELS.contains("smem + chunks * chunk + stages * (chunks * chunk + WGS_BM * MMA_BN) +\n")
-    );
     assert!(KERNELS.contains(
-        "                         2 * WGS_BM * ROWS_CODE_LD);\n  float* s_bi = s_al + MMA_BN;"
+        "    xt = (kpad + WG_BK - 1) / WG_BK * WGS_BM * WG_BK;
+    stage = window > 0 ? WGS_BM * window : xt + WGS_BM * MMA_BN;
+    code = xt + stages * stage;
+    alpha = code + 2 * WGS_BM * ROWS_CODE_LD;
+    bar = alpha + 2 * MMA_BN * 4;
+"
     ));
     assert!(
         KERNELS
@@ -301,23 +303,26 @@ fn tensor_core_tile_constants_match_the_kernels() {
 }
 
 /// A tensor map the driver would refuse, or one whose copies would not land where the kernel
-/// reads them, is an error before the driver is asked: a start or a row not 16-byte aligned,
-/// no rows, a box row wider than its swizzle's period, a box of more than 256 rows.
+/// reads them, is an error before the driver is asked: a start, a row or a row's stride not
+/// 16-byte aligned, no rows, a box row wider than its swizzle's period, a box of more than
+/// 256 rows.
 #[test]
 fn tensor_maps_refuse_what_the_driver_and_kernel_cannot_take() {
     let bad = [
-        (8, 64, 10, [128, 64], Swizzle::B128),
-        (256, 40, 10, [128, 64], Swizzle::B128),
-        (256, 64, 0, [128, 64], Swizzle::B128),
-        (256, 64, 10, [128, 64], Swizzle::B64),
-        (256, 64, 10, [128, 512], Swizzle::B128),
+        (8, [64, 64], 10, [128, 64], Swizzle::B128),
+        (256, [40, 40], 10, [128, 64], Swizzle::B128),
+        (256, [64, 24], 10, [64, 64], Swizzle::B64),
+        (256, [64, 0], 10, [64, 64], Swizzle::B64),
+        (256, [64, 64], 0, [128, 64], Swizzle::B128),
+        (256, [64, 64], 10, [128, 64], Swizzle::B64),
+        (256, [64, 64], 10, [128, 512], Swizzle::B128),
     ];
     for (ptr, row_bytes, rows, boxes, swizzle) in bad {
         let err = TensorMap::rows(ptr, row_bytes, rows, boxes, swizzle)
             .expect_err("refused before the driver call");
         assert!(
             err.to_string().contains("tensor map of"),
-            "{ptr} {row_bytes} {rows} {boxes:?}: {err}"
+            "{ptr} {row_bytes:?} {rows} {boxes:?}: {err}"
         );
     }
 }
@@ -325,27 +330,36 @@ fn tensor_maps_refuse_what_the_driver_and_kernel_cannot_take() {
 /// The streaming wgmma kernel's plans on an sm_90 SM (228 KiB, 227 a block): ResNet-50's
 /// expansions (reductions 64 to 512 bytes) and reductions (256 to 1,024) get the most blocks
 /// an SM that two stages fit, then fewer blocks of more stages; the weights of a 2,048-byte
-/// reduction and two stages do not fit. Every plan fits the block's share of the SM and the
-/// kernel's limit, and a stage more would not.
+/// reduction and two stages do not fit. Its regrouped stem (a 4 x 4 conv of 16 channels:
+/// 64-byte window rows, four filter rows) keeps 7 window boxes at four blocks an SM, 11 at
+/// three and 16 at two; a 4 x 4 conv of 32 channels (128-byte rows) keeps 8 at two blocks and
+/// 16 at one (six, its fewest, do not fit three). Every plan fits the block's share of the SM
+/// and the kernel's limit, and a stage more would not.
 #[test]
 fn streaming_wgmma_plans_fit_the_sm() {
     let sm90 = 228 << 10;
-    assert_eq!(wgs_plans(64, sm90), [(4, 3), (3, 4), (2, 6)]);
-    assert_eq!(wgs_plans(128, sm90), [(4, 3), (3, 4), (2, 6)]);
-    assert_eq!(wgs_plans(256, sm90), [(3, 2), (2, 4), (1, 6)]);
-    assert_eq!(wgs_plans(512, sm90), [(1, 5)]);
-    assert_eq!(wgs_plans(1024, sm90), [(1, 2)]);
-    assert_eq!(wgs_plans(2048, sm90), []);
+    let tiles = |kpad| wgs_plans(kpad, wgs_tile_stage(kpad), 2..=WGS_MAX_STAGES, sm90);
+    assert_eq!(tiles(64), [(4, 3), (3, 4), (2, 6)]);
+    assert_eq!(tiles(128), [(4, 3), (3, 4), (2, 6)]);
+    assert_eq!(tiles(256), [(3, 2), (2, 4), (1, 6)]);
+    assert_eq!(tiles(512), [(1, 5)]);
+    assert_eq!(tiles(1024), [(1, 2)]);
+    assert_eq!(tiles(2048), []);
+    let windows = |kpad, window: usize| wgs_plans(kpad, 64 * window, 6..=WGS_MAX_WINDOWS, sm90);
+    assert_eq!(windows(256, 64), [(4, 7), (3, 11), (2, 16)]);
+    assert_eq!(windows(512, 128), [(2, 8), (1, 16)]);
+    let stages = [(2, WGS_MAX_STAGES), (6, WGS_MAX_WINDOWS)];
     for kpad in (64..=WGS_MAX_KPAD).step_by(64) {
-        for (blocks, stages) in wgs_plans(kpad, sm90) {
-            let smem = wgs_smem_bytes(kpad, stages);
-            assert!(smem <= WGS_MAX_SMEM, "{kpad}");
-            assert!(blocks * (smem + 1024) <= sm90, "{kpad} {blocks}");
-            assert!(
-                stages == WGS_MAX_STAGES
-                    || blocks * (wgs_smem_bytes(kpad, stages + 1) + 1024) > sm90,
-                "{kpad} {blocks} {stages}"
-            );
+        for (stage, (fewest, most)) in [wgs_tile_stage(kpad), 64 * 64].into_iter().zip(stages) {
+            for (blocks, n) in wgs_plans(kpad, stage, fewest..=most, sm90) {
+                let smem = wgs_smem_bytes(kpad, stage, n);
+                assert!(smem <= WGS_MAX_SMEM, "{kpad}");
+                assert!(blocks * (smem + 1024) <= sm90, "{kpad} {blocks}");
+                assert!(
+                    n == most || blocks * (wgs_smem_bytes(kpad, stage, n + 1) + 1024) > sm90,
+                    "{kpad} {blocks} {n}"
+                );
+            }
         }
     }
 }

@@ -47,12 +47,19 @@
 #define WG_BK 128
 #define WG_STAGES 4
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
-// A shared-memory matrix descriptor: the start address / 16 (bits 0-13), the leading byte
-// offset (unused by swizzled K-major operands: 1, as CUTLASS sets it), the stride byte offset
-// 1024 / 16 (bits 32-45: 8 rows of 128 bytes apart) and the 128-byte swizzle (bits 62-63 = 1).
-__device__ __forceinline__ unsigned long long wg_desc(unsigned addr) {
-  return (unsigned long long)((addr & 0x3FFFF) >> 4) | (1ull << 16) |
-         ((unsigned long long)(1024 >> 4) << 32) | (1ull << 62);
+// A shared-memory matrix descriptor of a K-major operand of CB-byte rows (128 or 64) at
+// address `at`: the start address / 16 (bits 0-13), the leading byte offset (unused by
+// swizzled K-major operands: 1, as CUTLASS sets it), the stride byte offset 8 CB / 16 (bits
+// 32-45: 8 rows apart) and the CB-byte swizzle (bits 62-63: 1 for 128 bytes, 2 for 64). CB is
+// a constant of each tile loop: read from a parameter (the streaming kernel's first version
+// with 64-byte windows), it had ptxas compute the descriptors in vector registers and move
+// them to uniform ones before every wgmma, and ResNet-50's 1x1 layers took 11-27 % longer on
+// an H200.
+template <int CB = WG_BK>
+__device__ __forceinline__ unsigned long long wg_desc(unsigned at) {
+  constexpr unsigned long long bits =
+      (1ull << 16) | ((unsigned long long)(8 * CB >> 4) << 32) | ((CB == 128 ? 1ull : 2ull) << 62);
+  return bits | ((at & 0x3FFFF) >> 4);
 }
 // d += A * B^T for a 64-row A tile and a 64- or 128-row B tile (both K-major, 32 bytes of
 // the reduction): a warpgroup's 64 x N int32 sums, N / 2 a thread (warp w rows 16 w +
@@ -351,8 +358,23 @@ extern "C" __global__ void __launch_bounds__(2 * MMA_THREADS, 1) conv_i8_wgmma_w
 // epilogue runs on the sums in registers, a word of codes at a time, staged in one of two
 // code tiles (ROWS_CODE_LD bytes a row), then out in 16-byte pieces. Needs what
 // conv_i8_mmas needs but kpad: a multiple of MMA_BK up to WGS_MAX_KPAD. Dynamic shared
-// memory as `wgs_smem_bytes` on the host: 1 KiB of slack to align, the weights, the stages,
-// two code tiles, the alphas and biases, an mbarrier a stage.
+// memory as `wgs_smem_bytes` on the host: 1 KiB of slack to align, then `WgsSmem`.
+//
+// The kernel also runs a regrouped stem (`space_to_depth_stem` on the host: a stride-1 conv,
+// no padding, filter rows of kw x cin = 64 or 128 bytes, over an input padded by the
+// regrouping), whose window rows are contiguous: output pixel (y, x)'s taps of filter row a
+// are the kw x cin bytes from input pixel (y + a, x) on. The x map's rows are then those
+// windows, one an input position (rows cin bytes apart, overlapping), in boxes of kw x cin
+// bytes (that swizzle);
+// a tile is 64 output pixels of a row, tap a's box the windows of input row y + a, and a
+// block walks down a strip of rows, copying one box a tile (`wgs_windows`). Positions past the
+// output's width compute windows that wrap into the next row, and are not written. On an
+// H200, ResNet-50's stem at batch 32 (a 4 x 4 conv of 16 channels over 115 x 115 blocks)
+// took 44.7 us alone on the best other kernel, conv_i8_rows; 43.3 here with four boxes a
+// tile and 45.9 with the ring, both computing the epilogue's constants every tile and the
+// ring's slots by division (Nsight Compute: half the issue slots busy, 7.1 cycles between a
+// warp's instructions); with those once a block and counted on, 35.2-35.4 in the engine's
+// run, against 51.6-51.9 on conv_i8_rows.
 #define WGS_BM 64
 #define WGS_MAX_KPAD 1024
 #define WGS_MAX_STAGES 6
@@ -360,6 +382,28 @@ extern "C" __global__ void __launch_bounds__(2 * MMA_THREADS, 1) conv_i8_wgmma_w
 // A CUtensorMap as the driver encodes it (`cuTensorMapEncodeTiled`), passed by value.
 struct __align__(64) TmaMap {
   unsigned long long v[16];
+};
+// A block's shared memory (from the 1024-aligned start): the weights (`xt` bytes: the x tile's
+// room, 64 rows of 128 bytes for each 128 bytes of the reduction), the stages (each an x
+// tile and a residual tile of 64 rows of MMA_BN bytes; for windows, `window` > 0, a box of 64
+// rows of `window` bytes), two code tiles, the alphas and biases, an mbarrier a stage. The
+// host's `wgs_smem_bytes` is this layout's end.
+struct WgsSmem {
+  int xt, stage, code, alpha, bar;
+  __device__ __forceinline__ WgsSmem(int kpad, int stages, int window) {
+    xt = (kpad + WG_BK - 1) / WG_BK * WGS_BM * WG_BK;
+    stage = window > 0 ? WGS_BM * window : xt + WGS_BM * MMA_BN;
+    code = xt + stages * stage;
+    alpha = code + 2 * WGS_BM * ROWS_CODE_LD;
+    bar = alpha + 2 * MMA_BN * 4;
+  }
+};
+// How the kernel reads its input: kh == 0, a 1x1 conv's rows (`wgs_tiles`); else a stem's
+// windows (`wgs_windows`): `cb` bytes a window row (128 or 64: the swizzle, the wgmma
+// descriptors' layout), kh filter rows, the padded input's `vw` x `vh` positions an image and
+// the output's `ow` x `oh` pixels.
+struct WgsGeom {
+  int cb, kh, vw, vh, ow, oh;
 };
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ __forceinline__ void mbar_init(unsigned bar, unsigned count) {
@@ -389,33 +433,59 @@ __device__ __forceinline__ void tma_load_2d(unsigned dst, const TmaMap* map, int
       "l"((unsigned long long)map), "r"(c0), "r"(c1), "r"(bar)
       : "memory");
 }
+// The int8 codes of a tile's sums: rows 16 warp + g and + 8, channels c .. c + 3 of each 16,
+// the residual codes read from sr (16-byte piece jp of row r at piece jp ^ ((r >> 1) & 3),
+// the 64-byte swizzle), the output codes staged in code tile sc. `base`: the epilogue's
+// constants but the channels'; s_al, s_bi: the alphas and biases already divided by the
+// output's scale (`epi_i8_of`'s, computed once a block, not a reciprocal and eight multiplies
+// for every 16 channels of every tile).
 template <int EA, bool RES>
-__device__ __forceinline__ void wgs_tiles(unsigned char* smem, const TmaMap* xmap,
-                                          const TmaMap* rmap, float res_scale, signed char* y,
-                                          float y_scale, int cout, int act, float a0, float a1,
-                                          int m, int kpad, int stages) {
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, g = lane >> 2, t4 = lane & 3;
+__device__ __forceinline__ void wgs_codes(const int (&acc)[1][MMA_BN / 2], const unsigned char* sr,
+                                          unsigned char* sc, const float* s_al, const float* s_bi,
+                                          const EpiI8& base) {
+  const int lane = threadIdx.x & 31, g = lane >> 2, t4 = lane & 3;
+  const int r = (threadIdx.x >> 5) * 16 + g, sw = (r >> 1) & 3;
+#pragma unroll
+  for (int jp = 0; jp < MMA_BN / 16; jp++) {
+    const int c = jp * 16 + 4 * t4;
+    EpiI8 e = base;
+    e.al = *(const float4*)(s_al + c);
+    e.bi = *(const float4*)(s_bi + c);
+    const int rp = ((jp ^ sw) << 4) + 4 * t4;
+    const unsigned rv = RES ? *(const unsigned*)(sr + r * MMA_BN + rp) : 0u;
+    const unsigned rv8 = RES ? *(const unsigned*)(sr + (r + 8) * MMA_BN + rp) : 0u;
+    const int* lo = acc[0] + 8 * jp;
+    const int* hi = lo + 4;
+    *(unsigned*)(sc + r * ROWS_CODE_LD + c) =
+        epi_i8_word_as<EA, RES>(e, make_int4(lo[0], lo[1], hi[0], hi[1]), rv);
+    *(unsigned*)(sc + (r + 8) * ROWS_CODE_LD + c) =
+        epi_i8_word_as<EA, RES>(e, make_int4(lo[2], lo[3], hi[2], hi[3]), rv8);
+  }
+}
+// A 1x1 conv's (or Gemm rows') tiles: tile t's x rows, its reduction in boxes of WG_BK bytes,
+// and its residual in a stage; tiles t, t + gridDim.y, ... in stages 0, 1, ... round robin.
+template <int EA, bool RES>
+__device__ __forceinline__ void wgs_tiles(unsigned char* smem, const WgsSmem& L,
+                                          const TmaMap* xmap, const TmaMap* rmap,
+                                          const EpiI8& base, signed char* y, int cout, int m,
+                                          int kpad, int stages) {
+  const int tid = threadIdx.x;
   const int n0 = blockIdx.x * MMA_BN, tiles = (m + WGS_BM - 1) / WGS_BM;
-  // The weights, then each stage's x tile (64 rows of 128 bytes for each 128 bytes of the
-  // reduction) and residual tile (64 rows of MMA_BN bytes), then the two code tiles.
   const int chunks = (kpad + WG_BK - 1) / WG_BK, chunk = WGS_BM * WG_BK;
-  const int res_at = chunks * chunk, stage = res_at + WGS_BM * MMA_BN;
-  unsigned char* s_st = smem + chunks * chunk;
-  unsigned char* s_code = s_st + stages * stage;
-  const float* s_al = (const float*)(s_code + 2 * WGS_BM * ROWS_CODE_LD);
+  unsigned char* s_st = smem + L.xt;
+  unsigned char* s_code = smem + L.code;
+  const float* s_al = (const float*)(smem + L.alpha);
   const float* s_bi = s_al + MMA_BN;
   const unsigned sbase = (unsigned)__cvta_generic_to_shared(smem);
-  const unsigned st0 = sbase + chunks * chunk;
-  const unsigned bar0 = (unsigned)__cvta_generic_to_shared(s_bi + MMA_BN);
-  const unsigned tx = (unsigned)(RES ? stage : res_at);
+  const unsigned st0 = sbase + L.xt, bar0 = sbase + L.bar;
+  const unsigned tx = (unsigned)(RES ? L.stage : L.xt);
   // Tile `t` into stage `b` (one thread).
   auto load = [&](int t, int b) {
-    const unsigned bar = bar0 + 8 * b, st = st0 + b * stage;
+    const unsigned bar = bar0 + 8 * b, st = st0 + b * L.stage;
     mbar_expect_tx(bar, tx);
     for (int c = 0; c < chunks; c++) tma_load_2d(st + c * chunk, xmap, c * WG_BK, t * WGS_BM, bar);
-    if (RES) tma_load_2d(st + res_at, rmap, n0, t * WGS_BM, bar);
+    if (RES) tma_load_2d(st + L.xt, rmap, n0, t * WGS_BM, bar);
   };
-  // Tiles t, t + gridDim.y, ... go into stages 0, 1, ... round robin.
   int t = blockIdx.y;
   if (tid == 0)
     for (int s = 0; s < stages; s++)
@@ -427,7 +497,7 @@ __device__ __forceinline__ void wgs_tiles(unsigned char* smem, const TmaMap* xma
     int acc[1][MMA_BN / 2];
 #pragma unroll
     for (int q = 0; q < MMA_BN / 2; q++) acc[0][q] = 0;
-    const unsigned a = st0 + b * stage;
+    const unsigned a = st0 + b * L.stage;
     wg_hold(acc);
     asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
     // 64 bytes of the reduction a step (kpad is a multiple of MMA_BK = 64): a uniform trip
@@ -440,26 +510,8 @@ __device__ __forceinline__ void wgs_tiles(unsigned char* smem, const TmaMap* xma
     asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
     wg_hold(acc);
-    // Rows 16 warp + g and + 8 of the tile, channels c .. c + 3 of each 16: the residual
-    // codes (16-byte piece jp of row r at piece jp ^ ((r >> 1) & 3), the 64-byte swizzle)
-    // read, the output codes staged.
-    const unsigned char* sr = s_st + b * stage + res_at;
     unsigned char* sc = s_code + (i & 1) * WGS_BM * ROWS_CODE_LD;
-    const int r = warp * 16 + g, sw = (r >> 1) & 3;
-#pragma unroll
-    for (int jp = 0; jp < MMA_BN / 16; jp++) {
-      const int c = jp * 16 + 4 * t4;
-      const EpiI8 e = epi_i8(s_al, s_bi, c, res_scale, y_scale, act, a0, a1);
-      const int rp = ((jp ^ sw) << 4) + 4 * t4;
-      const unsigned rv = RES ? *(const unsigned*)(sr + r * MMA_BN + rp) : 0u;
-      const unsigned rv8 = RES ? *(const unsigned*)(sr + (r + 8) * MMA_BN + rp) : 0u;
-      const int* lo = acc[0] + 8 * jp;
-      const int* hi = lo + 4;
-      *(unsigned*)(sc + r * ROWS_CODE_LD + c) =
-          epi_i8_word_as<EA, RES>(e, make_int4(lo[0], lo[1], hi[0], hi[1]), rv);
-      *(unsigned*)(sc + (r + 8) * ROWS_CODE_LD + c) =
-          epi_i8_word_as<EA, RES>(e, make_int4(lo[2], lo[3], hi[2], hi[3]), rv8);
-    }
+    wgs_codes<EA, RES>(acc, s_st + b * L.stage + L.xt, sc, s_al, s_bi, base);
     // Every thread is done with stage b (its wgmma waited for, its residual read) and has
     // staged its codes; the stage takes the tile `stages` on. The code tile written two tiles
     // from now is this one, past the next tile's barrier.
@@ -473,33 +525,140 @@ __device__ __forceinline__ void wgs_tiles(unsigned char* smem, const TmaMap* xma
     }
   }
 }
+// A regrouped stem's tiles (its windows: G): tile k is output row yy of strip s (64 output
+// pixels from u * 64 of image img's rows), its taps the window rows of input rows yy .. yy +
+// kh - 1 from the same pixel, each a box of WGS_BM map rows of CB bytes. A block takes tiles
+// k0 .. k1 - 1 (strip after strip, row after row) and keeps the boxes in a ring of `slots`
+// box slots, an mbarrier each: a tile after the first of a strip needs one box more (the row
+// below), so each input row is copied once a strip's stretch, not kh times. Box j goes in slot
+// j % slots; after tile k the boxes no later tile needs are released (the first of its
+// window, or all of them where the next tile starts a strip), and thread 0 copies the boxes
+// up to `slots` past them. Tiles, strips and slots are counted on, not divided out: an
+// integer division is some twenty instructions, and a tile's epilogue a few hundred.
+struct WgsCursor {
+  int yy, u, img;
+  // The next tile's place: the row below, or the next strip's first row.
+  __device__ __forceinline__ void next(const WgsGeom& G, int xs) {
+    if (++yy < G.oh) return;
+    yy = 0;
+    if (++u < xs) return;
+    u = 0;
+    img++;
+  }
+};
+template <int EA, int CB>
+__device__ __forceinline__ void wgs_windows(unsigned char* smem, const WgsSmem& L, WgsGeom G,
+                                            const TmaMap* xmap, const EpiI8& base,
+                                            signed char* y, int cout, int m, int slots) {
+  const int tid = threadIdx.x, n0 = blockIdx.x * MMA_BN;
+  constexpr int chunk = WGS_BM * CB;
+  unsigned char* s_code = smem + L.code;
+  const float* s_al = (const float*)(smem + L.alpha);
+  const float* s_bi = s_al + MMA_BN;
+  const unsigned sbase = (unsigned)__cvta_generic_to_shared(smem);
+  const unsigned slot0 = sbase + L.xt, bar0 = sbase + L.bar;
+  const int xs = (G.ow + WGS_BM - 1) / WGS_BM, plane = G.vh * G.vw;
+  const int total = m / plane * xs * G.oh, per = (total + gridDim.y - 1) / gridDim.y;
+  const int k0 = blockIdx.y * per, k1 = min(total, k0 + per);
+  if (k0 >= k1) return;
+  const int s0 = k0 / G.oh;
+  const WgsCursor first = {k0 - s0 * G.oh, s0 % xs, s0 / xs};
+  // Thread 0's copies: box lj (in slot ls) is new row li of tile lk at lc (a strip's first
+  // tile: its kh rows; the others: the row below their window).
+  int lk = k0, li = 0, lj = 0, ls = 0;
+  WgsCursor lc = first;
+  auto issue = [&](int upto) {
+    for (; lj < upto && lk < k1; lj++, ls = ls == slots - 1 ? 0 : ls + 1) {
+      const bool fresh = lk == k0 || lc.yy == 0;
+      const int row = lc.yy + (fresh ? li : G.kh - 1);
+      mbar_expect_tx(bar0 + 8 * ls, chunk);
+      tma_load_2d(slot0 + ls * chunk, xmap, 0, lc.img * plane + row * G.vw + lc.u * WGS_BM,
+                  bar0 + 8 * ls);
+      if (!fresh || ++li == G.kh) {
+        li = 0;
+        lk++;
+        lc.next(G, xs);
+      }
+    }
+  };
+  if (tid == 0) issue(slots);
+  // Boxes j0 .. jl are this tile's window, j0 in slot s0w; the boxes up to jw - 1 have been
+  // waited for, box jw is in slot sw (its phase parity: bit sw of `phases`).
+  WgsCursor c = first;
+  unsigned phases = 0;
+  for (int k = k0, i = 0, jl = -1, j0 = 0, s0w = 0, jw = 0, sw = 0; k < k1;
+       k++, i++, c.next(G, xs)) {
+    const int fresh = k == k0 || c.yy == 0 ? G.kh : 1;
+    jl += fresh;
+    if (fresh > 1) {
+      j0 = jl - G.kh + 1;
+      s0w = sw;
+    } else if (k > k0) {  // (a filter of one row: every tile fresh, one box new)
+      j0++;
+      s0w = s0w == slots - 1 ? 0 : s0w + 1;
+    }
+    for (; jw <= jl; jw++, sw = sw == slots - 1 ? 0 : sw + 1) {
+      mbar_wait(bar0 + 8 * sw, (phases >> sw) & 1);
+      phases ^= 1u << sw;
+    }
+    int acc[1][MMA_BN / 2];
+#pragma unroll
+    for (int q = 0; q < MMA_BN / 2; q++) acc[0][q] = 0;
+    wg_hold(acc);
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+    // Tap a: its box's rows by the weights' chunk a, 32 bytes a wgmma.
+    for (int a = 0, slot = s0w; a < G.kh; a++, slot = slot == slots - 1 ? 0 : slot + 1) {
+      const unsigned xa = slot0 + slot * chunk, wa = sbase + a * chunk;
+#pragma unroll
+      for (int kb = 0; kb < CB; kb += 32) wg_mma(acc[0], wg_desc<CB>(xa + kb), wg_desc<CB>(wa + kb));
+    }
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+    wg_hold(acc);
+    unsigned char* sc = s_code + (i & 1) * WGS_BM * ROWS_CODE_LD;
+    wgs_codes<EA, false>(acc, nullptr, sc, s_al, s_bi, base);
+    // Every thread is done with this tile's boxes and has staged its codes.
+    __syncthreads();
+    if (tid == 0) issue((k + 1 < k1 && c.yy + 1 < G.oh ? j0 : jl) + 1 + slots);
+    const int x0 = c.u * WGS_BM, orow = (c.img * G.oh + c.yy) * G.ow;
+    for (int q = tid; q < WGS_BM * 4; q += MMA_THREADS) {
+      const int rr = q >> 2, p = q & 3, cc = n0 + p * 16;
+      if (x0 + rr < G.ow && cc < cout)
+        *(uint4*)(y + (orow + x0 + rr) * cout + cc) =
+            *(const uint4*)(sc + rr * ROWS_CODE_LD + p * 16);
+    }
+  }
+}
 #endif
-// xmap: x as [m rows of cin bytes], boxes of WG_BK x WGS_BM, 128-byte swizzle; rmap: the
-// int8 residual as [m rows of cout bytes], boxes of MMA_BN x WGS_BM, 64-byte swizzle (not
-// read without a residual); both zero-filled out of bounds.
+// xmap: x as rows of boxes of cb bytes by WGS_BM rows, cb-byte swizzle (a 1x1 conv's: m rows
+// of cin bytes, boxes of WG_BK; a stem's: its windows, `wgs_geometry` on the host); rmap: the
+// int8 residual as [m rows of cout bytes], boxes of MMA_BN x WGS_BM, 64-byte swizzle (not read
+// without a residual); both zero-filled out of bounds. m: the virtual rows (WgsGeom).
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, WGS_MAX_BLOCKS)
     conv_i8_wgmma_stream(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap rmap,
                          const signed char* w, const float* alpha, const float* bias,
-                         MMA_EPI_PARAMS, int m, int kpad, int stages) {
+                         MMA_EPI_PARAMS, int m, int kpad, int stages, WgsGeom geom) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   pdl_trigger();
   const int tid = threadIdx.x, n0 = blockIdx.x * MMA_BN, pieces = kpad >> 4;
   const unsigned raw = (unsigned)__cvta_generic_to_shared(mma_smem);
   unsigned char* smem = mma_smem + (((raw + 1023u) & ~1023u) - raw);
-  const int chunks = (kpad + WG_BK - 1) / WG_BK, chunk = WGS_BM * WG_BK;
-  float* s_al = (float*)(smem + chunks * chunk + stages * (chunks * chunk + WGS_BM * MMA_BN) +
-                         2 * WGS_BM * ROWS_CODE_LD);
+  const WgsSmem L(kpad, stages, geom.kh == 0 ? 0 : geom.cb);
+  float* s_al = (float*)(smem + L.alpha);
   float* s_bi = s_al + MMA_BN;
   if (tid == 0) {
-    const unsigned bar0 = (unsigned)__cvta_generic_to_shared(s_bi + MMA_BN);
+    const unsigned bar0 = (unsigned)__cvta_generic_to_shared(smem + L.bar);
     for (int s = 0; s < stages; s++) mbar_init(bar0 + 8 * s, 1);
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
-  // Weight row (channel) mmas_channel(col) into B row col, 128-byte swizzled as the x tiles.
+  // Weight row (channel) mmas_channel(col) into B row col, in the x tiles' chunks of 64 rows
+  // of cb bytes, swizzled as they are: 16-byte piece pp of row col at pp ^ (the row's bits
+  // 7 on of its offset within 8 rows: col & 7 for 128-byte rows, (col >> 1) & 3 for 64).
+  const int per = geom.cb >> 4, chunk = WGS_BM * geom.cb;
   for (int q = tid; q < MMA_BN * pieces; q += MMA_THREADS) {
-    const int col = q / pieces, p = q - col * pieces;
-    cp_async16(smem + (p >> 3) * chunk + col * WG_BK + (((p & 7) ^ (col & 7)) << 4),
-               w + (i64)(n0 + mmas_channel(col)) * kpad + p * 16, true);
+    const int col = q / pieces, p = q - col * pieces, pp = p % per;
+    const int at = (p / per) * chunk + col * geom.cb + ((pp ^ ((col * geom.cb >> 7) & (per - 1))) << 4);
+    cp_async16(smem + at, w + (i64)(n0 + mmas_channel(col)) * kpad + p * 16, true);
   }
   copy_alpha_bias(s_al, s_bi, alpha, bias, n0, cout);
   asm volatile("cp.async.commit_group;\n" ::);
@@ -510,15 +669,25 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, WGS_MAX_BLOCKS)
   asm volatile("cp.async.wait_group 0;\n" ::: "memory");
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
   __syncthreads();
+  // The alphas and biases divided by the output's scale once (as epi_i8_of divides them; one
+  // a thread: MMA_THREADS is 2 * MMA_BN, the biases follow the alphas), the other constants
+  // in `base`.
+  const EpiI8 base = epi_i8_of(make_float4(0.f, 0.f, 0.f, 0.f), make_float4(0.f, 0.f, 0.f, 0.f),
+                               res_scale, y_scale, act, a0, a1);
+  s_al[tid] *= __frcp_rn(y_scale);
+  __syncthreads();
   signed char* y8 = (signed char*)y;
-  // One tile loop for each activation and residual, chosen once.
-#define QS_WGS_TILES(EA)                                                                    \
-  if (res_t == 2)                                                                           \
-    wgs_tiles<EA, true>(smem, &xmap, &rmap, res_scale, y8, y_scale, cout, act, a0, a1, m,   \
-                        kpad, stages);                                                      \
-  else                                                                                      \
-    wgs_tiles<EA, false>(smem, &xmap, &rmap, res_scale, y8, y_scale, cout, act, a0, a1, m,  \
-                         kpad, stages);
+  // One tile loop for each activation, residual and window width, chosen once (windows come
+  // without a residual: the host offers none).
+#define QS_WGS_TILES(EA)                                                                   \
+  if (geom.kh == 0 && res_t == 2)                                                          \
+    wgs_tiles<EA, true>(smem, L, &xmap, &rmap, base, y8, cout, m, kpad, stages);           \
+  else if (geom.kh == 0)                                                                   \
+    wgs_tiles<EA, false>(smem, L, &xmap, &rmap, base, y8, cout, m, kpad, stages);          \
+  else if (geom.cb == WG_BK)                                                               \
+    wgs_windows<EA, WG_BK>(smem, L, geom, &xmap, base, y8, cout, m, stages);               \
+  else                                                                                     \
+    wgs_windows<EA, 64>(smem, L, geom, &xmap, base, y8, cout, m, stages);
   if (act == 24) {
     QS_WGS_TILES(EPI_SILU)
   } else if (act == 4) {

@@ -13,8 +13,9 @@ use super::super::device::{DevBuf, Launch};
 use super::super::kernels::{
     Kernel, MMA_BK, MMA_BM, MMA_BN, MMA_COMPUTE, MMA_OCCUPANCY, MMA_THREADS, MMAS_KPADS,
     MMAS_MAX_SMEM, ROWS_MAX_OW, ROWS_MAX_SMEM, WG_BK, WGMMA_COMPUTE, WGMMA_TILES, WGS_BM,
-    WGS_MAX_KPAD, epi_i8_ok, launch, mma_smem_bytes, mmas_smem_bytes, round_up, rows_codes,
-    rows_smem_bytes, wgmma_smem_bytes, wgs_plans, wgs_smem_bytes,
+    WGS_MAX_KPAD, WGS_MAX_STAGES, WGS_MAX_WINDOWS, epi_i8_ok, launch, mma_smem_bytes,
+    mmas_smem_bytes, round_up, rows_codes, rows_smem_bytes, wgmma_smem_bytes, wgs_plans,
+    wgs_smem_bytes, wgs_tile_stage,
 };
 use super::{ConvFamily, ConvImpl, ConvLayer, ConvSetup, ConvWay, Epi, padded_rows};
 use crate::backend::cuda::error::{CudaError, CudaResult};
@@ -99,20 +100,20 @@ impl ConvFamily for Mma {
                 .filter(|&bm| !pooled && stream_ok(cx, c, l.m, bm))
                 .map(|bm| ConvImpl::MmaStream { bm }),
         );
-        // Hopper's streaming 1x1 kernel, in each way its reduction fits shared memory where
-        // every block streams two tiles or more: a block of one tile pays its weights' copy
-        // for nothing, and on an H200 such layers (ResNet-50's at batch 1) timed faster alone
+        // Hopper's streaming kernel, in each way its reduction fits shared memory where every
+        // block streams two tiles or more: a block of one tile pays its weights' copy for
+        // nothing, and on an H200 such layers (ResNet-50's at batch 1) timed faster alone
         // than they ran in the engine (0.217 ms against 0.204 without the kernel).
         let kpad = round_up(c.reduction(), MMA_BK);
         if cx.dev.compute == WGMMA_COMPUTE
             && !pooled
             && kpad <= WGS_MAX_KPAD
-            && stream_fits(cx, c, l.m, WGS_BM)
+            && let Some(read) = wgs_read(cx, l)
         {
             imps.extend(
-                wgs_plans(kpad, cx.dev.smem_per_sm)
+                wgs_plans(kpad, read.stage, read.stages.clone(), cx.dev.smem_per_sm)
                     .into_iter()
-                    .filter(|&(blocks, _)| l.m.div_ceil(WGS_BM) >= 2 * wgs_rows(cx, l, blocks))
+                    .filter(|&(blocks, _)| read.tiles >= 2 * wgs_rows(cx, l, &read, blocks))
                     .map(|(blocks, stages)| ConvImpl::WgmmaStream { blocks, stages }),
             );
         }
@@ -181,13 +182,107 @@ fn rows_ok(cx: &Launch, c: &ConvStep) -> bool {
         ) <= ROWS_MAX_SMEM
 }
 
-/// The grid's rows of pixel tiles for `conv_i8_wgmma_stream` on layer `l` at `blocks` blocks
-/// an SM (`wgs_plans` fits them in shared memory): the blocks that run at once, shared
-/// among the layer's tiles of output channels, at most one a tile and the grid's y limit.
-fn wgs_rows(cx: &Launch, l: &ConvLayer, blocks: usize) -> usize {
+/// The grid's rows of pixel tiles for `conv_i8_wgmma_stream` on layer `l`, read as `read`,
+/// at `blocks` blocks an SM (`wgs_plans` fits them in shared memory): the blocks that run at
+/// once, shared among the layer's tiles of output channels, at most one a tile and the
+/// grid's y limit.
+fn wgs_rows(cx: &Launch, l: &ConvLayer, read: &WgsRead, blocks: usize) -> usize {
     (blocks * cx.dev.sms / l.step.cout.div_ceil(MMA_BN))
-        .clamp(1, l.m.div_ceil(WGS_BM))
+        .clamp(1, read.tiles)
         .min(u16::MAX as usize)
+}
+
+/// `WgsGeom` of kernels/conv_i8_wgmma.cu, field for field: `kh` 0 for a 1x1 conv's rows; for
+/// a stem's windows, a window row's bytes (128 or 64), the filter rows, the padded input's
+/// positions (`vw` x `vh` an image) and the output's pixels (`ow` x `oh`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+struct WgsGeom {
+    cb: i32,
+    kh: i32,
+    vw: i32,
+    vh: i32,
+    ow: i32,
+    oh: i32,
+}
+unsafe impl DeviceRepr for WgsGeom {}
+
+/// How `conv_i8_wgmma_stream` reads a layer's input: its geometry, its tiles, the x map's rows
+/// (`[bytes, stride]`, how many; `rows` for the kernel) and its copy stages (bytes each, how
+/// many a block may keep).
+struct WgsRead {
+    geom: WgsGeom,
+    tiles: usize,
+    map: [usize; 2],
+    map_rows: usize,
+    rows: usize,
+    stage: usize,
+    stages: std::ops::RangeInclusive<usize>,
+}
+
+/// How `conv_i8_wgmma_stream` reads layer `l` (on top of `applies`), where it can:
+/// - a 1x1 conv or Gemm / MatMul rows (`stream_fits`): tiles of WGS_BM rows of cin bytes, each
+///   in boxes of WG_BK bytes, a stage with its residual tile;
+/// - a regrouped stem (`space_to_depth_stem`: stride 1, no dilation or padding, two filter
+///   rows or more of kw x cin = 64 or 128 bytes, no residual; the stems the kernel's windows
+///   were written for and the GPU tests run): the windows of its padded input, a map row
+///   for every input position; tiles of WGS_BM output pixels of a row (the last of a row
+///   partial), a box a stage, from as many stages as its filter rows and two more (a tile
+///   that waits on its window while the next two tiles' rows are copied) to WGS_MAX_WINDOWS.
+///   The windows of the last kw - 1 positions would run past the input; they are outputs of
+///   no pixel.
+fn wgs_read(cx: &Launch, l: &ConvLayer) -> Option<WgsRead> {
+    let c = &l.step;
+    let kpad = round_up(c.reduction(), MMA_BK);
+    if stream_fits(cx, c, l.m, WGS_BM) {
+        return Some(WgsRead {
+            geom: WgsGeom {
+                cb: WG_BK as i32,
+                kh: 0,
+                vw: 1,
+                vh: 1,
+                ow: 1,
+                oh: 1,
+            },
+            tiles: l.m.div_ceil(WGS_BM),
+            map: [c.cin, c.cin],
+            map_rows: l.m,
+            rows: l.m,
+            stage: wgs_tile_stage(kpad),
+            stages: 2..=WGS_MAX_STAGES,
+        });
+    }
+    let xd = cx.td(c.input);
+    let (vh, vw) = l.in_hw(cx.plan);
+    let window = c.k[1] * c.cin;
+    let rows = xd.shape.first()? * vh * vw;
+    let fits = xd.shape.len() == 4
+        && c.stride == [1, 1]
+        && c.dilation == [1, 1]
+        && c.pads == [0; 4]
+        && c.k[0] >= 2
+        && (window == 64 || window == WG_BK)
+        && c.residual.is_none()
+        && c.cout.is_multiple_of(16)
+        && (rows + WGS_BM) * window.max(c.cout) < i32::MAX as usize
+        && epi_i8_ok(cx.td(c.out).dtype, None, c.act);
+    let u = |v: usize| v as i32;
+    fits.then(|| WgsRead {
+        geom: WgsGeom {
+            cb: u(window),
+            kh: u(c.k[0]),
+            vw: u(vw),
+            vh: u(vh),
+            ow: u(l.ow),
+            oh: u(l.oh),
+        },
+        tiles: rows / (vh * vw) * l.ow.div_ceil(WGS_BM) * l.oh,
+        map: [window, c.cin],
+        map_rows: rows - (c.k[1] - 1),
+        rows,
+        stage: WGS_BM * window,
+        stages: c.k[0] + 2..=WGS_MAX_WINDOWS,
+    })
 }
 
 /// Whether the streaming 1x1 tensor-core kernel runs int8 conv `c` of `m` output pixels in
@@ -425,30 +520,42 @@ impl MmaSetup {
         way: &ConvWay,
     ) -> CudaResult<()> {
         let c = &l.step;
+        let read = wgs_read(cx, l).ok_or_else(|| {
+            CudaError::Internal(format!(
+                "{}: the streaming wgmma kernel cannot read it",
+                c.name
+            ))
+        })?;
         let e = Epi::of(cx, c);
         let u = |v: usize| v as i32;
         let kpad = round_up(c.reduction(), MMA_BK);
-        let smem = wgs_smem_bytes(kpad, stages);
+        let smem = wgs_smem_bytes(kpad, read.stage, stages);
         let cfg = LaunchConfig {
             grid_dim: (
                 c.cout.div_ceil(MMA_BN) as u32,
-                wgs_rows(cx, l, blocks) as u32,
+                wgs_rows(cx, l, &read, blocks) as u32,
                 1,
             ),
             block_dim: (MMA_THREADS as u32, 1, 1),
             shared_mem_bytes: smem as u32,
         };
-        // x: rows of cin bytes, boxes of WG_BK bytes by WGS_BM rows, 128-byte swizzle (the
-        // wgmma operand layout); the residual: rows of cout bytes, boxes of MMA_BN by WGS_BM,
-        // 64-byte swizzle. Both zero-filled past their rows and columns.
-        let xmap = TensorMap::rows(way.input, c.cin, l.m, [WG_BK, WGS_BM], Swizzle::B128)?;
+        // x: boxes of a row's cb bytes by WGS_BM rows, that swizzle (the wgmma operand
+        // layout); the residual: rows of cout bytes, boxes of MMA_BN by WGS_BM, 64-byte
+        // swizzle. Both zero-filled past their rows and columns.
+        let cb = read.geom.cb as usize;
+        let swizzle = if cb == WG_BK {
+            Swizzle::B128
+        } else {
+            Swizzle::B64
+        };
+        let xmap = TensorMap::rows(way.input, read.map, read.map_rows, [cb, WGS_BM], swizzle)?;
         let rmap = match e.res {
-            (ptr, 2, _) => TensorMap::rows(ptr, c.cout, l.m, [MMA_BN, WGS_BM], Swizzle::B64)?,
+            (ptr, 2, _) => TensorMap::rows(ptr, [c.cout; 2], l.m, [MMA_BN, WGS_BM], Swizzle::B64)?,
             _ => TensorMap::default(),
         };
         launch!(cx.stream, cx.dev.k.conv_i8_wgmma_stream, cfg cfg; xmap, rmap, self.w.ptr,
             way.alpha, l.bias.ptr, e.res.0, e.res.1, e.res.2, e.out.0, e.out.1, e.out.2,
-            u(c.cout), e.act.0, e.act.1, e.act.2, u(l.m), u(kpad), u(stages))
+            u(c.cout), e.act.0, e.act.1, e.act.2, u(read.rows), u(kpad), u(stages), read.geom)
     }
 
     fn rows(&self, cx: &Launch, l: &ConvLayer, way: &ConvWay) -> CudaResult<()> {

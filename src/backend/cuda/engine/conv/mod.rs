@@ -499,8 +499,8 @@ impl ConvImpl {
                  over {splits} blocks"
             ),
             ConvImpl::WgmmaStream { blocks, stages } => format!(
-                "int8 Hopper wgmma 1x1 kernel, weights resident, {WGS_BM}-pixel tiles streamed \
-                 through {stages} stages, {blocks} block(s) an SM"
+                "int8 Hopper wgmma streaming kernel, weights resident, {WGS_BM}-pixel tiles \
+                 streamed through {stages} stages, {blocks} block(s) an SM"
             ),
             ConvImpl::AsF16(inner) => format!("run in fp16 (timed faster): {}", inner.describe()),
         }
