@@ -75,16 +75,21 @@ pub(super) const WGS_MAX_SMEM: usize = 227 << 10;
 /// the reduction), the stages, two code tiles (ROWS_CODE_LD bytes a row), the alphas and
 /// biases, and an mbarrier (8 bytes) a stage (`WgsSmem` in the kernel).
 pub(super) const fn wgs_smem_bytes(kpad: usize, stage: usize, stages: usize) -> usize {
-    1024 + kpad.div_ceil(WG_BK) * WGS_BM * WG_BK
+    1024 + wgs_x_tile(kpad)
         + stages * stage
         + 2 * WGS_BM * ROWS_CODE_LD
         + 2 * MMA_BN * 4
         + 8 * stages
 }
+/// The weights' bytes, and a 1x1 conv's x tile's: WGS_BM rows of WG_BK bytes for every WG_BK
+/// of the reduction.
+const fn wgs_x_tile(kpad: usize) -> usize {
+    kpad.div_ceil(WG_BK) * WGS_BM * WG_BK
+}
 /// A stage of a 1x1 conv's tiles: its x tile, in the weights' layout, and its residual tile
 /// (MMA_BN bytes a row).
 pub(super) const fn wgs_tile_stage(kpad: usize) -> usize {
-    kpad.div_ceil(WG_BK) * WGS_BM * WG_BK + WGS_BM * MMA_BN
+    wgs_x_tile(kpad) + WGS_BM * MMA_BN
 }
 /// The most blocks an SM the streaming wgmma kernel runs (its launch bounds' occupancy).
 pub(super) const WGS_MAX_BLOCKS: usize = 4;

@@ -533,8 +533,8 @@ __device__ __forceinline__ void wgs_tiles(unsigned char* smem, const WgsSmem& L,
 // below), so each input row is copied once a strip's stretch, not kh times. Box j goes in slot
 // j % slots; after tile k the boxes no later tile needs are released (the first of its
 // window, or all of them where the next tile starts a strip), and thread 0 copies the boxes
-// up to `slots` past them. Tiles, strips and slots are counted on, not divided out: an
-// integer division is some twenty instructions, and a tile's epilogue a few hundred.
+// up to `slots` past them. Tiles, strips and slots are counted on, not divided out (the
+// kernel's note on the stem's time says why).
 struct WgsCursor {
   int yy, u, img;
   // The next tile's place: the row below, or the next strip's first row.
@@ -593,7 +593,7 @@ __device__ __forceinline__ void wgs_windows(unsigned char* smem, const WgsSmem& 
     if (fresh > 1) {
       j0 = jl - G.kh + 1;
       s0w = sw;
-    } else if (k > k0) {  // (a filter of one row: every tile fresh, one box new)
+    } else if (k > k0) {  // a tile down the strip (k0's is fresh: the host asks kh >= 2)
       j0++;
       s0w = s0w == slots - 1 ? 0 : s0w + 1;
     }
@@ -631,9 +631,10 @@ __device__ __forceinline__ void wgs_windows(unsigned char* smem, const WgsSmem& 
 }
 #endif
 // xmap: x as rows of boxes of cb bytes by WGS_BM rows, cb-byte swizzle (a 1x1 conv's: m rows
-// of cin bytes, boxes of WG_BK; a stem's: its windows, `wgs_geometry` on the host); rmap: the
+// of cin bytes, boxes of WG_BK; a stem's: its windows, `wgs_read` on the host); rmap: the
 // int8 residual as [m rows of cout bytes], boxes of MMA_BN x WGS_BM, 64-byte swizzle (not read
-// without a residual); both zero-filled out of bounds. m: the virtual rows (WgsGeom).
+// without a residual); both zero-filled out of bounds. m: a 1x1 conv's rows, or the padded
+// input's positions for windows (images x vh x vw).
 extern "C" __global__ void __launch_bounds__(MMA_THREADS, WGS_MAX_BLOCKS)
     conv_i8_wgmma_stream(const __grid_constant__ TmaMap xmap, const __grid_constant__ TmaMap rmap,
                          const signed char* w, const float* alpha, const float* bias,

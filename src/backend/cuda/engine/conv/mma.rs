@@ -222,7 +222,8 @@ struct WgsRead {
 
 /// How `conv_i8_wgmma_stream` reads layer `l` (on top of `applies`), where it can:
 /// - a 1x1 conv or Gemm / MatMul rows (`stream_fits`): tiles of WGS_BM rows of cin bytes, each
-///   in boxes of WG_BK bytes, a stage with its residual tile;
+///   in boxes of WG_BK bytes, a stage with its residual tile; two stages or more, so that a
+///   tile's copy overlaps the work on the one before;
 /// - a regrouped stem (`space_to_depth_stem`: stride 1, no dilation or padding, two filter
 ///   rows or more of kw x cin = 64 or 128 bytes, no residual; the stems the kernel's windows
 ///   were written for and the GPU tests run): the windows of its padded input, a map row
