@@ -244,7 +244,6 @@ fn every_conv_implementation_matches_cpu_on_a_bottleneck_block() {
 /// conv, against the CPU INT8 engine within two output steps.
 #[test]
 fn streaming_1x1_kernels_match_cpu_over_many_tiles() {
-    use quantscope::backend::cuda::ops as plan;
     let Some(_) = gpu() else { return };
     let mut b = GraphBuilder::new(&[1, 64, 56, 56]);
     let s = b.conv("shortcut", "x", 64, 256, 1);
@@ -259,8 +258,7 @@ fn streaming_1x1_kernels_match_cpu_over_many_tiles() {
     let m = b.model_opset(14);
     let (batch, hw) = (16, [56, 56]);
     let x = input_for(&m, batch, hw, 13);
-    let (q, cpu8, step) = int8_reference(&m, BuildSpec { batch, hw }, &x);
-    let pl = plan::lower(&q, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
+    let (pl, cpu8, step) = int8_plan(&m, batch, hw, &x);
     let wgs: &[(&str, usize)] = if wgmma_gpu() { &[("wgs", 3)] } else { &[] };
     for &(family, takes) in [("mmas", 2), ("mmas64", 3)].iter().chain(wgs) {
         let (mut eng, applied, n) = forced_engine(&pl, Precision::Int8, batch, family);
@@ -287,13 +285,11 @@ fn streaming_1x1_kernels_match_cpu_over_many_tiles() {
 /// blocks.
 #[test]
 fn implicit_gemm_kernels_match_cpu_over_many_tiles_and_stages() {
-    use quantscope::backend::cuda::ops as plan;
     let Some(_) = gpu() else { return };
     let m = resnet_3x3_block([28, 28], 16, 1);
     let (batch, hw) = (4, [28, 28]);
     let x = input_for(&m, batch, hw, 17);
-    let (q, cpu8, step) = int8_reference(&m, BuildSpec { batch, hw }, &x);
-    let pl = plan::lower(&q, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
+    let (pl, cpu8, step) = int8_plan(&m, batch, hw, &x);
     let wide: &[&str] = if wgmma_gpu() { &["wgmmaw"] } else { &[] };
     for family in [
         &["mma", "mma64"][..],
@@ -329,7 +325,6 @@ fn implicit_gemm_kernels_match_cpu_over_many_tiles_and_stages() {
 /// two output steps, twice a build. The many-tiles test above splits 2 ways.
 #[test]
 fn split_reduction_wgmma_kernels_match_cpu() {
-    use quantscope::backend::cuda::ops as plan;
     let Some(_) = gpu() else { return };
     if !hopper_for("the split-reduction kernels") {
         return;
@@ -338,8 +333,7 @@ fn split_reduction_wgmma_kernels_match_cpu() {
     for batch in [1, 3] {
         let hw = [7, 7];
         let x = input_for(&m, batch, hw, 23);
-        let (q, cpu8, step) = int8_reference(&m, BuildSpec { batch, hw }, &x);
-        let pl = plan::lower(&q, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
+        let (pl, cpu8, step) = int8_plan(&m, batch, hw, &x);
         for &family in hopper_split_kernels() {
             let (mut eng, keys) = forced_build(&pl, Precision::Int8, batch, family);
             let what = format!("batch {batch} int8 [{family}]: {keys:?}");
@@ -368,7 +362,6 @@ fn split_reduction_wgmma_kernels_match_cpu() {
 /// steps, twice a build (the ring's stages reused across tiles).
 #[test]
 fn streaming_wgmma_kernel_matches_cpu_in_each_plan() {
-    use quantscope::backend::cuda::ops as plan;
     let Some(_) = gpu() else { return };
     if !hopper_for("the streaming wgmma kernel") {
         return;
@@ -388,8 +381,7 @@ fn streaming_wgmma_kernel_matches_cpu_in_each_plan() {
     let m = b.model_opset(14);
     let (batch, hw) = (26, [26, 26]);
     let x = input_for(&m, batch, hw, 29);
-    let (q, cpu8, step) = int8_reference(&m, BuildSpec { batch, hw }, &x);
-    let pl = plan::lower(&q, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
+    let (pl, cpu8, step) = int8_plan(&m, batch, hw, &x);
     for (family, takes) in [("wgs", 4), ("wgs:1", 4), ("wgs:2", 2)] {
         let (mut eng, keys) = forced_build(&pl, Precision::Int8, batch, family);
         let what = format!("int8 [{family}]: {keys:?}");
@@ -411,7 +403,6 @@ fn streaming_wgmma_kernel_matches_cpu_in_each_plan() {
 /// (the second conv's 16), against the CPU INT8 engine within two output steps, twice a build.
 #[test]
 fn streaming_wgmma_kernel_matches_cpu_on_stem_windows() {
-    use quantscope::backend::cuda::ops as plan;
     let Some(_) = gpu() else { return };
     if !hopper_for("the streaming wgmma kernel") {
         return;
@@ -438,8 +429,7 @@ fn streaming_wgmma_kernel_matches_cpu_on_stem_windows() {
     let m = b.model_opset(14);
     let (batch, hw) = (24, [96, 96]);
     let x = input_for(&m, batch, hw, 31);
-    let (q, cpu8, step) = int8_reference(&m, BuildSpec { batch, hw }, &x);
-    let pl = plan::lower(&q, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
+    let (pl, cpu8, step) = int8_plan(&m, batch, hw, &x);
     let both: &[&str] = &["stem", "valid"];
     for (family, convs) in [("wgs", both), ("wgs:2", both), ("wgs:1", &["valid"])] {
         let (mut eng, keys) = forced_build(&pl, Precision::Int8, batch, family);
@@ -550,7 +540,6 @@ fn classifier_rows_at(batch: usize) {
 /// ReLU, and the other activations the pooled epilogue computes inline: hard swish, SiLU.
 #[test]
 fn a_conv_with_its_global_pool_fused_matches_cpu_on_every_tensor_core_kernel() {
-    use quantscope::backend::cuda::ops as plan;
     let Some(_) = gpu() else { return };
     let cases = [
         (1, [7, 7], "Relu"),
@@ -575,9 +564,7 @@ fn a_conv_with_its_global_pool_fused_matches_cpu_on_every_tensor_core_kernel() {
         b.output(&y);
         let m = b.model_opset(14);
         let x = input_for(&m, batch, hw, 5);
-        let spec = BuildSpec { batch, hw };
-        let (q, cpu8, step) = int8_reference(&m, spec, &x);
-        let pl = plan::lower(&q, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
+        let (pl, cpu8, step) = int8_plan(&m, batch, hw, &x);
         let pooled = pl.steps.iter().find_map(|s| match s {
             quantscope::backend::cuda::plan::Step::Conv(c)
                 if c.pool_hw == Some(hw) && c.residual.is_some() =>
@@ -762,6 +749,25 @@ fn resnet_3x3_block(hw: [usize; 2], cout: usize, k: usize) -> Model {
     b.model()
 }
 
+/// Model `m`'s int8 plan at `batch` on `hw` images (quantized as `int8_reference` does), and
+/// the CPU INT8 engine's output on `x` with its output step: what the forced builds are checked
+/// against.
+fn int8_plan(
+    m: &Model,
+    batch: usize,
+    hw: [usize; 2],
+    x: &[f32],
+) -> (
+    quantscope::backend::cuda::plan::Plan,
+    quantscope::backend::Output,
+    f32,
+) {
+    use quantscope::backend::cuda::ops as plan;
+    let (q, cpu8, step) = int8_reference(m, BuildSpec { batch, hw }, x);
+    let pl = plan::lower(&q, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
+    (pl, cpu8, step)
+}
+
 /// Runs `eng` on `x` twice: the output within two steps `step` of the CPU INT8 engine's
 /// (`cpu8`), and the second run's the same as the first (state a run leaves behind, a count of
 /// finished tiles, would show there). `what` names the engine in the log and the failures.
@@ -840,8 +846,7 @@ fn every_conv_implementation_matches_cpu_at(
             assert!(err <= tol, "{precision} [{family}]: rel err {err}");
         }
     }
-    let (q, cpu8, step) = int8_reference(&m, spec, &x);
-    let pl = plan::lower(&q, m.input_shape(batch, hw), Precision::Int8).expect("int8 plan");
+    let (pl, cpu8, step) = int8_plan(&m, batch, hw, &x);
     for &family in int8_families {
         let (mut eng, applied, n) = forced_engine(&pl, Precision::Int8, batch, family);
         let out = eng.run(&x).expect("cuda run");
