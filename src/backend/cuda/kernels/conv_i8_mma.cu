@@ -896,13 +896,7 @@ __device__ __forceinline__ void conv_i8_mmas_body(const signed char* x, const si
   else                                                                                      \
     mmas_tiles<BM, EA, false>(smem, x, r8, res_scale, y8, y_scale, cout, act, a0, a1, m, cin, \
                               kpad);
-  if (act == 24) {
-    QS_MMAS_TILES(EPI_SILU)
-  } else if (act == 4) {
-    QS_MMAS_TILES(EPI_HSWISH)
-  } else {
-    QS_MMAS_TILES(EPI_LINEAR)
-  }
+  EPI_I8_BY_ACT(act, QS_MMAS_TILES)
 #undef QS_MMAS_TILES
 #else
   __trap();

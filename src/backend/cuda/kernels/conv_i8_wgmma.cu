@@ -689,13 +689,7 @@ extern "C" __global__ void __launch_bounds__(MMA_THREADS, WGS_MAX_BLOCKS)
     wgs_windows<EA, WG_BK>(smem, L, geom, &xmap, base, y8, cout, m, stages);               \
   else                                                                                     \
     wgs_windows<EA, 64>(smem, L, geom, &xmap, base, y8, cout, m, stages);
-  if (act == 24) {
-    QS_WGS_TILES(EPI_SILU)
-  } else if (act == 4) {
-    QS_WGS_TILES(EPI_HSWISH)
-  } else {
-    QS_WGS_TILES(EPI_LINEAR)
-  }
+  EPI_I8_BY_ACT(act, QS_WGS_TILES)
 #undef QS_WGS_TILES
 #else
   pdl_enter();

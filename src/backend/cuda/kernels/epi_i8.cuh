@@ -30,6 +30,16 @@ struct EpiI8 {
 // is clamping the value then rounding (rounding is monotone); larger values land past the
 // bounds either way.
 #define EPI_ROUND 12582912.f
+// Runs M(EA), a kernel's loop for activation EA, for activation code `act` (24 SiLU, 4 hard
+// swish, the rest linear, as epi_i8_of maps them): the test is made once, outside the loop.
+#define EPI_I8_BY_ACT(act, M) \
+  if ((act) == 24) {          \
+    M(EPI_SILU)               \
+  } else if ((act) == 4) {    \
+    M(EPI_HSWISH)             \
+  } else {                    \
+    M(EPI_LINEAR)             \
+  }
 __device__ __forceinline__ bool epi_i8_ok(int y_t, int res_t, int act) {
   return y_t == 2 && (res_t < 0 || res_t == 2) && (act <= 2 || act == 4 || act == 24);
 }
