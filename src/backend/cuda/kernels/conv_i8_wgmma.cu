@@ -35,7 +35,12 @@
 // less time than on conv_i8_mma, but 11-54 % more than on cuDNN's int8 graph conv: the tiles
 // come through L2 at about 7 TB/s (layer3's 3x3 conv, 128 x 64 tiles: 87 MB in 12.1 us), and
 // the 128 x 128 tiles that halve those bytes leave SMs idle on layer3's and layer4's grids.
-// TMA copies (im2col mode, multicast across a cluster) and larger tiles are the way on.
+// TMA copies (im2col mode, multicast across a cluster) and larger tiles are the way on. A
+// read in halos on conv_i8_wgmma_stream (8 x 8 output pixels a tile, their input copied once
+// and every tap a descriptor into it; bench/results/2026-12-01-nvidia-h200-halo-experiment.txt)
+// was right but slower than cuDNN on every 3x3 conv (layer3 23.0 us against 9.4): one
+// warpgroup a tile at a time, its epilogue and copies leaving the tensor cores idle 75-85 %
+// of the time. Warp specialization and wider wgmma come first.
 //
 // A layer of fewer tiles than the SMs hold runs with its reduction split: grid z and the
 // cluster's z dimension are the number of blocks a tile, each running its share of the
