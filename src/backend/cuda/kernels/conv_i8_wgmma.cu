@@ -35,12 +35,13 @@
 // less time than on conv_i8_mma, but 11-54 % more than on cuDNN's int8 graph conv: the tiles
 // come through L2 at about 7 TB/s (layer3's 3x3 conv, 128 x 64 tiles: 87 MB in 12.1 us), and
 // the 128 x 128 tiles that halve those bytes leave SMs idle on layer3's and layer4's grids.
-// TMA copies (im2col mode, multicast across a cluster) and larger tiles are the way on. A
-// read in halos on conv_i8_wgmma_stream (8 x 8 output pixels a tile, their input copied once
-// and every tap a descriptor into it; bench/results/2026-12-01-nvidia-h200-halo-experiment.txt)
-// was right but slower than cuDNN on every 3x3 conv (layer3 23.0 us against 9.4): one
-// warpgroup a tile at a time, its epilogue and copies leaving the tensor cores idle 75-85 %
-// of the time. Warp specialization and wider wgmma come first.
+// TMA copies (im2col mode, multicast across a cluster) and larger tiles are the way on. Reads
+// in halos (8 x 8 output pixels a tile, their input copied once and every tap a descriptor
+// into it; bench/results/2026-12-01-nvidia-h200-halo-experiment.txt) were right but did not
+// pay: inside conv_i8_wgmma_stream slower than cuDNN on every 3x3 conv (layer3 23.0 us against
+// 9.4; one warpgroup a tile at a time, the tensor cores idle 75-85 % of the time), and as a
+// kernel of two warpgroups a block 1-3 % faster than cuDNN alone on layer1 but slower in the
+// engine's run. Warp specialization and wider wgmma come first.
 //
 // A layer of fewer tiles than the SMs hold runs with its reduction split: grid z and the
 // cluster's z dimension are the number of blocks a tile, each running its share of the
