@@ -900,18 +900,7 @@ fn build_efforts_match_cpu_and_say_how_convs_were_chosen() {
             &format!("repeated_blocks {}", effort.name()),
             int8_scores(&g, &m, hw, 8, 8),
         );
-        let qdq = max_qdq(&m, hw, 4).expect("qdq");
-        let eng = g
-            .build(
-                BuildInput::Quantized {
-                    model: &m,
-                    qdq: &qdq,
-                    keep_fp32: &[],
-                },
-                BuildSpec { batch: 8, hw },
-            )
-            .expect("int8 engine");
-        let device = eng.info().engine.clone().unwrap_or_default();
+        let device = int8_engine_description(&g, &m, hw);
         eprintln!("{}: {device}", effort.name());
         assert!(
             device.contains(&format!("build effort {}", effort.name())),
@@ -931,4 +920,46 @@ fn build_efforts_match_cpu_and_say_how_convs_were_chosen() {
             BuildEffort::Exhaustive => assert!(!cached && !device.contains("reused"), "{device}"),
         }
     }
+}
+
+/// Near ties settled in the run: with every candidate within 100 % of the fastest alone a
+/// contender, an exhaustive INT8 build times the contenders again with their neighbours, says
+/// how many it settled, matches the CPU INT8 engine, and a margin of 0 settles none.
+#[test]
+fn near_ties_are_settled_in_the_run_and_match_cpu() {
+    let Some(_) = gpu() else { return };
+    let m = repeated_blocks();
+    let hw = [16, 16];
+    for (near_tie, settles) in [(1.0, true), (0.0, false)] {
+        let g = CudaBackend {
+            effort: BuildEffort::Exhaustive,
+            near_tie: Some(near_tie),
+            ..CudaBackend::strict()
+        };
+        let label = format!("repeated_blocks, near tie {near_tie}");
+        check_int8(&label, int8_scores(&g, &m, hw, 8, 8));
+        let device = int8_engine_description(&g, &m, hw);
+        eprintln!("{label}: {device}");
+        assert_eq!(
+            device.contains("near ties settled in the run"),
+            settles,
+            "{device}"
+        );
+    }
+}
+
+/// How the builder says it chose the convs of `m`'s INT8 engine at batch 8 (max calibration).
+fn int8_engine_description(g: &CudaBackend, m: &Model, hw: [usize; 2]) -> String {
+    let qdq = max_qdq(m, hw, 4).expect("qdq");
+    let eng = g
+        .build(
+            BuildInput::Quantized {
+                model: m,
+                qdq: &qdq,
+                keep_fp32: &[],
+            },
+            BuildSpec { batch: 8, hw },
+        )
+        .expect("int8 engine");
+    eng.info().engine.clone().unwrap_or_default()
 }

@@ -298,6 +298,10 @@ pub fn backend_with(
 ) -> Box<dyn Backend> {
     match kind {
         BackendKind::Cpu => Box::new(cpu::CpuBackend),
-        BackendKind::Cuda => Box::new(cuda::CudaBackend { fp32_math, effort }),
+        BackendKind::Cuda => Box::new(cuda::CudaBackend {
+            fp32_math,
+            effort,
+            near_tie: None,
+        }),
     }
 }

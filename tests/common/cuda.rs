@@ -372,6 +372,7 @@ pub fn forced_build(
         tf32: false,
         batch,
         effort: BuildEffort::Default,
+        near_tie: quantscope::backend::cuda::engine::NEAR_TIE,
     };
     let (eng, got) = CudaEngine::build(dev, pl.clone(), how, &forced, &|_, _| {})
         .unwrap_or_else(|e| panic!("{precision} [{family}]: {e}"));

@@ -31,6 +31,10 @@ pub struct CudaBackend {
     pub fp32_math: super::Fp32Math,
     /// How hard the builder searches each conv's implementation.
     pub effort: super::BuildEffort,
+    /// How much slower alone than the fastest (a fraction of its time) a conv candidate may
+    /// be and still be timed again in the engine's run; `None`: QUANTSCOPE_CUDA_NEAR_TIE, else
+    /// [`engine::NEAR_TIE`].
+    pub near_tie: Option<f64>,
 }
 
 impl CudaBackend {
@@ -295,12 +299,31 @@ impl CudaBackend {
             tf32,
             batch: spec.batch,
             effort: self.effort,
+            near_tie: self.near_tie.unwrap_or_else(near_tie_knob),
         };
         let (eng, choices) = engine::CudaEngine::build(dev, plan, how, &cached, progress)?;
         if choices != cached && self.effort != super::BuildEffort::Fast {
             cache::store(&name, &choices);
         }
         Ok(eng)
+    }
+}
+
+/// The near tie QUANTSCOPE_CUDA_NEAR_TIE asks for (a fraction from 0 to 1), else
+/// [`engine::NEAR_TIE`]; a value it cannot read is reported and left out.
+fn near_tie_knob() -> f64 {
+    let Ok(v) = std::env::var("QUANTSCOPE_CUDA_NEAR_TIE") else {
+        return engine::NEAR_TIE;
+    };
+    match v.trim().parse::<f64>() {
+        Ok(f) if (0.0..=1.0).contains(&f) => f,
+        _ => {
+            engine::log_msg(&format!(
+                "QUANTSCOPE_CUDA_NEAR_TIE={v} is not a fraction from 0 to 1: using {}",
+                engine::NEAR_TIE
+            ));
+            engine::NEAR_TIE
+        }
     }
 }
 

@@ -45,6 +45,7 @@ pub fn open(model: &Model, hw: [usize; 2], tensors: &[String]) -> CudaResult<Cud
     let backend = CudaBackend {
         fp32_math: Fp32Math::Strict,
         effort: BuildEffort::Fast,
+        near_tie: None,
     };
     let input = BuildInput::Float {
         model,

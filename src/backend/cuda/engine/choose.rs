@@ -1,12 +1,13 @@
 //! Choosing how each conv runs, as the build effort says. A key known before any timing (the
-//! choice cache's, or, at the default effort, the choice of an identically shaped conv timed
-//! earlier in the same build or an earlier build of the process) sets up only the family that
-//! offers it and takes it. Otherwise, at the default and exhaustive efforts, every family that
-//! applies sets the layer up and the candidates are timed in rounds (each as a captured CUDA
-//! graph of back-to-back launches, as the engine runs) and the fastest median is kept; at the
-//! fast effort the families are set up in `FAST_ORDER` with their heuristic first choice
-//! only, and the first that offers a candidate gives it, untimed. Everything the other
-//! candidates set up is dropped.
+//! choice cache's) sets up only the family that offers it and takes it; so do the keys of an
+//! identically shaped conv timed earlier in the same build or an earlier build of the process
+//! (default effort). Otherwise, at the default and exhaustive efforts, every family that
+//! applies sets the layer up and the candidates are timed alone in rounds (each as a captured
+//! CUDA graph of back-to-back launches) and the fastest median is kept, with every candidate
+//! within the near tie of it: those `settle` times again in the engine's run. At the fast
+//! effort the families are set up in `FAST_ORDER` with their heuristic first choice only, and
+//! the first that offers a candidate gives it, untimed. Everything the other candidates set
+//! up is dropped.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -28,11 +29,21 @@ const CHOICE_BATCH_MS: f64 = 0.2;
 /// ... and at most this many times.
 const CHOICE_MAX_LAUNCHES: usize = 20;
 
-/// What one build chose so far: each timed conv shape's choice, and how every conv got its
-/// implementation (the build log's summary).
+/// How much slower alone than the fastest (a fraction of its time) a candidate may be and
+/// still be timed again in the engine's run (`settle`): 0 by default, so the fastest alone
+/// is kept. At 0.10, on an H200, ResNet-50 INT8 (torchvision, random weights) built in 36 s
+/// instead of 9 (a repeated shape's layers set up every contender's family, cuDNN's graph with
+/// all its plans), ran batch 32 no faster (0.6854 ms against 0.6863) and batch 1 slower
+/// (0.2164 against 0.2023): five steps timed back to back as a graph do not tell a few-µs
+/// layer's place in the run either (bench/results/2026-12-01-nvidia-h200-settle-near-ties.txt).
+/// QUANTSCOPE_CUDA_NEAR_TIE turns it on, to measure.
+pub const NEAR_TIE: f64 = 0.0;
+
+/// What one build chose so far: each timed conv shape's contenders (the fastest alone first),
+/// and how every conv got its implementation (the build log's summary).
 #[derive(Default)]
 pub(super) struct Seen {
-    by_shape: HashMap<String, String>,
+    by_shape: HashMap<String, Vec<String>>,
     cached: usize,
     reused: usize,
     timed: usize,
@@ -40,6 +51,10 @@ pub(super) struct Seen {
     only: usize,
     setup_ms: f64,
     timing_ms: f64,
+    /// Convs whose near ties were timed in the run, and those where that changed the choice.
+    pub(super) settled: usize,
+    pub(super) changed: usize,
+    pub(super) settle_ms: f64,
 }
 
 impl Seen {
@@ -56,15 +71,20 @@ impl Seen {
         .filter(|(n, _)| *n > 0)
         .map(|(n, what)| format!("{n} {what}"))
         .collect();
-        format!("convs {}", parts.join(", "))
+        let settled = match (self.settled, self.changed) {
+            (0, _) => String::new(),
+            (n, c) => format!("; {n} near ties settled in the run, {c} of them changed"),
+        };
+        format!("convs {}{settled}", parts.join(", "))
     }
     /// The build log's line: how the convs were chosen, and where the time went.
     pub(super) fn summary(&self) -> String {
         format!(
-            "conv choices: {}; set-up {:.0} ms, timing {:.0} ms",
+            "conv choices: {}; set-up {:.0} ms, timing {:.0} ms, settling {:.0} ms",
             self.brief(),
             self.setup_ms,
-            self.timing_ms
+            self.timing_ms,
+            self.settle_ms
         )
     }
 }
@@ -103,38 +123,60 @@ fn shape_key(cx: &super::device::Launch, l: &super::conv::ConvLayer) -> String {
     )
 }
 
-/// Each conv shape's choice as this process timed it, by GPU, diagnosis knob and shape: the
-/// default effort's reuse of a shape timed before reaches across builds. The INT8 regions'
+/// Each conv shape's contenders as this process timed them, by GPU, diagnosis knob, near tie
+/// and shape: the default effort's reuse of a shape timed before reaches across builds. The INT8 regions'
 /// trial engine (`crate::fp16_regions`) shares most of its convs with the all-INT8 and FP16
 /// engines built just before it: with them timed again, EfficientNet-B0's INT8 row took 28.8 s
 /// to build on an H200, against 1.1 s from the choice cache without the trial.
-static TIMED_SHAPES: std::sync::LazyLock<std::sync::Mutex<HashMap<String, String>>> =
+static TIMED_SHAPES: std::sync::LazyLock<std::sync::Mutex<HashMap<String, Vec<String>>>> =
     std::sync::LazyLock::new(Default::default);
 
-fn timed_key(gpu: &str, shape: &str) -> String {
+fn timed_key(gpu: &str, near_tie: f64, shape: &str) -> String {
     let avoid = std::env::var("QUANTSCOPE_CUDA_AVOID").unwrap_or_default();
-    format!("{gpu}|{avoid}|{shape}")
+    format!("{gpu}|{avoid}|{near_tie}|{shape}")
 }
 
-/// The choice an earlier build of this process timed for `shape` on `gpu`.
-fn timed_before(gpu: &str, shape: &str) -> Option<String> {
+/// The contenders an earlier build of this process timed for `shape` on `gpu`.
+fn timed_before(gpu: &str, near_tie: f64, shape: &str) -> Option<Vec<String>> {
     let m = TIMED_SHAPES.lock().unwrap_or_else(|e| e.into_inner());
-    m.get(&timed_key(gpu, shape)).cloned()
+    m.get(&timed_key(gpu, near_tie, shape)).cloned()
 }
 
-fn remember_timed(gpu: &str, shape: &str, key: &str) {
+fn remember_timed(gpu: &str, near_tie: f64, shape: &str, keys: &[String]) {
     let mut m = TIMED_SHAPES.lock().unwrap_or_else(|e| e.into_inner());
-    m.insert(timed_key(gpu, shape), key.to_string());
+    m.insert(timed_key(gpu, near_tie, shape), keys.to_vec());
+}
+
+/// The candidates of `timed` (median milliseconds alone, the fastest first) within `near_tie`
+/// (a fraction) of the fastest: the contenders the run settles.
+pub(super) fn near_ties<T>(timed: Vec<(f64, T)>, near_tie: f64) -> Vec<T> {
+    let Some(best) = timed.first().map(|t| t.0) else {
+        return vec![];
+    };
+    timed
+        .into_iter()
+        .enumerate()
+        .filter(|(i, (t, _))| *i == 0 || *t <= best * (1.0 + near_tie))
+        .map(|(_, (_, c))| c)
+        .collect()
+}
+
+/// The median of `v`; infinite for none.
+pub(super) fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::INFINITY)
 }
 
 impl CudaEngine {
-    /// Sets up conv step `si` and keeps one implementation: the one a known key names, the
-    /// only candidate, the fastest, or (fast effort) the first by rule.
+    /// Sets up conv step `si` and keeps what runs it: the implementation a known key names, the
+    /// only candidate, the fastest alone with those within `near_tie` of it (the contenders of
+    /// an earlier conv of its shape, reused), or (fast effort) the first by rule.
     pub(super) fn choose_conv(
         &mut self,
         si: usize,
         cached: &Choices,
-        effort: BuildEffort,
+        (effort, near_tie): (BuildEffort, f64),
         seen: &mut Seen,
     ) -> CudaResult<ConvImpl> {
         let setup_start = Instant::now();
@@ -147,14 +189,14 @@ impl CudaEngine {
         };
         let reusable = effort != BuildEffort::Exhaustive;
         let known = match cached.convs.get(&name) {
-            Some(k) => Some((k.clone(), true)),
+            Some(k) => Some((vec![k.clone()], true)),
             None => seen
                 .by_shape
                 .get(&shape)
                 .cloned()
                 .or_else(|| {
                     (effort == BuildEffort::Default)
-                        .then(|| timed_before(&self.dev.name, &shape))
+                        .then(|| timed_before(&self.dev.name, near_tie, &shape))
                         .flatten()
                 })
                 .filter(|_| reusable)
@@ -162,28 +204,47 @@ impl CudaEngine {
         }
         // The diagnosis knob leaves a choice out wherever it comes from (a run cached
         // before the knob was set).
-        .filter(|(k, _)| !avoided(k));
-        // The family a known key names, set up alone; the others only where it offers
-        // nothing that answers the key (a cached plan index cuDNN no longer returns).
-        let mut named_family: Option<&str> = None;
-        if let Some((key, from_cache)) = &known {
-            let token = family_token(key);
-            named_family = Some(token);
-            // `cudnng:k` needs plan k finalized, no other.
-            self.convs.get_mut(&si).expect("conv").layer.graph_pick = key
-                .strip_prefix("cudnng:")
-                .and_then(|k| k.parse::<usize>().ok())
-                .map(PlanPick::Only);
-            self.add_setups(si, |f| f.tokens().contains(&token))?;
+        .map(|(keys, from_cache)| {
+            (
+                keys.into_iter().filter(|k| !avoided(k)).collect(),
+                from_cache,
+            )
+        })
+        .filter(|(keys, _): &(Vec<String>, bool)| !keys.is_empty());
+        // The families the known keys name, set up alone; the others only where they offer
+        // nothing that answers a key (a cached plan index cuDNN no longer returns).
+        let mut named: Vec<&str> = vec![];
+        if let Some((keys, from_cache)) = &known {
+            let tokens: Vec<&str> = keys.iter().map(|k| family_token(k)).collect();
+            // `cudnng:k` needs plan k finalized, no other (several: the family's default).
+            let plans: Vec<usize> = keys
+                .iter()
+                .filter_map(|k| k.strip_prefix("cudnng:")?.parse().ok())
+                .collect();
+            self.convs.get_mut(&si).expect("conv").layer.graph_pick = match plans.as_slice() {
+                [k] => Some(PlanPick::Only(*k)),
+                _ => None,
+            };
+            self.add_setups(si, |f| tokens.iter().any(|t| f.tokens().contains(t)))?;
             let rt = self.convs.get_mut(&si).expect("conv");
-            if rt.candidates().is_empty() {
-                // It could not set the known plan up: the family is timed with the others.
-                named_family = None;
-            }
+            let cands = rt.candidates();
+            // A family that could not set its known plan up is timed with the others.
+            named = tokens
+                .into_iter()
+                .filter(|t| cands.iter().any(|(_, c)| family_token(&c.key()) == *t))
+                .collect();
             // A key without its algorithm (`gemmf`, `f16+cudnn`) picks the first of that
             // family, which is how the tests force an implementation.
-            if let Some((setup, pick)) = rt.candidates().into_iter().find(|(_, c)| c.answers(key)) {
-                rt.keep(setup, pick.clone());
+            let mut found: Vec<(usize, ConvImpl)> = vec![];
+            for k in keys {
+                if let Some(c) = cands.iter().find(|(_, c)| c.answers(k))
+                    && !found.contains(c)
+                {
+                    found.push(c.clone());
+                }
+            }
+            if let Some((_, pick)) = found.first().cloned() {
+                rt.keep_contenders(found);
                 if *from_cache {
                     seen.cached += 1;
                 } else {
@@ -200,29 +261,37 @@ impl CudaEngine {
             seen.setup_ms += setup_start.elapsed().as_secs_f64() * 1e3;
             return Ok(pick);
         }
-        self.add_setups(si, |f| {
-            named_family.is_none_or(|t| !f.tokens().contains(&t))
-        })?;
+        self.add_setups(si, |f| !named.iter().any(|t| f.tokens().contains(t)))?;
         let cands = self.candidates_of(si)?;
         let setup_ms = setup_start.elapsed().as_secs_f64() * 1e3;
         seen.setup_ms += setup_ms;
-        let (setup, pick) = match cands.as_slice() {
+        let contenders = match cands.as_slice() {
             [only] => {
                 seen.only += 1;
-                only.clone()
+                vec![only.clone()]
             }
             _ => {
                 let timing_start = Instant::now();
-                let fastest = self.fastest(si, &name, &cands, setup_ms)?;
+                let timed = self.timed(si, &name, &cands, setup_ms)?;
                 seen.timing_ms += timing_start.elapsed().as_secs_f64() * 1e3;
                 seen.timed += 1;
-                remember_timed(&self.dev.name, &shape, &fastest.1.key());
-                seen.by_shape.insert(shape, fastest.1.key());
-                fastest
+                let contenders = near_ties(timed, near_tie);
+                let contenders = if contenders.is_empty() {
+                    vec![cands[0].clone()]
+                } else {
+                    contenders
+                };
+                let keys: Vec<String> = contenders.iter().map(|(_, c)| c.key()).collect();
+                remember_timed(&self.dev.name, near_tie, &shape, &keys);
+                seen.by_shape.insert(shape, keys);
+                contenders
             }
         };
-        let rt = self.convs.get_mut(&si).expect("conv");
-        rt.keep(setup, pick.clone());
+        let pick = contenders[0].1.clone();
+        self.convs
+            .get_mut(&si)
+            .expect("conv")
+            .keep_contenders(contenders);
         Ok(pick)
     }
 
@@ -361,15 +430,15 @@ impl CudaEngine {
     /// Times `cands` of conv step `si` in CHOICE_ROUNDS rounds, each round every candidate
     /// once, so that clock changes during the build weigh on all of them alike; each timing
     /// averages back-to-back launches (a layer of 10-20 µs timed launch by launch picked
-    /// different cuDNN plans from one build to the next, 5 % apart end to end). Returns the
-    /// fastest median; a candidate that fails is left out.
-    fn fastest(
+    /// different cuDNN plans from one build to the next, 5 % apart end to end). Returns each
+    /// candidate's median milliseconds, the fastest first; a candidate that fails is left out.
+    fn timed(
         &mut self,
         si: usize,
         name: &str,
         cands: &[(usize, ConvImpl)],
         setup_ms: f64,
-    ) -> CudaResult<(usize, ConvImpl)> {
+    ) -> CudaResult<Vec<(f64, (usize, ConvImpl))>> {
         let timing_start = Instant::now();
         let mut times: Vec<Option<Vec<f64>>> = vec![Some(vec![]); cands.len()];
         for _ in 0..CHOICE_ROUNDS {
@@ -388,15 +457,10 @@ impl CudaEngine {
                 }
             }
         }
-        let median = |v: &Vec<f64>| {
-            let mut v = v.clone();
-            v.sort_by(f64::total_cmp);
-            v.get(v.len() / 2).copied().unwrap_or(f64::INFINITY)
-        };
-        let timed: Vec<(f64, &(usize, ConvImpl))> = cands
+        let mut timed: Vec<(f64, (usize, ConvImpl))> = cands
             .iter()
             .zip(&times)
-            .filter_map(|(c, t)| t.as_ref().map(|t| (median(t), c)))
+            .filter_map(|(c, t)| t.as_ref().map(|t| (median(t), c.clone())))
             .collect();
         log_msg(&format!(
             "{name}: {} (set up in {setup_ms:.0} ms, timed in {:.0} ms)",
@@ -407,10 +471,8 @@ impl CudaEngine {
                 .join(", "),
             timing_start.elapsed().as_secs_f64() * 1e3
         ));
-        Ok(timed
-            .into_iter()
-            .min_by(|a, b| a.0.total_cmp(&b.0))
-            .map_or_else(|| cands[0].clone(), |(_, c)| c.clone()))
+        timed.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Ok(timed)
     }
 
     /// Milliseconds per launch of step `si`, averaged over enough back-to-back launches to fill

@@ -1,7 +1,8 @@
 //! Device side of the CUDA backend: builds a plan into an engine and runs it. `build` reads
 //! top-down: check every step's sizes before anything is allocated (`steps`), allocate the
 //! tensors, the scratch and the constants (`device`), choose each conv's implementation by
-//! timing the candidates of every family that applies (`choose`, `conv`), run once to learn
+//! timing the candidates of every family that applies (`choose`, `conv`) and the near ties
+//! again in the run (`settle`), run once to learn
 //! which steps may leave the main stream, put independent branches on auxiliary streams,
 //! time each step for the Layers tab (`profile`), and capture the whole run as a CUDA graph.
 //!
@@ -13,6 +14,7 @@
 //! | `steps/` | every step but the conv, one file per family: check and launch together |
 //! | `conv/` | one file per conv implementation behind `ConvFamily` / `ConvSetup` |
 //! | `choose` | the candidate timing, and the choice cache's picks |
+//! | `settle` | near ties timed again with their neighbours in the run |
 //! | `profile` | the Layers tab's per-step times and precisions |
 
 mod args;
@@ -21,6 +23,7 @@ mod conv;
 mod device;
 mod kernels;
 mod profile;
+mod settle;
 mod steps;
 #[cfg(test)]
 mod tests;
@@ -30,6 +33,7 @@ use std::collections::HashMap;
 
 use cudarc::driver::{CudaGraph, result, sys};
 
+pub use choose::NEAR_TIE;
 pub use conv::ConvImpl;
 use conv::{ConvLayer, ConvRt, graph_cin};
 pub use device::{BuildGuard, Device, build_lock};
@@ -69,6 +73,9 @@ pub struct BuildHow {
     pub tf32: bool,
     pub batch: usize,
     pub effort: BuildEffort,
+    /// How much slower alone than the fastest (a fraction) a conv candidate may be and still
+    /// be timed again in the run (`settle`); 0 keeps the fastest alone.
+    pub near_tie: f64,
 }
 
 pub struct CudaEngine {
@@ -110,6 +117,7 @@ impl CudaEngine {
             tf32,
             batch,
             effort,
+            near_tie,
         } = how;
         // One build at a time in the process (see `device::build_lock`).
         let _one_at_a_time = device::build_lock();
@@ -124,7 +132,9 @@ impl CudaEngine {
         let tf32 = tf32 && float == DType::F32;
         let mut eng = CudaEngine::allocate(dev, plan, float, tf32, batch)?;
         let choose_start = std::time::Instant::now();
-        let (choices, seen) = eng.choose_convs(cached, effort, progress)?;
+        let (mut choices, mut seen) = eng.choose_convs(cached, (effort, near_tie), progress)?;
+        eng.settle_near_ties(&mut choices, &mut seen)?;
+        log_msg(&seen.summary());
         eng.dev.drop_unused_graphs();
         drv(eng.dev.stream.synchronize(), "synchronize")?;
         eng.first_run()?;
@@ -228,7 +238,7 @@ impl CudaEngine {
     fn choose_convs(
         &mut self,
         cached: &Choices,
-        effort: BuildEffort,
+        effort: (BuildEffort, f64),
         progress: &dyn Fn(usize, usize),
     ) -> CudaResult<(Choices, choose::Seen)> {
         let mut choices = Choices::default();
@@ -243,7 +253,6 @@ impl CudaEngine {
                 .insert(self.convs[si].layer.step.name.clone(), chosen.key());
         }
         progress(conv_ids.len(), conv_ids.len());
-        log_msg(&seen.summary());
         Ok((choices, seen))
     }
 

@@ -115,20 +115,10 @@ impl CudaEngine {
         }
         let timer = StreamTimer::new(self)?;
         // Milliseconds per launch of the graph of the first `k` steps.
-        let prefix = |k: usize| -> CudaResult<f64> {
-            let g = self.capture_graph(|| self.lanes.run(&self.dev, k, |si| self.run_step(si)))?;
-            let timed = |launches: usize| {
-                timer.per_launch(launches, &|| {
-                    (0..launches).try_for_each(|_| drv(g.launch(), "graph launch"))
-                })
-            };
-            let once = timed(1)?;
-            let launches = ((IN_RUN_BLOCK_MS / once.max(1e-4)) as usize).clamp(1, 50);
-            let mut blocks = (0..IN_RUN_BLOCKS)
-                .map(|_| timed(launches))
-                .collect::<CudaResult<Vec<f64>>>()?;
-            blocks.sort_by(f64::total_cmp);
-            Ok(blocks[IN_RUN_BLOCKS / 2])
+        let prefix = |k: usize| {
+            self.graph_ms(&timer, || {
+                self.lanes.run(&self.dev, k, |si| self.run_step(si))
+            })
         };
         let whole_ms = prefix(n)?;
         // Prefixes take half the whole on average; each costs its blocks and a capture.
@@ -147,8 +137,32 @@ impl CudaEngine {
     }
 }
 
-/// Blocks of launches each prefix graph is timed in (the median is kept), and about how long
-/// each block lasts.
+impl CudaEngine {
+    /// Milliseconds per launch of what `launches` puts on the stream, captured as a CUDA graph:
+    /// the median of [`IN_RUN_BLOCKS`] blocks of back-to-back launches of about
+    /// [`IN_RUN_BLOCK_MS`] each.
+    pub(super) fn graph_ms(
+        &self,
+        timer: &StreamTimer,
+        launches: impl FnOnce() -> CudaResult<()>,
+    ) -> CudaResult<f64> {
+        let g = self.capture_graph(launches)?;
+        let timed = |n: usize| {
+            timer.per_launch(n, &|| {
+                (0..n).try_for_each(|_| drv(g.launch(), "graph launch"))
+            })
+        };
+        let once = timed(1)?;
+        let n = ((IN_RUN_BLOCK_MS / once.max(1e-4)) as usize).clamp(1, 50);
+        let blocks = (0..IN_RUN_BLOCKS)
+            .map(|_| timed(n))
+            .collect::<CudaResult<Vec<f64>>>()?;
+        Ok(super::choose::median(&blocks))
+    }
+}
+
+/// Blocks of launches each graph is timed in (the median is kept), and about how long each
+/// block lasts.
 const IN_RUN_BLOCKS: usize = 3;
 const IN_RUN_BLOCK_MS: f64 = 1.0;
 /// The longest an in-run profile may take (QUANTSCOPE_CUDA_PROFILE=in-run lifts it).

@@ -566,3 +566,20 @@ fn pad_args_follow_stored_dims() {
     assert!(pad_args(&plan, 0, 1, &[1, 3, 4, 4], &[0, 1, 0, 0], PadMode::Edge).is_ok());
     assert!(pad_args(&plan, 0, 1, &[1, 4, 4], &[0, 1, 0], PadMode::Edge).is_err());
 }
+
+/// The near ties the run settles: the fastest alone always, then every candidate within the
+/// margin of it, in the order timed; nothing at a margin of 0 beside the fastest.
+#[test]
+fn near_ties_keep_the_fastest_and_those_within_the_margin() {
+    use super::choose::near_ties;
+    let timed = || vec![(10.0, "a"), (10.5, "b"), (11.0, "c"), (11.2, "d")];
+    assert_eq!(near_ties(timed(), 0.10), vec!["a", "b", "c"]);
+    assert_eq!(near_ties(timed(), 0.0), vec!["a"]);
+    assert_eq!(near_ties(timed(), 1.0), vec!["a", "b", "c", "d"]);
+    assert_eq!(
+        near_ties(Vec::<(f64, &str)>::new(), 0.1),
+        Vec::<&str>::new()
+    );
+    // A candidate whose timing is not a number is never a contender.
+    assert_eq!(near_ties(vec![(1.0, "a"), (f64::NAN, "b")], 0.5), vec!["a"]);
+}

@@ -242,13 +242,17 @@ pub(super) fn epilogue(
         e.act.0, e.act.1, e.act.2, vec4 as i32)
 }
 
-/// A conv layer and the way it runs: while the builder chooses, every family's setup;
+/// A conv layer and the way it runs: while the builder chooses, every family's setup; then,
+/// where candidates tie alone, the setups of those contenders until the run settles them;
 /// afterwards only the chosen one's.
 pub(super) struct ConvRt {
     pub layer: ConvLayer,
     setups: Vec<Box<dyn ConvSetup>>,
     /// The implementation that runs: which setup offers it, and which of its candidates.
     chosen: Option<(usize, ConvImpl)>,
+    /// The candidates the builder times again in the engine's run (`settle`), the fastest
+    /// alone first; empty once one is kept.
+    contenders: Vec<(usize, ConvImpl)>,
 }
 
 impl ConvRt {
@@ -257,6 +261,7 @@ impl ConvRt {
             layer,
             setups: vec![],
             chosen: None,
+            contenders: vec![],
         }
     }
 
@@ -286,6 +291,40 @@ impl ConvRt {
         kept.keep_only(&imp);
         self.setups = vec![kept];
         self.chosen = Some((0, imp));
+        self.contenders.clear();
+    }
+
+    /// Keeps the setups of `picks` (candidates as `candidates` tags them, the fastest alone
+    /// first, which runs until the run settles them), dropping every other setup.
+    pub(super) fn keep_contenders(&mut self, picks: Vec<(usize, ConvImpl)>) {
+        if let [(setup, imp)] = picks.as_slice() {
+            return self.keep(*setup, imp.clone());
+        }
+        let mut old: Vec<Option<Box<dyn ConvSetup>>> = std::mem::take(&mut self.setups)
+            .into_iter()
+            .map(Some)
+            .collect();
+        let mut new_index: Vec<Option<usize>> = vec![None; old.len()];
+        let mut kept = vec![];
+        for (setup, imp) in picks {
+            let i = match new_index[setup] {
+                Some(i) => i,
+                None => {
+                    self.setups
+                        .push(old[setup].take().expect("a setup kept once"));
+                    new_index[setup] = Some(self.setups.len() - 1);
+                    self.setups.len() - 1
+                }
+            };
+            kept.push((i, imp));
+        }
+        self.chosen = kept.first().cloned();
+        self.contenders = kept;
+    }
+
+    /// The candidates still to be settled in the run (none, or two and more).
+    pub(super) fn contenders(&self) -> &[(usize, ConvImpl)] {
+        &self.contenders
     }
 
     pub(super) fn chosen(&self) -> Option<&ConvImpl> {
