@@ -31,11 +31,11 @@ const CHOICE_MAX_LAUNCHES: usize = 20;
 
 /// How much slower alone than the fastest (a fraction of its time) a candidate may be and
 /// still be timed again in the engine's run (`settle`): 0 by default, so the fastest alone
-/// is kept. At 0.10, on an H200, ResNet-50 INT8 (torchvision, random weights) built in 36 s
-/// instead of 9 (a repeated shape's layers set up every contender's family, cuDNN's graph with
-/// all its plans), ran batch 32 no faster (0.6854 ms against 0.6863) and batch 1 slower
-/// (0.2164 against 0.2023): five steps timed back to back as a graph do not tell a few-µs
-/// layer's place in the run either (bench/results/2026-12-01-nvidia-h200-settle-near-ties.txt).
+/// is kept. At 0.10, on an H200, ResNet-50 INT8 (torchvision, random weights) ran batch 32
+/// no faster (0.6854 ms against 0.6863) and batch 1 slower (0.2164 against 0.2023-0.2084),
+/// and built in 36 s against 30 from cold (a repeated shape's layers set up every contender's
+/// family): five steps timed back to back as a graph do not tell a few-µs layer's place in
+/// the run either (bench/results/2026-12-01-nvidia-h200-settle-near-ties.txt).
 /// QUANTSCOPE_CUDA_NEAR_TIE turns it on, to measure.
 pub const NEAR_TIE: f64 = 0.0;
 
